@@ -1,0 +1,44 @@
+"""Encode sentences with a trained or pretrained encoder: unique sentences only, sorted by length."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+Embedder = Callable[[Sequence[str]], np.ndarray]
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if hasattr(model, "module") else model
+
+
+def transformer_embedder(model: nn.Module, tokenizer: Any, batch_size: int = 128) -> Embedder:
+    """SimCSE evaluation: no truncation below the model's limit, dynamic padding, eval-mode pooling."""
+    encoder = _unwrap(model)
+    max_length = min(getattr(tokenizer, "model_max_length", 512), 512)
+
+    @torch.inference_mode()
+    def embed(sentences: Sequence[str]) -> np.ndarray:
+        was_training = encoder.training
+        encoder.eval()
+        device = next(encoder.parameters()).device
+        unique = list(dict.fromkeys(sentences))
+        ids = tokenizer(unique, truncation=True, max_length=max_length)["input_ids"]
+        order = np.argsort([-len(x) for x in ids], kind="stable")  # longest first: padding stays small
+        vectors: list[np.ndarray] = [None] * len(unique)  # type: ignore[list-item]
+        for start in range(0, len(order), batch_size):
+            chunk = [ids[i] for i in order[start : start + batch_size]]
+            batch = tokenizer.pad({"input_ids": chunk}, return_tensors="pt")
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                out = encoder(batch["input_ids"].to(device), batch["attention_mask"].to(device))
+            for i, row in zip(order[start : start + batch_size], out.float().cpu().numpy(), strict=True):
+                vectors[i] = row
+        encoder.train(was_training)
+        position = {s: i for i, s in enumerate(unique)}
+        return np.stack([vectors[position[s]] for s in sentences])
+
+    return embed

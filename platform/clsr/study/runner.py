@@ -1,0 +1,272 @@
+"""Run a study on Ray Tune: each Tune trial drives one Ray Train run of the generic trainer.
+
+Ray 2.60 (Train V2): Tune runs a plain driver function per trial; it builds a ``TorchTrainer`` and
+calls ``fit()``; ``TuneReportCallback`` forwards rank 0's reports to Tune. The Train run is named after
+the Tune trial, so a retried or restored trial finds its own checkpoint and resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mlflow.tracking import MlflowClient
+
+from clsr.study.schema import Study, grid_points, point_label, trial_document
+from clsr.tracking.study_runs import (
+    STORAGE_TAG,
+    check_reachable,
+    close_run,
+    find_parent_run,
+    open_child_run,
+    open_children,
+    resolve_tracking_uri,
+    start_parent_run,
+)
+
+# Tune's driver function only waits on the Train workers: a token CPU share keeps it from holding a core.
+DRIVER_RESOURCES = {"cpu": 0.01}
+QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass(frozen=True)
+class StudyContext:
+    """What every trial driver needs, shipped to the Tune actors with ``tune.with_parameters``."""
+
+    study: dict[str, Any]
+    tracking_uri: str
+    parent_run_id: str
+    storage: str
+
+
+def _study(ctx: StudyContext) -> Study:
+    return Study.model_validate(ctx.study)
+
+
+def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
+    """The Tune trainable: resolve the trial's config, open its MLflow run, run Ray Train."""
+    import ray.train
+    import ray.tune
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from clsr.study.schema import resolve_trial
+    from clsr.train.worker import train_loop_per_worker
+
+    study = _study(ctx)
+    point, seed = config["point"], config["seed"]
+    trial = resolve_trial(study, point["overrides"], seed)
+    trial_id = ray.tune.get_context().get_trial_id()
+    label = point["label"] or point_label(point["overrides"])
+    tags = {"clsr.method": study.method, "clsr.ablation": point["ablation"], "clsr.point": label,
+            "clsr.seed": seed, **{f"clsr.paper.{k}": v for k, v in point.get("paper", {}).items()}}
+    run_id = open_child_run(ctx.tracking_uri, ctx.parent_run_id, trial_id,
+                            f"{point['ablation']}/{label}/seed={seed}", tags, trial.model_dump())
+    res = study.resources
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"trial": trial.model_dump(), "tracking": {"uri": ctx.tracking_uri, "run_id": run_id}},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=res.workers_per_trial,
+            use_gpu=res.gpus_per_worker > 0,
+            resources_per_worker={"CPU": res.cpus_per_worker, "GPU": res.gpus_per_worker}
+            if res.gpus_per_worker > 0 else {"CPU": res.cpus_per_worker},
+        ),
+        run_config=ray.train.RunConfig(
+            name=f"train-{trial_id}",
+            storage_path=ctx.storage,
+            callbacks=[TuneReportCallback()],
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
+            # retried from the last checkpoint; a bounded controller limit stops endless restarts
+            failure_config=ray.train.FailureConfig(max_failures=study.max_failures, controller_failure_limit=3),
+        ),
+    )
+    try:
+        trainer.fit()
+    except BaseException as err:
+        close_run(ctx.tracking_uri, run_id, "failed", "".join(traceback.format_exception(err)))
+        raise
+    close_run(ctx.tracking_uri, run_id, "finished")
+
+
+def param_space(study: Study, ablation: str | None) -> dict[str, Any]:
+    """Grids go through Tune's own variant generator; spaces become Tune distributions."""
+    from ray import tune
+
+    if ablation is None:  # grid: every point of every ablation × every seed
+        points = [{"ablation": name, **p} for name, a in study.ablations.items() for p in grid_points(a)]
+        return {"point": tune.grid_search(points), "seed": tune.grid_search(study.seeds)}
+    space = {key: _distribution(d) for key, d in study.ablations[ablation].space.items()}
+    return {"point": {"ablation": ablation, "label": None, "overrides": space, "paper": {}}, "seed": study.seeds[0]}
+
+
+def _distribution(dist) -> Any:
+    from ray import tune
+
+    if dist.uniform:
+        return tune.uniform(*dist.uniform)
+    if dist.loguniform:
+        return tune.loguniform(*dist.loguniform)
+    if dist.randint:
+        return tune.randint(dist.randint[0], dist.randint[1] + 1)  # inclusive upper bound in study files
+    return tune.choice(dist.choice)
+
+
+def _search_alg(study: Study):
+    if study.search.algorithm != "optuna":
+        return None
+    from ray.tune.search.optuna import OptunaSearch
+
+    return OptunaSearch(seed=study.seeds[0])
+
+
+def _scheduler(study: Study):
+    if study.scheduler.type != "asha":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    s = study.scheduler
+    max_t = s.max_t or max(resolved_max_steps(study), s.grace_period)
+    # Tune's training_iteration restarts on retries; the reported optimiser step does not.
+    return ASHAScheduler(time_attr="step", max_t=max_t, grace_period=s.grace_period,
+                         reduction_factor=s.reduction_factor)
+
+
+def resolved_max_steps(study: Study) -> int:
+    doc = trial_document(study, {}, study.seeds[0])
+    return int(doc.get("trainer", {}).get("max_steps") or 10**9)
+
+
+def experiments(study: Study) -> list[str | None]:
+    """Grid studies are one Tune experiment; sampled studies run one experiment per ablation."""
+    return [None] if study.search.algorithm == "grid" else list(study.ablations)
+
+
+def build_tuner(study: Study, ctx: StudyContext, ablation: str | None, restore: bool):
+    from ray import tune
+
+    trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), DRIVER_RESOURCES)
+    name = ablation or "grid"
+    path = f"{ctx.storage.rstrip('/')}/{name}"
+    if restore and tune.Tuner.can_restore(path):
+        return tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False)
+    return tune.Tuner(
+        trainable,
+        param_space=param_space(study, ablation),
+        tune_config=tune.TuneConfig(
+            metric=study.metric,
+            mode=study.mode,
+            search_alg=_search_alg(study),
+            scheduler=_scheduler(study),
+            num_samples=study.search.num_samples if ablation else 1,
+            max_concurrent_trials=study.concurrency,
+        ),
+        run_config=tune.RunConfig(name=name, storage_path=ctx.storage, verbose=1,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    )
+
+
+def init_ray() -> None:
+    """Join ``RAY_ADDRESS`` when set (a cluster), else start a local Ray."""
+    import ray
+
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"), runtime_env={"env_vars": QUIET_ENV | _forwarded_env()},
+                 log_to_driver=True)
+
+
+def _forwarded_env() -> dict[str, str]:
+    keys = ("CLSR_DATA_DIR", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME")
+    return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+def storage_root(study: Study) -> str:
+    if "://" in study.storage_path:
+        return study.storage_path
+    return str(Path(study.storage_path).resolve())
+
+
+def run_study(study: Study, study_text: str, resume: bool = False) -> list[dict[str, Any]]:
+    """Run (or resume) a study; returns one summary row per trial."""
+    uri = resolve_tracking_uri(study.tracking_uri)
+    check_reachable(uri)
+    client = MlflowClient(uri)
+    parent = find_parent_run(client, study.name) if resume else None
+    if resume and parent is None:
+        raise LookupError(f"no earlier run of study {study.name!r} in MLflow at {uri}; use `platform study run`")
+    if parent is None:
+        storage = f"{storage_root(study).rstrip('/')}/{study.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        parent_run_id = start_parent_run(client, study.name, storage, study.description)
+        client.log_text(parent_run_id, study_text, "study.yaml")
+        client.log_text(parent_run_id, yaml.safe_dump(resolved_summary(study), sort_keys=False), "resolved.yaml")
+    else:
+        parent_run_id, storage = parent.info.run_id, parent.data.tags[STORAGE_TAG]
+        client.update_run(parent_run_id, status="RUNNING")
+    ctx = StudyContext(study.model_dump(by_alias=True), uri, parent_run_id, storage)
+
+    init_ray()
+    status = "FINISHED"
+    rows: list[dict[str, Any]] = []
+    try:
+        for ablation in experiments(study):
+            results = build_tuner(study, ctx, ablation, restore=resume).fit()
+            rows += summary_rows(results, study)
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        for run in open_children(client, parent_run_id):  # trials Tune stopped or that were interrupted
+            close_run(uri, run.info.run_id, "interrupted" if status == "KILLED" else "stopped")
+        client.set_tag(parent_run_id, "clsr.trials", str(len(rows)))
+        client.set_terminated(parent_run_id, status=status)
+    return rows
+
+
+def resolved_summary(study: Study) -> dict[str, Any]:
+    """The base configuration every trial starts from, and each ablation's points with paper numbers."""
+    return {
+        "study": study.model_dump(by_alias=True, exclude_none=True),
+        "base_trial": trial_document(study, {}, study.seeds[0]),
+        "points": {n: grid_points(a) if not a.space else "sampled" for n, a in study.ablations.items()},
+    }
+
+
+def summary_rows(results, study: Study) -> list[dict[str, Any]]:
+    rows = []
+    for result in results:
+        config = result.config or {}
+        point = config.get("point", {})
+        metrics = result.metrics or {}
+        rows.append({
+            "ablation": point.get("ablation"),
+            "point": point.get("label") or point_label(point.get("overrides", {})),
+            "seed": config.get("seed"),
+            "status": "error" if result.error else "ok",
+            study.metric: metrics.get(study.metric),
+            "test_sts_avg": metrics.get("test_sts_avg"),
+        })
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no trials)"
+    keys = list(rows[0])
+    cells = [[_cell(r.get(k)) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    line = " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))
+    body = "\n".join(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
+    return f"{line}\n{'-' * len(line)}\n{body}"
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else ("-" if value is None else str(value))
+
+

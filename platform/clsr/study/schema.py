@@ -1,0 +1,329 @@
+"""Study files: the YAML schema, validated completely before Ray starts.
+
+Every problem of a file is reported at once, each as ``<file>: <dotted.field>: <what is wrong>
+(given: <value>)``, so a researcher fixes a study in one pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from clsr.methods import METHODS, get_method
+from clsr.study.dotted import deep_merge, set_dotted
+from clsr.train.config import TrialConfig
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+SECTIONS = ("model", "data", "trainer", "method", "eval")
+KNOWN_METRICS = (
+    "best_dev_stsb", "best_dev_sickr", "dev_stsb", "dev_sickr", "loss",
+    "test_sts12", "test_sts13", "test_sts14", "test_sts15", "test_sts16", "test_stsb", "test_sickr",
+    "test_sts_avg", "align", "uniform",
+)  # fmt: skip
+
+
+class StudyError(ValueError):
+    """A study file is invalid; ``problems`` holds one line per problem."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source, self.problems = source, problems
+        lines = "\n".join(f"  {source}: {p}" for p in problems)
+        super().__init__(f"{len(problems)} problem(s) in study {source}:\n{lines}")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Distribution(Strict):
+    """One sampled hyperparameter for ``random``/``optuna`` search: exactly one of the fields."""
+
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+    randint: tuple[int, int] | None = None
+    choice: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Distribution:
+        given = [k for k, v in self.model_dump().items() if v is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of uniform, loguniform, randint, choice (given: {given or 'none'})")
+        bounds = self.uniform or self.loguniform or self.randint
+        if bounds and bounds[0] >= bounds[1]:
+            raise ValueError(f"lower bound must be below upper bound (given: {list(bounds)})")
+        if self.loguniform and self.loguniform[0] <= 0:
+            raise ValueError("loguniform bounds must be positive")
+        return self
+
+
+class Point(Strict):
+    label: str | None = None
+    set: dict[str, Any] = Field(min_length=1, description="dotted.key: value overrides of this point")
+    paper: float | dict[str, float] | None = Field(None, description="published number(s) for this point")
+
+
+class Ablation(Strict):
+    """One table of a paper: a grid, an explicit list of points, or a search space."""
+
+    table: str | None = Field(None, description="the paper table it reproduces, e.g. 'SimCSE Table 3'")
+    description: str | None = None
+    from_file: str | None = Field(None, alias="from", description="a file under search_spaces/ to start from")
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    points: list[Point] = Field(default_factory=list)
+    space: dict[str, Distribution] = Field(default_factory=dict)
+    paper_metric: str = Field("dev_stsb", description="the metric the published numbers are")
+    paper: dict[str, float] = Field(default_factory=dict, description="published number per grid point label")
+    paper_choice: str | None = Field(None, description="label of the row the paper chose")
+
+    @field_validator("grid")
+    @classmethod
+    def _non_empty_lists(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        empty = [k for k, v in grid.items() if not v]
+        if empty:
+            raise ValueError(f"grid keys need at least one value (empty: {empty})")
+        return grid
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Ablation:
+        kinds = [k for k in ("grid", "points", "space") if getattr(self, k)]
+        if len(kinds) != 1:
+            raise ValueError(f"an ablation needs exactly one of grid, points, space (given: {kinds or 'none'})")
+        return self
+
+
+class Resources(Strict):
+    workers_per_trial: int = Field(1, ge=1, description="Ray Train workers (DDP processes) per trial")
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float = Field(0.0, ge=0, description="fractions below 1 let small trials share a GPU")
+
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _whole_above_one(cls, gpus: float) -> float:
+        if gpus > 1 and gpus != int(gpus):
+            raise ValueError("more than one GPU per worker must be a whole number")
+        return gpus
+
+
+class Search(Strict):
+    algorithm: Literal["grid", "random", "optuna"] = "grid"
+    num_samples: int = Field(1, ge=1, description="samples per ablation for random/optuna")
+
+
+class Scheduler(Strict):
+    type: Literal["fifo", "asha"] = "fifo"
+    max_t: int | None = Field(None, ge=1, description="ASHA: most steps a trial may run (default: its max)")
+    grace_period: int = Field(1, ge=1, description="ASHA: steps before a trial may be stopped")
+    reduction_factor: float = Field(2.0, gt=1)
+
+
+class Study(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str | None = None
+    method: str
+    base: dict[str, Any] = Field(default_factory=dict)
+    ablations: dict[str, Ablation] = Field(min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [42], min_length=1)
+    metric: str = "best_dev_stsb"
+    mode: Literal["max", "min"] = "max"
+    search: Search = Field(default_factory=Search)
+    scheduler: Scheduler = Field(default_factory=Scheduler)
+    resources: Resources = Field(default_factory=Resources)
+    concurrency: int | None = Field(None, ge=1, description="most trials running at once (default: as fit)")
+    max_failures: int = Field(1, ge=0, description="retries of a crashed trial from its last checkpoint")
+    storage_path: str = Field("runs", description="local folder or s3://bucket/prefix for Ray results")
+    tracking_uri: str | None = Field(None, description="MLflow; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, method: str) -> str:
+        get_method(method)
+        return method
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, metric: str) -> str:
+        if metric not in KNOWN_METRICS:
+            raise ValueError(f"unknown metric {metric!r}; allowed: {', '.join(KNOWN_METRICS)}")
+        return metric
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must be distinct (given: {seeds})")
+        return seeds
+
+    @field_validator("ablations")
+    @classmethod
+    def _ablation_names(cls, ablations: dict[str, Ablation]) -> dict[str, Ablation]:
+        bad = [n for n in ablations if not re.match(NAME_PATTERN, n)]
+        if bad:
+            raise ValueError(f"ablation names may hold letters, digits, '_', '.', '-' only (given: {bad})")
+        return ablations
+
+    @model_validator(mode="after")
+    def _search_matches_ablations(self) -> Study:
+        sampling = self.search.algorithm != "grid"
+        for name, ablation in self.ablations.items():
+            if sampling and not ablation.space:
+                raise ValueError(f"ablation {name!r}: search.algorithm {self.search.algorithm} needs a 'space'")
+            if not sampling and ablation.space:
+                raise ValueError(f"ablation {name!r} has a 'space': set search.algorithm to random or optuna")
+        if sampling and len(self.seeds) > 1:
+            raise ValueError("random/optuna search samples one seed per trial: give a single seed")
+        return self
+
+
+# --- trial expansion ---------------------------------------------------------------------------
+
+
+def point_label(overrides: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in overrides.items())
+
+
+def grid_points(ablation: Ablation) -> list[dict[str, Any]]:
+    """Each point: ``{"label", "overrides", "paper"}``; grids are the cartesian product of their keys."""
+    if ablation.points:
+        return [
+            {"label": p.label or point_label(p.set), "overrides": p.set, "paper": _paper_value(p.paper, ablation)}
+            for p in ablation.points
+        ]
+    keys = list(ablation.grid)
+    points = []
+    for values in itertools.product(*(ablation.grid[k] for k in keys)):
+        overrides = dict(zip(keys, values, strict=True))
+        label = point_label(overrides)
+        short = str(values[0]) if len(values) == 1 else label
+        paper = ablation.paper.get(label, ablation.paper.get(short))
+        points.append({"label": label, "overrides": overrides, "paper": _paper_value(paper, ablation)})
+    return points
+
+
+def _paper_value(value: float | dict[str, float] | None, ablation: Ablation) -> dict[str, float]:
+    if value is None:
+        return {}
+    return value if isinstance(value, dict) else {ablation.paper_metric: value}
+
+
+def trial_document(study: Study, overrides: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The nested trial config: method paper defaults < study base < point overrides < seed."""
+    method_cls = get_method(study.method)
+    doc = deep_merge(method_cls.paper_defaults, study.base)
+    doc = set_dotted(doc, "method.name", study.method)
+    for key, value in overrides.items():
+        doc = set_dotted(doc, key, value)
+    return set_dotted(doc, "trainer.seed", seed)
+
+
+def resolve_trial(study: Study, overrides: dict[str, Any], seed: int) -> TrialConfig:
+    return TrialConfig.model_validate(trial_document(study, overrides, seed))
+
+
+# --- loading and validation --------------------------------------------------------------------
+
+
+def _format_pydantic(err: ValidationError, prefix: str = "") -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if p not in ("function-after", "constrained-str"))
+        where = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "(top level)"
+        message = e["msg"].removeprefix("Value error, ")
+        given = e.get("input")
+        shown = "" if e["type"] == "missing" or isinstance(given, dict) else f" (given: {given!r})"
+        problems.append(f"{where}: {message}{shown}")
+    return problems
+
+
+def _check_dotted_key(key: str) -> str | None:
+    section, _, rest = key.partition(".")
+    if section not in SECTIONS or not rest:
+        return f"must start with one of {', '.join(SECTIONS)} and name a field, e.g. trainer.lr"
+    return None
+
+
+def _check_trials(study: Study) -> list[str]:
+    """Resolve the base and every grid point, so a bad value fails now and not in trial 37."""
+    problems = _format_pydantic_or_none(lambda: resolve_trial(study, {}, study.seeds[0]), "base.")
+    for name, ablation in study.ablations.items():
+        keys = list(ablation.grid) + [k for p in ablation.points for k in p.set] + list(ablation.space)
+        for key in dict.fromkeys(keys):
+            if why := _check_dotted_key(key):
+                problems.append(f"ablations.{name}: key {key!r} {why}")
+        if any(_check_dotted_key(k) for k in keys) or problems:
+            continue
+        for point in grid_points(ablation) if not ablation.space else []:
+            where = f"ablations.{name}[{point['label']}]."
+            problems += _format_pydantic_or_none(
+                lambda point=point: resolve_trial(study, point["overrides"], study.seeds[0]), where
+            )
+    return problems
+
+
+def _format_pydantic_or_none(build, prefix: str) -> list[str]:
+    try:
+        build()
+    except ValidationError as err:
+        return _format_pydantic(err, prefix)
+    except ValueError as err:
+        return [f"{prefix.rstrip('.')}: {err}"]
+    return []
+
+
+def resolve_from_files(raw: dict[str, Any], study_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """Merge each ablation's ``from:`` file (a path relative to the study file, or to the cwd)."""
+    problems: list[str] = []
+    ablations = raw.get("ablations")
+    if not isinstance(ablations, dict):
+        return raw, problems
+    merged = dict(raw, ablations=dict(ablations))
+    for name, body in ablations.items():
+        if not isinstance(body, dict) or "from" not in body:
+            continue
+        candidates = [study_dir / body["from"], study_dir.parent / body["from"], Path.cwd() / body["from"]]
+        found = next((p for p in candidates if p.is_file()), None)
+        if found is None:
+            problems.append(f"ablations.{name}.from: file not found (given: {body['from']!r}; looked in "
+                            f"{', '.join(str(c.parent) for c in candidates)})")
+            continue
+        shared = yaml.safe_load(found.read_text()) or {}
+        merged["ablations"][name] = {**shared, **{k: v for k, v in body.items() if k != "from"}, "from": body["from"]}
+    return merged, problems
+
+
+def load_study(path: str | Path, overrides: list[tuple[str, Any]] = ()) -> Study:
+    """Read, merge ``from:`` files, apply ``--set`` overrides, validate everything, or raise StudyError."""
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError(str(path), ["file not found"])
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise StudyError(str(path), [f"not valid YAML: {err}"]) from err
+    if not isinstance(raw, dict):
+        raise StudyError(str(path), ["the file must hold a mapping (name:, method:, ablations:, ...)"])
+    return study_from_dict(raw, str(path), path.parent, overrides)
+
+
+def study_from_dict(
+    raw: dict[str, Any], source: str, study_dir: Path, overrides: list[tuple[str, Any]] = ()
+) -> Study:
+    for key, value in overrides:
+        raw = set_dotted(raw, f"base.{key}" if key.split(".")[0] in SECTIONS else key, value)
+    raw, problems = resolve_from_files(raw, study_dir)
+    try:
+        study = Study.model_validate(raw)
+    except ValidationError as err:
+        raise StudyError(source, problems + _format_pydantic(err)) from None
+    problems += _check_trials(study)
+    if problems:
+        raise StudyError(source, problems)
+    return study
+
+
+def allowed_methods() -> str:
+    return ", ".join(sorted(METHODS))

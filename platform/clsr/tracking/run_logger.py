@@ -1,0 +1,36 @@
+"""Metrics from inside a trial, sent to an MLflow run that the study driver opened."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+
+class RunLogger:
+    """Buffers per-step metrics and sends them in batches (one request per flush, not per step)."""
+
+    def __init__(self, tracking: dict[str, str] | None):
+        self.run_id = (tracking or {}).get("run_id")
+        self.client = MlflowClient(tracking["uri"]) if self.run_id else None
+        self.buffer: list[Metric] = []
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.client is None:
+            return
+        now = int(time.time() * 1000)
+        self.buffer += [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
+
+    def flush(self) -> None:
+        if self.client is None or not self.buffer:
+            return
+        for start in range(0, len(self.buffer), 1000):  # MLflow's per-request metric limit
+            self.client.log_batch(self.run_id, metrics=self.buffer[start : start + 1000])
+        self.buffer = []
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        if self.client is not None:
+            for key, value in tags.items():
+                self.client.set_tag(self.run_id, key, str(value))

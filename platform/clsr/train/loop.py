@@ -1,0 +1,217 @@
+"""The generic training loop shared by every method. Read it top to bottom: ``fit``.
+
+The loop knows nothing about any method: the method builds the model, orders the rows into batches
+and computes the loss. Rank 0 evaluates on the dev set every ``eval_steps`` steps, keeps the best
+weights (the SimCSE protocol) and logs to MLflow; every rank reports to Ray Train at the same steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from clsr.data.catalog import load_rows
+from clsr.encoders.transformer import load_tokenizer
+from clsr.eval.alignment import alignment_uniformity
+from clsr.eval.sts import evaluate_sts, summary_metrics
+from clsr.methods import get_method
+from clsr.methods.base import Method
+from clsr.train.config import TrialConfig
+from clsr.train.optim import build_optimizer, build_scheduler
+from clsr.tracking.run_logger import RunLogger
+
+DEV_SPLIT = "dev"
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if hasattr(model, "module") else model
+
+
+def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if precision == "auto":
+        use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        precision = "bf16" if use_bf16 else "fp32"
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def plan_steps(num_rows: int, trial: TrialConfig, world: int) -> tuple[int, int]:
+    """(steps per epoch, total steps), with the batch-size checks that would otherwise fail mid-run."""
+    t = trial.trainer
+    if t.batch_size % (t.grad_accum_steps * world):
+        raise ValueError(
+            f"trainer.batch_size={t.batch_size} must be divisible by grad_accum_steps × workers "
+            f"= {t.grad_accum_steps} × {world}"
+        )
+    steps_per_epoch = num_rows // t.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"data set {trial.data.train!r} has {num_rows} rows, fewer than one batch of {t.batch_size}; "
+            f"lower trainer.batch_size or raise data.max_rows"
+        )
+    total = math.ceil(t.epochs * steps_per_epoch)
+    return steps_per_epoch, min(total, t.max_steps or total)
+
+
+def build_method(trial: TrialConfig) -> Method:
+    method_cls = get_method(trial.method["name"])
+    return method_cls(method_cls.Config(**trial.method))
+
+
+class Evaluator:
+    """Dev scores during training and the final test scores, computed on rank 0 only."""
+
+    def __init__(self, trial: TrialConfig, method: Method, tokenizer: Any):
+        self.cfg = trial.eval
+        self.data_dir = trial.data.data_dir
+        self.method = method
+        self.tokenizer = tokenizer
+
+    def embedder(self, model: nn.Module):
+        return self.method.make_embedder(unwrap(model), self.tokenizer, self.cfg.batch_size)
+
+    def dev(self, model: nn.Module) -> dict[str, float]:
+        scores = evaluate_sts(self.embedder(model), self.cfg.dev_tasks, DEV_SPLIT, self.data_dir)
+        return {f"dev_{task}": s.all for task, s in scores.items()}
+
+    def final(self, model: nn.Module) -> dict[str, float]:
+        embed = self.embedder(model)
+        metrics = summary_metrics(evaluate_sts(embed, self.cfg.tasks, "test", self.data_dir))
+        if self.cfg.alignment_uniformity:
+            from clsr.data.sts import load_sts
+
+            metrics |= alignment_uniformity(load_sts("stsb", DEV_SPLIT, self.data_dir), embed)
+        return metrics
+
+
+def save_checkpoint(model: nn.Module, optimizer, scheduler, state: dict, best_weights: dict | None) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="clsr-ckpt-"))
+    torch.save(
+        {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+         "scheduler": scheduler.state_dict(), **state},
+        folder / "state.pt",
+    )
+    if best_weights is not None:
+        torch.save(best_weights, folder / "best_model.pt")
+    return folder
+
+
+def fit(trial: TrialConfig, session, tracking: dict[str, str] | None = None) -> dict[str, float]:
+    """Train one trial and return its final metrics (on rank 0; other ranks return ``{}``)."""
+    t = trial.trainer
+    torch.manual_seed(t.seed + session.rank)  # same init everywhere (DDP broadcasts), own dropout per rank
+    np.random.seed(t.seed + session.rank)
+
+    method = build_method(trial)
+    tokenizer = load_tokenizer(trial.model.name)
+    rows = load_rows(trial.data.train, trial.data.data_dir, trial.data.max_rows, seed=t.seed)
+    batcher = method.prepare_rows(rows, tokenizer, trial.model.max_seq_length)
+    steps_per_epoch, total_steps = plan_steps(len(rows), trial, session.world_size)
+    micro_rows = t.batch_size // t.grad_accum_steps  # global rows per forward pass
+    local_rows = micro_rows // session.world_size
+
+    model = session.prepare_model(method.build_model(trial.model))
+    device = session.device
+    optimizer = build_optimizer(unwrap(model), t, method.param_group_lrs())
+    scheduler = build_scheduler(optimizer, t, total_steps)
+    autocast = autocast_context(t.precision, device)
+    is_main = session.rank == 0
+    evaluator = Evaluator(trial, method, tokenizer) if is_main else None
+    logger = RunLogger(tracking if is_main else None)
+
+    state = {"step": 0, "best_score": -math.inf, "best_step": 0}
+    best_weights: dict | None = None
+    restore = session.restore_dir()
+    if restore is not None:  # resume a retried or restored trial where its last checkpoint left it
+        saved = torch.load(restore / "state.pt", map_location="cpu", weights_only=False)
+        unwrap(model).load_state_dict(saved.pop("model"))
+        optimizer.load_state_dict(saved.pop("optimizer"))
+        scheduler.load_state_dict(saved.pop("scheduler"))
+        state.update(saved)
+        if (restore / "best_model.pt").exists():
+            best_weights = torch.load(restore / "best_model.pt", map_location="cpu")
+
+    select_key = f"dev_{trial.eval.select_on}"
+    epoch_batches: tuple[int, list[list[int]]] = (-1, [])
+    recent_losses: list[float] = []
+    started = time.perf_counter()
+    model.train()
+    while state["step"] < total_steps:
+        epoch, position = divmod(state["step"], steps_per_epoch)
+        if epoch_batches[0] != epoch:
+            epoch_batches = (epoch, method.batch_order(rows, t.batch_size, epoch, t.seed))
+        global_batch = epoch_batches[1][position]
+
+        step_loss = 0.0
+        for start in range(0, t.batch_size, micro_rows):
+            micro = global_batch[start : start + micro_rows]
+            mine = micro[session.rank * local_rows : (session.rank + 1) * local_rows]
+            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batcher.collate(mine).items()}
+            last_micro = start + micro_rows >= t.batch_size
+            sync = contextlib.nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
+            with sync:
+                with autocast:
+                    loss = method.training_loss(model, batch)
+                # every rank holds the global loss; × world makes DDP's gradient average its gradient
+                (loss * session.world_size / t.grad_accum_steps).backward()
+            step_loss += loss.item() / t.grad_accum_steps
+        if not math.isfinite(step_loss):
+            raise FloatingPointError(f"loss became {step_loss} at step {state['step'] + 1}; lower trainer.lr")
+        grad_norm = (
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm) if t.max_grad_norm else None
+        )
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        state["step"] += 1
+        step = state["step"]
+        recent_losses.append(step_loss)
+        logger.log({"loss": step_loss, "lr": scheduler.get_last_lr()[0],
+                    "grad_norm": float(grad_norm) if grad_norm is not None else None}, step)
+        if step % t.log_every == 0:
+            logger.flush()
+
+        if step % t.eval_steps and step != total_steps:
+            continue
+        metrics = {"step": step, "epoch": step / steps_per_epoch, "loss": float(np.mean(recent_losses))}
+        recent_losses = []
+        checkpoint = None
+        if is_main:
+            metrics |= evaluator.dev(model)
+            if metrics[select_key] > state["best_score"]:
+                state["best_score"], state["best_step"] = metrics[select_key], step
+                best_weights = copy.deepcopy({k: v.cpu() for k, v in unwrap(model).state_dict().items()})
+            metrics[f"best_{select_key}"] = state["best_score"]
+            metrics["samples_per_s"] = step * t.batch_size / (time.perf_counter() - started)
+            logger.log({k: v for k, v in metrics.items() if k != "step"}, step)
+            logger.flush()
+            checkpoint = save_checkpoint(model, optimizer, scheduler, state, best_weights)
+        session.report(metrics, checkpoint)
+        model.train()
+
+    return finish(model, state, best_weights, evaluator, logger, session)
+
+
+def finish(model, state, best_weights, evaluator, logger, session) -> dict[str, float]:
+    """Reload the best dev checkpoint, score it on the test sets, and report the final metrics."""
+    final: dict[str, float] = {"step": state["step"], "done": True}
+    if evaluator is not None:
+        if best_weights is not None:
+            unwrap(model).load_state_dict(best_weights)
+        final |= evaluator.final(model)
+        final |= {"best_step": state["best_step"], f"best_dev_{evaluator.cfg.select_on}": state["best_score"]}
+        logger.log({k: v for k, v in final.items() if k not in ("step", "done")}, state["step"])
+        logger.flush()
+    session.report(final, None)
+    return final if evaluator is not None else {}

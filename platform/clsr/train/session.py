@@ -1,0 +1,75 @@
+"""Where a training loop runs: inside Ray Train (workers, DDP, reports to Tune) or in this process."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from clsr.train.distributed import rank, world_size
+
+
+class LocalSession:
+    """Single process, no Ray: unit tests and quick local runs. Reports are kept in a list."""
+
+    def __init__(self, checkpoint_root: str | Path | None = None):
+        self.reports: list[dict[str, Any]] = []
+        self.checkpoint_root = Path(checkpoint_root or tempfile.mkdtemp(prefix="clsr-ckpt-"))
+        self.latest: Path | None = None
+
+    rank = property(lambda self: 0)
+    world_size = property(lambda self: 1)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        return model.to(self.device)
+
+    def restore_dir(self) -> Path | None:
+        return self.latest
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: Path | None = None) -> None:
+        self.reports.append(dict(metrics))
+        if checkpoint_dir is not None:
+            target = self.checkpoint_root / f"step_{metrics.get('step', len(self.reports))}"
+            os.replace(checkpoint_dir, target)
+            self.latest = target
+
+
+class RayTrainSession:
+    """Inside ``TorchTrainer``: every worker reports; rank 0 attaches the checkpoint."""
+
+    rank = property(lambda self: rank())
+    world_size = property(lambda self: world_size())
+
+    @property
+    def device(self) -> torch.device:
+        import ray.train.torch
+
+        return ray.train.torch.get_device()
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        import ray.train.torch
+
+        return ray.train.torch.prepare_model(model)
+
+    def restore_dir(self) -> Path | None:
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return None
+        local = Path(tempfile.mkdtemp(prefix="clsr-restore-"))
+        return Path(checkpoint.to_directory(str(local)))
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: Path | None = None) -> None:
+        import ray.train
+
+        checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
+        ray.train.report(metrics, checkpoint=checkpoint)

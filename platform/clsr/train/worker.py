@@ -1,0 +1,14 @@
+"""Ray Train entry point: what every worker of a trial runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clsr.train.config import TrialConfig
+from clsr.train.loop import fit
+from clsr.train.session import RayTrainSession
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    trial = TrialConfig.model_validate(config["trial"])
+    fit(trial, RayTrainSession(), tracking=config.get("tracking"))
