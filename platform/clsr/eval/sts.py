@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
+from clsr.data.sources import resolve_data_dir
 from clsr.data.sts import STS_TASKS, STSSplit, load_sts
 from clsr.eval.embed import Embedder
 
@@ -89,7 +90,8 @@ def evaluate_sts(
     embed: Embedder, tasks: Iterable[str] = ("sts",), split: str = "test", data_dir: str | Path | None = None
 ) -> dict[str, STSScore]:
     """Score each task on ``split`` (``test`` for the paper tables, ``dev`` for model selection)."""
-    return {task: score_split(load_sts(task, split, data_dir), embed) for task in expand_tasks(tasks)}
+    folder = resolve_data_dir(data_dir)  # explicit folder, else $CLSR_DATA_DIR, else the hub
+    return {task: score_split(load_sts(task, split, folder), embed) for task in expand_tasks(tasks)}
 
 
 def summary_metrics(scores: dict[str, STSScore], prefix: str = "test_") -> dict[str, float]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from clsr.encoders.transformer import ModelConfig
 
@@ -85,10 +85,10 @@ class TrialConfig(Section):
     method: dict[str, Any]
     eval: EvalConfig = Field(default_factory=EvalConfig)
 
-    @model_validator(mode="after")
-    def _method_section(self) -> TrialConfig:
+    @field_validator("method")
+    @classmethod
+    def _method_section(cls, method: dict[str, Any]) -> dict[str, Any]:
+        """Validate the hyperparameters with the method's own Config class and fill its defaults."""
         from clsr.methods import get_method
 
-        method_cls = get_method(self.method.get("name", ""))
-        self.method = method_cls.Config(**self.method).model_dump()
-        return self
+        return get_method(method.get("name", "")).Config(**method).model_dump()

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from clsr.data.catalog import load_rows
+from clsr.data.sources import resolve_data_dir
+from clsr.data.sts import load_sts
 from clsr.encoders.transformer import load_tokenizer
 from clsr.eval.alignment import alignment_uniformity
 from clsr.eval.sts import evaluate_sts, summary_metrics
@@ -89,9 +91,8 @@ class Evaluator:
         embed = self.embedder(model)
         metrics = summary_metrics(evaluate_sts(embed, self.cfg.tasks, "test", self.data_dir))
         if self.cfg.alignment_uniformity:
-            from clsr.data.sts import load_sts
-
-            metrics |= alignment_uniformity(load_sts("stsb", DEV_SPLIT, self.data_dir), embed)
+            dev = load_sts("stsb", DEV_SPLIT, resolve_data_dir(self.data_dir))
+            metrics |= alignment_uniformity(dev, embed)
         return metrics
 
 

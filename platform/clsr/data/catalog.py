@@ -1,0 +1,126 @@
+"""Named training data sets (``data.train`` in a study) and their row format.
+
+Every data set yields rows ``{column: text}`` with the columns a method asks for: ``text`` for
+unsupervised corpora, ``anchor``/``positive``[/``negative``] for pairs and triplets.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from clsr.data.corpora import (
+    build_sbert_v2_triplets,
+    build_simcse_triplets,
+    load_nli_for_simcse,
+    load_nli_pairs,
+    load_wiki_sentences,
+)
+from clsr.data.sources import resolve_data_dir
+
+Row = dict[str, str]
+TRIPLET = ("anchor", "positive", "negative")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    columns: tuple[str, ...]
+    description: str
+    loader: Callable[[Path | None, int], list[Row]]  # (data_dir or None for the hub, seed) → rows
+
+
+def _wiki1m(data_dir: Path | None, seed: int) -> list[Row]:
+    return [{"text": sentence} for sentence in load_wiki_sentences(data_dir)]
+
+
+def _nli_for_simcse(data_dir: Path | None, seed: int) -> list[Row]:
+    return load_nli_for_simcse(data_dir)
+
+
+def _nli_triplets(data_dir: Path | None, seed: int) -> list[Row]:
+    return build_simcse_triplets(load_nli_pairs(data_dir), seed)
+
+
+def _nli_sbert_v2(data_dir: Path | None, seed: int) -> list[Row]:
+    return build_sbert_v2_triplets(load_nli_pairs(data_dir), seed)
+
+
+def _nli_pairs(data_dir: Path | None, seed: int) -> list[Row]:
+    pairs = load_nli_pairs(data_dir)
+    return [{"anchor": p.premise, "positive": p.hypothesis} for p in pairs if p.label == "entailment"]
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    spec.name: spec
+    for spec in (
+        DatasetSpec(
+            "wiki1m",
+            ("text",),
+            "SimCSE's 10^6 Wikipedia sentences (unsupervised); locally the full file or its 11,914-line head",
+            _wiki1m,
+        ),
+        DatasetSpec(
+            "nli_for_simcse",
+            TRIPLET,
+            "SimCSE's released SNLI+MNLI triplets (nli_for_simcse.csv, 275,601 rows; hub or local file)",
+            _nli_for_simcse,
+        ),
+        DatasetSpec(
+            "nli_triplets",
+            TRIPLET,
+            "SimCSE-style (premise, entailment, seeded contradiction) built from the NLI pairs",
+            _nli_triplets,
+        ),
+        DatasetSpec(
+            "nli_sbert_v2",
+            TRIPLET,
+            "SBERT-nli-v2 triplets: both directions, two rows per sentence with an E and a C (seeded)",
+            _nli_sbert_v2,
+        ),
+        DatasetSpec(
+            "nli_pairs",
+            ("anchor", "positive"),
+            "(premise, entailment hypothesis) pairs from the NLI pairs",
+            _nli_pairs,
+        ),
+    )
+}
+
+
+def _spec(name: str) -> DatasetSpec:
+    if name not in DATASETS:
+        raise ValueError(f"unknown data set {name!r}; allowed: {', '.join(DATASETS)}")
+    return DATASETS[name]
+
+
+def dataset_columns(name: str) -> tuple[str, ...]:
+    return _spec(name).columns
+
+
+@lru_cache(maxsize=8)
+def _cached_rows(name: str, data_dir: Path | None, seed: int) -> tuple[Row, ...]:
+    return tuple(DATASETS[name].loader(data_dir, seed))
+
+
+def load_rows(
+    name: str, data_dir: str | os.PathLike[str] | None = None, max_rows: int | None = None, seed: int = 0
+) -> list[Row]:
+    """Rows of a catalogue data set; ``data_dir`` falls back to ``$CLSR_DATA_DIR``, then the hub.
+
+    ``max_rows`` keeps a seeded random subset (in the original order), so a smoke run sees varied
+    data rather than the first lines of a file. Loading is cached per (name, data_dir, seed); the
+    returned rows are copies, so callers may modify them.
+    """
+    _spec(name)
+    if max_rows is not None and max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    rows = _cached_rows(name, resolve_data_dir(data_dir), seed)
+    if max_rows is not None and max_rows < len(rows):
+        keep = sorted(random.Random(seed).sample(range(len(rows)), max_rows))
+        rows = tuple(rows[i] for i in keep)
+    return [dict(row) for row in rows]

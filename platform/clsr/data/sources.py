@@ -1,0 +1,74 @@
+"""Where data comes from: a local data folder (``CLSR_DATA_DIR`` / ``data.data_dir``) or the HF hub.
+
+The canonical local folder is the shared-data root, the folder that holds ``senteval/``, ``nli/``
+and ``wiki/``. Every loader turns "not found" into :class:`DataUnavailableError`, whose message
+says which file to provide, so an offline run fails with an instruction rather than a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+ENV_VAR = "CLSR_DATA_DIR"
+
+
+class DataUnavailableError(RuntimeError):
+    """Neither a local file nor the Hugging Face hub can provide a data set."""
+
+
+def resolve_data_dir(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """``explicit``, else ``$CLSR_DATA_DIR``, else None (= use the hub).
+
+    SentEval's ``PATH_TO_DATA`` (``<root>/senteval``) is accepted too and mapped to its parent.
+    """
+    raw = explicit if explicit is not None else os.environ.get(ENV_VAR) or None
+    if raw is None:
+        return None
+    path = Path(raw).expanduser()
+    if not path.is_dir():
+        origin = "data.data_dir" if explicit is not None else f"${ENV_VAR}"
+        raise DataUnavailableError(
+            f"{origin} = {str(raw)!r} is not a folder. Point it at the shared data folder "
+            "(the one holding senteval/, nli/ and wiki/), or unset it and go online to use the hub."
+        )
+    if path.name == "senteval" and (path / "downstream").is_dir():
+        return path.parent
+    return path
+
+
+def local_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
+    """Validate a caller's ``data_dir`` without consulting the environment (None means the hub)."""
+    return None if data_dir is None else resolve_data_dir(data_dir)
+
+
+def require_file(root: Path, hub_id: str, *candidates: str) -> Path:
+    """The first of ``root / candidate`` that exists, else DataUnavailableError naming them all."""
+    for relative in candidates:
+        if (root / relative).is_file():
+            return root / relative
+    wanted = " or ".join(f"<data_dir>/{relative}" for relative in candidates)
+    raise DataUnavailableError(
+        f"missing {root / candidates[0]}: put the file at {wanted} (data_dir = {root}), "
+        f"or point {ENV_VAR} / data.data_dir at a folder that has it, or leave data_dir unset and go online "
+        f"to load {hub_id!r} from the hub."
+    )
+
+
+def load_from_hub(hub_id: str, local_hint: str, alternative: str = "", **kwargs: Any) -> Any:
+    """``datasets.load_dataset(hub_id, **kwargs)``; any failure becomes DataUnavailableError.
+
+    With ``HF_HUB_OFFLINE=1`` / ``HF_DATASETS_OFFLINE=1`` this fails in under a second unless the
+    data set is in the local HF cache; without them an unreachable hub costs ~25 s of retries.
+    """
+    try:
+        from datasets import load_dataset  # slow import, only needed on the hub path
+
+        return load_dataset(hub_id, **kwargs)
+    except Exception as exc:
+        raise DataUnavailableError(
+            f"could not load {hub_id!r} from the Hugging Face hub ({type(exc).__name__}: {exc}). "
+            f"Offline, provide <data_dir>/{local_hint} and point {ENV_VAR} / data.data_dir at that "
+            f"data_dir, or go online. {alternative}".rstrip()
+        ) from exc
