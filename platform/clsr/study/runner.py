@@ -60,10 +60,10 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
 
     study = _study(ctx)
     point, seed = config["point"], config["seed"]
-    trial = resolve_trial(study, point["overrides"], seed)
+    trial = resolve_trial(study, point["ablation"], point["overrides"], seed)
     trial_id = ray.tune.get_context().get_trial_id()
     label = point["label"] or point_label(point["overrides"])
-    tags = {"clsr.method": study.method, "clsr.ablation": point["ablation"], "clsr.point": label,
+    tags = {"clsr.method": trial.method["name"], "clsr.ablation": point["ablation"], "clsr.point": label,
             "clsr.seed": seed, **{f"clsr.paper.{k}": v for k, v in point.get("paper", {}).items()}}
     run_id = open_child_run(ctx.tracking_uri, ctx.parent_run_id, trial_id,
                             f"{point['ablation']}/{label}/seed={seed}", tags, trial.model_dump())
@@ -125,20 +125,21 @@ def _search_alg(study: Study):
     return OptunaSearch(seed=study.seeds[0])
 
 
-def _scheduler(study: Study):
+def _scheduler(study: Study, ablation: str | None):
     if study.scheduler.type != "asha":
         return None
     from ray.tune.schedulers import ASHAScheduler
 
     s = study.scheduler
-    max_t = s.max_t or max(resolved_max_steps(study), s.grace_period)
+    max_t = s.max_t or max(resolved_max_steps(study, ablation), s.grace_period)
     # Tune's training_iteration restarts on retries; the reported optimiser step does not.
     return ASHAScheduler(time_attr="step", max_t=max_t, grace_period=s.grace_period,
                          reduction_factor=s.reduction_factor)
 
 
-def resolved_max_steps(study: Study) -> int:
-    doc = trial_document(study, {}, study.seeds[0])
+def resolved_max_steps(study: Study, ablation: str | None) -> int:
+    """ASHA's horizon: the trainer's max_steps, else a bound no trial reaches (epochs end it first)."""
+    doc = trial_document(study, ablation, {}, study.seeds[0])
     return int(doc.get("trainer", {}).get("max_steps") or 10**9)
 
 
@@ -162,7 +163,7 @@ def build_tuner(study: Study, ctx: StudyContext, ablation: str | None, restore: 
             metric=study.metric,
             mode=study.mode,
             search_alg=_search_alg(study),
-            scheduler=_scheduler(study),
+            scheduler=_scheduler(study, ablation),
             num_samples=study.search.num_samples if ablation else 1,
             max_concurrent_trials=study.concurrency,
         ),
@@ -233,7 +234,7 @@ def resolved_summary(study: Study) -> dict[str, Any]:
     """The base configuration every trial starts from, and each ablation's points with paper numbers."""
     return {
         "study": study.model_dump(by_alias=True, exclude_none=True),
-        "base_trial": trial_document(study, {}, study.seeds[0]),
+        "base_trials": {n: trial_document(study, n, {}, study.seeds[0]) for n in study.ablations},
         "points": {n: grid_points(a) if not a.space else "sampled" for n, a in study.ablations.items()},
     }
 

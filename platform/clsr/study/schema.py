@@ -72,6 +72,8 @@ class Ablation(Strict):
 
     table: str | None = Field(None, description="the paper table it reproduces, e.g. 'SimCSE Table 3'")
     description: str | None = None
+    method: str | None = Field(None, description="method of this ablation's trials (default: the study's)")
+    base: dict[str, Any] = Field(default_factory=dict, description="overrides of the study base for this ablation")
     from_file: str | None = Field(None, alias="from", description="a file under search_spaces/ to start from")
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     points: list[Point] = Field(default_factory=list)
@@ -87,6 +89,13 @@ class Ablation(Strict):
         if empty:
             raise ValueError(f"grid keys need at least one value (empty: {empty})")
         return grid
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, method: str | None) -> str | None:
+        if method is not None:
+            get_method(method)
+        return method
 
     @model_validator(mode="after")
     def _one_kind(self) -> Ablation:
@@ -155,7 +164,7 @@ class Study(Strict):
     @classmethod
     def _unique_seeds(cls, seeds: list[int]) -> list[int]:
         if len(set(seeds)) != len(seeds):
-            raise ValueError(f"seeds must be distinct (given: {seeds})")
+            raise ValueError("seeds must be distinct")
         return seeds
 
     @field_validator("ablations")
@@ -210,18 +219,20 @@ def _paper_value(value: float | dict[str, float] | None, ablation: Ablation) -> 
     return value if isinstance(value, dict) else {ablation.paper_metric: value}
 
 
-def trial_document(study: Study, overrides: dict[str, Any], seed: int) -> dict[str, Any]:
-    """The nested trial config: method paper defaults < study base < point overrides < seed."""
-    method_cls = get_method(study.method)
-    doc = deep_merge(method_cls.paper_defaults, study.base)
-    doc = set_dotted(doc, "method.name", study.method)
+def trial_document(study: Study, ablation: str | None, overrides: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The nested trial config: method paper defaults < study base < ablation base < point < seed."""
+    spec = study.ablations[ablation] if ablation else None
+    method = (spec.method if spec else None) or study.method
+    doc = deep_merge(get_method(method).paper_defaults, study.base)
+    doc = deep_merge(doc, spec.base if spec else {})
+    doc = set_dotted(doc, "method.name", method)
     for key, value in overrides.items():
         doc = set_dotted(doc, key, value)
     return set_dotted(doc, "trainer.seed", seed)
 
 
-def resolve_trial(study: Study, overrides: dict[str, Any], seed: int) -> TrialConfig:
-    return TrialConfig.model_validate(trial_document(study, overrides, seed))
+def resolve_trial(study: Study, ablation: str | None, overrides: dict[str, Any], seed: int) -> TrialConfig:
+    return TrialConfig.model_validate(trial_document(study, ablation, overrides, seed))
 
 
 # --- loading and validation --------------------------------------------------------------------
@@ -248,7 +259,7 @@ def _check_dotted_key(key: str) -> str | None:
 
 def _check_trials(study: Study) -> list[str]:
     """Resolve the base and every grid point, so a bad value fails now and not in trial 37."""
-    problems = _format_pydantic_or_none(lambda: resolve_trial(study, {}, study.seeds[0]), "base.")
+    problems = _format_pydantic_or_none(lambda: resolve_trial(study, None, {}, study.seeds[0]), "base.")
     for name, ablation in study.ablations.items():
         keys = list(ablation.grid) + [k for p in ablation.points for k in p.set] + list(ablation.space)
         for key in dict.fromkeys(keys):
@@ -256,12 +267,22 @@ def _check_trials(study: Study) -> list[str]:
                 problems.append(f"ablations.{name}: key {key!r} {why}")
         if any(_check_dotted_key(k) for k in keys) or problems:
             continue
-        for point in grid_points(ablation) if not ablation.space else []:
+        points = grid_points(ablation) if not ablation.space else [{"label": "space", "overrides": {}}]
+        for point in points:
             where = f"ablations.{name}[{point['label']}]."
             problems += _format_pydantic_or_none(
-                lambda point=point: resolve_trial(study, point["overrides"], study.seeds[0]), where
+                lambda point=point, name=name: resolve_trial(study, name, point["overrides"], study.seeds[0]), where
             )
     return problems
+
+
+def _check_raw_base(raw: dict[str, Any]) -> list[str]:
+    """Base-config problems of a study whose top level is invalid too, so one run lists both."""
+    method, base = raw.get("method"), raw.get("base", {})
+    if method not in METHODS or not isinstance(base, dict):
+        return []
+    doc = set_dotted(deep_merge(get_method(method).paper_defaults, base), "method.name", method)
+    return _format_pydantic_or_none(lambda: TrialConfig.model_validate(doc), "base.")
 
 
 def _format_pydantic_or_none(build, prefix: str) -> list[str]:
@@ -318,7 +339,7 @@ def study_from_dict(
     try:
         study = Study.model_validate(raw)
     except ValidationError as err:
-        raise StudyError(source, problems + _format_pydantic(err)) from None
+        raise StudyError(source, problems + _format_pydantic(err) + _check_raw_base(raw)) from None
     problems += _check_trials(study)
     if problems:
         raise StudyError(source, problems)

@@ -49,7 +49,9 @@ def check_reachable(uri: str) -> None:
 
 def git_commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
+        source = Path(clsr.__file__).resolve().parent  # the platform's own checkout, not the cwd
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True,
+                             timeout=5, check=True)
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -62,6 +62,13 @@ class EvalConfig(Section):
         default_factory=lambda: ["stsb"], description="dev splits scored every eval_steps"
     )
     select_on: Literal["stsb", "sickr"] = Field("stsb", description="dev task that picks the best checkpoint")
+
+    @model_validator(mode="after")
+    def _select_on_scored(self) -> EvalConfig:
+        if self.dev_tasks and self.select_on not in self.dev_tasks:
+            raise ValueError(f"select_on {self.select_on!r} must be one of dev_tasks {self.dev_tasks}")
+        return self
+
     tasks: list[str] = Field(
         default_factory=lambda: ["sts"], description="final test evaluation: 'sts' or STS task names"
     )

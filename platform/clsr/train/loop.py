@@ -84,12 +84,14 @@ class Evaluator:
         return self.method.make_embedder(unwrap(model), self.tokenizer, self.cfg.batch_size)
 
     def dev(self, model: nn.Module) -> dict[str, float]:
+        if not self.cfg.dev_tasks:
+            return {}
         scores = evaluate_sts(self.embedder(model), self.cfg.dev_tasks, DEV_SPLIT, self.data_dir)
         return {f"dev_{task}": s.all for task, s in scores.items()}
 
     def final(self, model: nn.Module) -> dict[str, float]:
         embed = self.embedder(model)
-        metrics = summary_metrics(evaluate_sts(embed, self.cfg.tasks, "test", self.data_dir))
+        metrics = summary_metrics(evaluate_sts(embed, self.cfg.tasks, "test", self.data_dir)) if self.cfg.tasks else {}
         if self.cfg.alignment_uniformity:
             dev = load_sts("stsb", DEV_SPLIT, resolve_data_dir(self.data_dir))
             metrics |= alignment_uniformity(dev, embed)
@@ -185,15 +187,16 @@ def fit(trial: TrialConfig, session, tracking: dict[str, str] | None = None) -> 
 
         if step % t.eval_steps and step != total_steps:
             continue
-        metrics = {"step": step, "epoch": step / steps_per_epoch, "loss": float(np.mean(recent_losses))}
+        metrics = {"step": step, "epoch": step / steps_per_epoch, "loss_avg": float(np.mean(recent_losses))}
         recent_losses = []
         checkpoint = None
         if is_main:
             metrics |= evaluator.dev(model)
-            if metrics[select_key] > state["best_score"]:
+            if select_key in metrics and metrics[select_key] > state["best_score"]:
                 state["best_score"], state["best_step"] = metrics[select_key], step
                 best_weights = copy.deepcopy({k: v.cpu() for k, v in unwrap(model).state_dict().items()})
-            metrics[f"best_{select_key}"] = state["best_score"]
+            if best_weights is not None:
+                metrics[f"best_{select_key}"] = state["best_score"]
             metrics["samples_per_s"] = step * t.batch_size / (time.perf_counter() - started)
             logger.log({k: v for k, v in metrics.items() if k != "step"}, step)
             logger.flush()
@@ -206,13 +209,14 @@ def fit(trial: TrialConfig, session, tracking: dict[str, str] | None = None) -> 
 
 def finish(model, state, best_weights, evaluator, logger, session) -> dict[str, float]:
     """Reload the best dev checkpoint, score it on the test sets, and report the final metrics."""
-    final: dict[str, float] = {"step": state["step"], "done": True}
+    final: dict[str, float] = {"step": state["step"], "finished": 1}  # not "done": Tune would end the trial
     if evaluator is not None:
         if best_weights is not None:
             unwrap(model).load_state_dict(best_weights)
         final |= evaluator.final(model)
-        final |= {"best_step": state["best_step"], f"best_dev_{evaluator.cfg.select_on}": state["best_score"]}
-        logger.log({k: v for k, v in final.items() if k not in ("step", "done")}, state["step"])
+        if best_weights is not None:
+            final |= {"best_step": state["best_step"], f"best_dev_{evaluator.cfg.select_on}": state["best_score"]}
+        logger.log({k: v for k, v in final.items() if k not in ("step", "finished")}, state["step"])
         logger.flush()
     session.report(final, None)
     return final if evaluator is not None else {}

@@ -1,0 +1,38 @@
+"""Batch order and padding: what the trainer feeds a method."""
+
+from __future__ import annotations
+
+import torch
+
+from clsr.data.batching import TextViewBatcher, no_duplicate_batches, shuffled_batches
+
+
+class WordTokenizer:
+    pad_token_id = 0
+
+    def __call__(self, texts, truncation=True, max_length=8, add_special_tokens=True):
+        return {"input_ids": [[len(w) for w in t.split()][:max_length] for t in texts]}
+
+
+def test_shuffled_batches_are_full_seeded_and_cover_each_row_once():
+    batches = shuffled_batches(10, 3, epoch=0, seed=1)
+    assert [len(b) for b in batches] == [3, 3, 3]
+    assert len({i for b in batches for i in b}) == 9
+    assert batches == shuffled_batches(10, 3, epoch=0, seed=1)
+    assert batches != shuffled_batches(10, 3, epoch=1, seed=1)
+
+
+def test_collate_lays_out_rows_then_views_and_pads_to_the_longest():
+    rows = [{"text": "aa b"}, {"text": "ccc"}]
+    batcher = TextViewBatcher(rows, ("text", "text"), WordTokenizer(), max_length=8)
+    batch = batcher.collate([1, 0])
+    assert batch["input_ids"].tolist() == [[3, 0], [3, 0], [2, 1], [2, 1]]
+    assert batch["attention_mask"].tolist() == [[1, 0], [1, 0], [1, 1], [1, 1]]
+    assert batch["num_rows"] == 2 and batch["input_ids"].dtype == torch.long
+
+
+def test_no_duplicate_batches_never_repeat_a_text_in_a_batch():
+    rows = [{"anchor": f"s{i % 3}", "positive": f"p{i}"} for i in range(12)]
+    for batch in no_duplicate_batches(rows, ("anchor", "positive"), batch_size=3, epoch=0, seed=0):
+        anchors = [rows[i]["anchor"] for i in batch]
+        assert len(set(anchors)) == 3

@@ -1,0 +1,79 @@
+"""The STS evaluator and alignment/uniformity on small hand-made examples."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from clsr.data.sts import STSSplit
+from clsr.eval.alignment import alignment, uniformity
+from clsr.eval.sts import cosine_scores, expand_tasks, format_table, score_split, summary_metrics
+
+VECTORS = {  # 2-d sentence vectors whose cosines are easy to work out by hand
+    "a": [1.0, 0.0], "b": [1.0, 0.0],    # cos 1
+    "c": [1.0, 0.0], "d": [0.0, 1.0],    # cos 0
+    "e": [1.0, 0.0], "f": [1.0, 1.0],    # cos 0.707
+    "g": [1.0, 0.0], "h": [-1.0, 0.0],   # cos -1
+}  # fmt: skip
+
+
+def embed(sentences):
+    return np.array([VECTORS[s] for s in sentences])
+
+
+def test_score_split_all_mean_wmean():
+    split = STSSplit(
+        task="sts12", split="test", sentences1=["a", "c", "e", "g"], sentences2=["b", "d", "f", "h"],
+        scores=np.array([5.0, 1.0, 2.0, 0.0]), subsets=["x", "x", "y", "y"],
+    )
+    score = score_split(split, embed)
+    # cosines 1, 0, .707, -1 vs gold 5, 1, 2, 0: ranks (4,2,3,1) vs (4,2,3,1) → ρ = 1 over all pairs
+    assert score.all == pytest.approx(100.0)
+    # per subset: x (1 vs 0, 5 vs 1) ρ=1; y (.707 vs -1, 2 vs 0) ρ=1
+    assert score.subsets == {"x": pytest.approx(100.0), "y": pytest.approx(100.0)}
+    assert score.mean == pytest.approx(100.0) and score.wmean == pytest.approx(100.0)
+    assert score.pairs == 4
+
+
+def test_all_setting_differs_from_mean_of_subsets():
+    split = STSSplit(
+        task="sts13", split="test", sentences1=["a", "c", "e", "g"], sentences2=["b", "d", "f", "h"],
+        scores=np.array([1.0, 0.0, 5.0, 4.0]), subsets=["x", "x", "y", "y"],
+    )
+    score = score_split(split, embed)
+    cos = cosine_scores(embed(split.sentences1), embed(split.sentences2))
+    assert score.all == pytest.approx(100 * spearmanr(cos, split.scores).statistic)
+    assert score.mean == pytest.approx(100.0)  # each subset alone is perfectly ordered
+    assert score.all < score.mean
+
+
+def test_nan_cosine_is_zero():
+    assert cosine_scores(np.zeros((1, 2)), np.ones((1, 2)))[0] == 0.0
+
+
+def test_alignment_and_uniformity_by_hand():
+    a, b = np.array([[1.0, 0.0], [0.0, 2.0]]), np.array([[0.0, 1.0], [0.0, 1.0]])
+    assert alignment(a, b) == pytest.approx((2.0 + 0.0) / 2)  # |e1-e2|² = 2, |e2-e2|² = 0
+    points = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])  # squared distances 2, 4, 2
+    assert uniformity(points) == pytest.approx(np.log((2 * np.exp(-4) + np.exp(-8)) / 3))
+
+
+def test_task_names_expand_and_unknown_names_fail():
+    assert expand_tasks(["sts"]) == ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
+    with pytest.raises(ValueError, match="allowed: sts, sts12"):
+        expand_tasks(["sts17"])
+
+
+def test_summary_and_table(data_dir):
+    from clsr.eval.sts import evaluate_sts
+
+    def bag_of_chars(sentences):  # a deterministic, model-free encoder
+        return np.array([[s.count(c) for c in "abcdefghijklmnopqrstuvwxyz"] for s in sentences], dtype=float)
+
+    scores = evaluate_sts(bag_of_chars, ["sts16", "stsb"], "test", data_dir)
+    metrics = summary_metrics(scores)
+    assert set(metrics) == {"test_sts16", "test_stsb", "test_sts_avg"}
+    assert scores["stsb"].pairs == 1379 and scores["sts16"].pairs == 1186
+    assert 0 < metrics["test_stsb"] < 60  # letter counts carry little meaning, but some
+    assert "STS-B" in format_table(scores) and "Avg." in format_table(scores)

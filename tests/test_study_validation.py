@@ -1,0 +1,137 @@
+"""Study files: every shipped YAML validates; bad files fail with the file and the dotted field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clsr.study.dotted import parse_override
+from clsr.study.schema import StudyError, grid_points, load_study, resolve_trial
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+DELETE = object()
+GOOD = {
+    "name": "t",
+    "method": "simcse_unsup",
+    "base": {"model": {"name": "minilm"}, "trainer": {"batch_size": 16}},
+    "ablations": {"temp": {"grid": {"method.temperature": [0.05, 0.1]}, "paper": {"0.05": 82.5}}},
+}
+
+
+def write(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def with_change(key: str, value) -> dict:
+    import copy
+
+    doc = copy.deepcopy(GOOD)
+    node = doc
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    if value is DELETE:
+        del node[leaf]
+    else:
+        node[leaf] = value
+    return doc
+
+
+# (change, the field the message must name, a fragment of the explanation)
+BAD_STUDIES = [
+    (("name", "bad name!"), "name", "pattern"),
+    (("method", "simclr"), "method", "allowed: mnrl, simcse_sup, simcse_unsup"),
+    (("unknown_key", 1), "unknown_key", "Extra inputs are not permitted"),
+    (("ablations", {}), "ablations", "at least 1"),
+    (("base.trainer.batch_size", "big"), "base.trainer.batch_size", "valid integer"),
+    (("base.trainer.lr", -1.0), "base.trainer.lr", "greater than 0"),
+    (("base.model.pooling", "max"), "base.model.pooling", "'cls', 'cls_before_pooler'"),
+    (("base.trainer.optimzer", "sgd"), "base.trainer.optimzer", "Extra inputs"),
+    (("base.method.temprature", 0.1), "base.method.temprature", "Extra inputs"),
+    (("ablations.temp.grid", {"trainer.lr": []}), "ablations.temp.grid", "at least one value"),
+    (("ablations.temp.grid", {"lr": [1e-5]}), "ablations.temp", "must start with one of model, data"),
+    (("ablations.temp.grid", {"method.temperature": [-1.0]}), "ablations.temp[method.temperature=-1.0]", "greater than 0"),
+    (("ablations.temp.grid", {"model.dropout": [1.5]}), "model.dropout", "less than 1"),
+    (("seeds", [1, 1]), "seeds", "distinct"),
+    (("seeds", []), "seeds", "at least 1"),
+    (("metric", "accuracy"), "metric", "allowed: best_dev_stsb"),
+    (("mode", "maximum"), "mode", "'max' or 'min'"),
+    (("search", {"algorithm": "bayes"}), "search.algorithm", "'grid', 'random' or 'optuna'"),
+    (("search", {"algorithm": "optuna"}), "ablation 'temp'", "needs a 'space'"),
+    (("scheduler", {"type": "hyperband"}), "scheduler.type", "'fifo' or 'asha'"),
+    (("resources", {"gpus_per_worker": 1.5}), "resources.gpus_per_worker", "whole number"),
+    (("resources", {"workers_per_trial": 0}), "resources.workers_per_trial", "greater than or equal to 1"),
+    (("base.eval.tasks", ["sts17"]), "base.eval", "allowed: sts, sts12"),
+    (("base.trainer", {"warmup_ratio": 0.1, "warmup_steps": 10}), "base.trainer", "either warmup_steps"),
+    (("ablations.temp.from", "search_spaces/nope.yaml"), "ablations.temp.from", "file not found"),
+    (("method", DELETE), "method", "Field required"),
+]
+
+
+@pytest.mark.parametrize(("change", "field", "fragment"), BAD_STUDIES, ids=[c[0][0] + str(i) for i, c in enumerate(BAD_STUDIES)])
+def test_bad_study_names_the_file_and_field(tmp_path, change, field, fragment):
+    path = write(tmp_path, with_change(*change))
+    with pytest.raises(StudyError) as caught:
+        load_study(path)
+    message = str(caught.value)
+    assert str(path) in message
+    assert field in message, message
+    assert fragment in message, message
+
+
+def test_all_problems_are_reported_at_once(tmp_path):
+    doc = with_change("base.trainer.lr", -1.0)
+    doc["mode"] = "up"
+    doc["seeds"] = [3, 3]
+    with pytest.raises(StudyError) as caught:
+        load_study(write(tmp_path, doc))
+    assert len(caught.value.problems) == 3
+
+
+def test_invalid_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(StudyError, match="not valid YAML"):
+        load_study(bad)
+    with pytest.raises(StudyError, match="file not found"):
+        load_study(tmp_path / "absent.yaml")
+
+
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "studies").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_study_validates(path):
+    study = load_study(path)
+    for name, ablation in study.ablations.items():
+        for point in grid_points(ablation) if not ablation.space else []:
+            resolve_trial(study, name, point["overrides"], study.seeds[0])
+
+
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "search_spaces").rglob("*.yaml")), ids=lambda p: p.name)
+def test_every_search_space_validates_inside_a_study(tmp_path, path):
+    body = yaml.safe_load(path.read_text())
+    algorithm = "optuna" if "space" in body else "grid"
+    doc = {"name": "s", "method": "simcse_unsup", "ablations": {"a": {"from": str(path)}},
+           "search": {"algorithm": algorithm}}
+    load_study(write(tmp_path, doc))
+
+
+def test_resolution_order_and_paper_numbers(tmp_path):
+    study = load_study(write(tmp_path, GOOD), [parse_override("trainer.lr=1e-4"), parse_override("seeds=[7, 8]")])
+    points = grid_points(study.ablations["temp"])
+    assert [p["paper"] for p in points] == [{"dev_stsb": 82.5}, {}]
+    trial = resolve_trial(study, "temp", points[1]["overrides"], 8)
+    assert trial.method == {"name": "simcse_unsup", "temperature": 0.1}
+    assert trial.trainer.lr == 1e-4 and trial.trainer.seed == 8 and trial.trainer.batch_size == 16
+    assert trial.model.mlp_only_train  # the method's paper default survives the study base
+    assert study.seeds == [7, 8]
+
+
+def test_an_ablation_may_use_another_method(tmp_path):
+    doc = dict(GOOD, ablations={"sup": {"method": "simcse_sup", "grid": {"method.hard_negative_weight": [2.0]}}})
+    study = load_study(write(tmp_path, doc))
+    trial = resolve_trial(study, "sup", {"method.hard_negative_weight": 2.0}, 1)
+    assert trial.method["name"] == "simcse_sup" and trial.trainer.lr == 5e-5  # sup paper defaults
