@@ -100,9 +100,10 @@ class Evaluator:
 
 def save_checkpoint(model: nn.Module, optimizer, scheduler, state: dict, best_weights: dict | None) -> Path:
     folder = Path(tempfile.mkdtemp(prefix="clsr-ckpt-"))
+    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
     torch.save(
         {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-         "scheduler": scheduler.state_dict(), **state},
+         "scheduler": scheduler.state_dict(), "rng": rng, **state},
         folder / "state.pt",
     )
     if best_weights is not None:
@@ -142,6 +143,13 @@ def fit(trial: TrialConfig, session, tracking: dict[str, str] | None = None) -> 
         optimizer.load_state_dict(saved.pop("optimizer"))
         scheduler.load_state_dict(saved.pop("scheduler"))
         state.update(saved)
+        rng = state.pop("rng")  # rank 0's dropout masks continue as if the run had never stopped
+        if session.rank == 0:
+            torch.set_rng_state(rng["cpu"])
+            if rng["cuda"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+        else:  # other ranks keep masks of their own
+            torch.manual_seed(t.seed + session.rank + 7919 * state["step"])
         if (restore / "best_model.pt").exists():
             best_weights = torch.load(restore / "best_model.pt", map_location="cpu")
 

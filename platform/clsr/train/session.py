@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ class LocalSession:
     def __init__(self, checkpoint_root: str | Path | None = None):
         self.reports: list[dict[str, Any]] = []
         self.checkpoint_root = Path(checkpoint_root or tempfile.mkdtemp(prefix="clsr-ckpt-"))
+        self.checkpoint_root.mkdir(parents=True, exist_ok=True)
         self.latest: Path | None = None
 
     rank = property(lambda self: 0)
@@ -38,7 +39,7 @@ class LocalSession:
         self.reports.append(dict(metrics))
         if checkpoint_dir is not None:
             target = self.checkpoint_root / f"step_{metrics.get('step', len(self.reports))}"
-            os.replace(checkpoint_dir, target)
+            shutil.move(checkpoint_dir, target)
             self.latest = target
 
 
