@@ -1,0 +1,455 @@
+"""Offline checks of ``cluster.yaml``, the Ray cluster launcher config (``ray up cluster.yaml``).
+
+Ray's own validation runs first: ``prepare_config`` merges the file with Ray's AWS defaults
+(``ray/autoscaler/aws/defaults.yaml``, read from disk: no AWS call, no credentials) and
+``validate_config`` checks the result against ``ray/autoscaler/ray-schema.json``. Both are private
+Ray API (``ray.autoscaler._private.util``), pinned with Ray itself. The AWS-specific bootstrap that
+``ray up`` runs afterwards (key pairs, subnets, security groups, AMIs) needs AWS and is not run here.
+
+Ray's schema lets any key through inside ``provider`` and inside each ``node_config`` (the latter is
+passed to EC2 RunInstances as is), so a typo there only fails at launch, or is silently ignored.
+``validate_cluster_config`` adds explicit checks for those keys.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import ray
+import yaml
+from packaging.requirements import Requirement
+from ray.autoscaler._private.util import prepare_config, validate_config
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CLUSTER_YAML = REPO_ROOT / "cluster.yaml"
+
+IMAGE_PATTERN = re.compile(r"^rayproject/ray:(?P<version>\d+\.\d+\.\d+)-py311-gpu$")
+MLFLOW_PORT = 5000
+
+# Provider keys the AWS node provider and the autoscaler read (ray/autoscaler/_private/aws/*.py,
+# ray/autoscaler/_private/constants.py); Ray's schema allows any key here.
+AWS_PROVIDER_KEYS = frozenset(
+    {
+        "type",
+        "region",
+        "availability_zone",
+        "cache_stopped_nodes",
+        "use_internal_ips",
+        "use_external_head_ip",
+        "security_group",
+        "key_pair",
+        "aws_credentials",
+        "cloudwatch",
+        "disable_node_updaters",
+        "disable_launch_config_check",
+        "foreground_node_launch",
+        "worker_liveness_check",
+    }
+)
+
+# Top-level parameters of EC2 RunInstances (boto3 ``create_instances``) that a node_config may set,
+# plus Ray's own ``SubnetIds`` (Ray turns it into ``SubnetId`` per launch). Left out on purpose:
+# MinCount, MaxCount, ClientToken and DryRun, which Ray sets itself.
+RUN_INSTANCES_PARAMS = frozenset(
+    {
+        "AdditionalInfo",
+        "BlockDeviceMappings",
+        "CapacityReservationSpecification",
+        "CpuOptions",
+        "CreditSpecification",
+        "DisableApiStop",
+        "DisableApiTermination",
+        "EbsOptimized",
+        "EnablePrimaryIpv6",
+        "EnclaveOptions",
+        "HibernationOptions",
+        "IamInstanceProfile",
+        "ImageId",
+        "InstanceInitiatedShutdownBehavior",
+        "InstanceMarketOptions",
+        "InstanceType",
+        "Ipv6AddressCount",
+        "Ipv6Addresses",
+        "KernelId",
+        "KeyName",
+        "LaunchTemplate",
+        "LicenseSpecifications",
+        "MaintenanceOptions",
+        "MetadataOptions",
+        "Monitoring",
+        "NetworkInterfaces",
+        "NetworkPerformanceOptions",
+        "Placement",
+        "PrivateDnsNameOptions",
+        "PrivateIpAddress",
+        "RamdiskId",
+        "SecurityGroupIds",
+        "SecurityGroups",
+        "SubnetId",
+        "SubnetIds",
+        "TagSpecifications",
+        "UserData",
+    }
+)
+MARKET_OPTIONS_KEYS = frozenset({"MarketType", "SpotOptions"})
+BLOCK_DEVICE_KEYS = frozenset({"DeviceName", "Ebs", "NoDevice", "VirtualName"})
+EBS_KEYS = frozenset(
+    {
+        "DeleteOnTermination",
+        "Encrypted",
+        "Iops",
+        "KmsKeyId",
+        "OutpostArn",
+        "SnapshotId",
+        "Throughput",
+        "VolumeSize",
+        "VolumeType",
+    }
+)
+
+# Instance families with NVIDIA GPUs start with "g" or "p" (g5, g6e, p4d, p5, ...).
+GPU_FAMILY = re.compile(r"^[gp]\d")
+# (vCPUs, GPUs) of instance types this config uses or suggests, to catch stale `resources`.
+KNOWN_INSTANCE_RESOURCES = {
+    "m5.2xlarge": (8, 0),
+    "g5.xlarge": (4, 1),
+    "g5.2xlarge": (8, 1),
+    "g5.12xlarge": (48, 4),
+    "g5.48xlarge": (192, 8),
+    "p4d.24xlarge": (96, 8),
+}
+UNSPECIFIED_HOSTS = {"0.0.0.0", "::", "[::]", "*", ""}
+
+
+class ClusterConfigError(ValueError):
+    """cluster.yaml is not a valid Ray cluster launcher config."""
+
+
+def load_cluster_config(path: Path = CLUSTER_YAML) -> dict[str, Any]:
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def _unknown(keys: Any, allowed: frozenset[str]) -> list[str]:
+    return sorted(set(keys) - allowed)
+
+
+def _check_node_config(name: str, node_config: Any) -> list[str]:
+    where = f"available_node_types.{name}.node_config"
+    if not isinstance(node_config, dict):
+        return [f"{where} must be a mapping"]
+    errors = [
+        f"{where}: {key!r} is not an EC2 RunInstances parameter"
+        for key in _unknown(node_config, RUN_INSTANCES_PARAMS)
+    ]
+    if "InstanceType" not in node_config:
+        errors.append(f"{where}: 'InstanceType' is missing")
+    market = node_config.get("InstanceMarketOptions")
+    if isinstance(market, dict):
+        errors += [
+            f"{where}.InstanceMarketOptions: unknown key {key!r}"
+            for key in _unknown(market, MARKET_OPTIONS_KEYS)
+        ]
+    for i, mapping in enumerate(node_config.get("BlockDeviceMappings") or []):
+        if not isinstance(mapping, dict):
+            errors.append(f"{where}.BlockDeviceMappings[{i}] must be a mapping")
+            continue
+        errors += [
+            f"{where}.BlockDeviceMappings[{i}]: unknown key {key!r}"
+            for key in _unknown(mapping, BLOCK_DEVICE_KEYS)
+        ]
+        errors += [
+            f"{where}.BlockDeviceMappings[{i}].Ebs: unknown key {key!r}"
+            for key in _unknown(mapping.get("Ebs") or {}, EBS_KEYS)
+        ]
+    return errors
+
+
+def validate_cluster_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Our checks of the keys Ray does not look at, then Ray's; returns Ray's prepared config.
+
+    Raises ClusterConfigError whose message names the offending key.
+    """
+    errors: list[str] = []
+    provider = raw.get("provider")
+    if isinstance(provider, dict):
+        errors += [
+            f"provider: unknown key {key!r} (allowed: {', '.join(sorted(AWS_PROVIDER_KEYS))})"
+            for key in _unknown(provider, AWS_PROVIDER_KEYS)
+        ]
+    node_types = raw.get("available_node_types")
+    if not isinstance(node_types, dict) or not node_types:
+        errors.append("available_node_types must list at least one node type")
+        node_types = {}
+    head = raw.get("head_node_type")
+    if head not in node_types:
+        errors.append(f"head_node_type {head!r} is not one of available_node_types {sorted(node_types)}")
+    for name, node_type in node_types.items():
+        if isinstance(node_type, dict):
+            errors += _check_node_config(name, node_type.get("node_config"))
+    if errors:
+        raise ClusterConfigError("; ".join(errors))
+
+    try:
+        prepared = prepare_config(copy.deepcopy(raw))
+        validate_config(prepared)
+    except jsonschema.ValidationError as err:
+        path = ".".join(str(p) for p in err.absolute_path) or "<top level>"
+        raise ClusterConfigError(f"Ray's schema rejects {path}: {err.message}") from err
+    except (ValueError, KeyError, AssertionError, RuntimeError) as err:
+        raise ClusterConfigError(f"Ray rejects the config: {err}") from err
+    return prepared
+
+
+def _resources(node_type: dict[str, Any]) -> dict[str, int]:
+    return node_type.get("resources") or {}
+
+
+def _worker_types(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n: t for n, t in cfg["available_node_types"].items() if n != cfg["head_node_type"]}
+
+
+def _mlflow_server_commands(cfg: dict[str, Any]) -> list[str]:
+    return [cmd for cmd in cfg["head_start_ray_commands"] if "mlflow server" in cmd]
+
+
+def _option(cmd: str, name: str) -> str | None:
+    """The value of ``name`` in the ``mlflow server`` part of a shell command."""
+    words = shlex.split(cmd[cmd.index("mlflow server") :])
+    for i, word in enumerate(words):
+        if word == name and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith(name + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+@pytest.fixture(scope="module")
+def cfg() -> dict[str, Any]:
+    return load_cluster_config()
+
+
+# ---- Ray's own validation -------------------------------------------------------------------
+
+
+def test_ray_accepts_cluster_yaml(cfg):
+    prepared = validate_cluster_config(cfg)
+    assert prepared["cluster_name"] == "clsr"
+    # prepare_config merged Ray's defaults and the setup commands the way `ray up` does.
+    assert prepared["available_node_types"][cfg["head_node_type"]]["max_workers"] == 0
+    assert prepared["head_setup_commands"][: len(cfg["setup_commands"])] == cfg["setup_commands"]
+
+
+def test_provider_is_aws_us_west_2_and_reuses_stopped_nodes(cfg):
+    provider = cfg["provider"]
+    assert provider["type"] == "aws"
+    assert provider["region"] == "us-west-2"
+    assert provider["cache_stopped_nodes"] is True
+    assert set(provider) <= AWS_PROVIDER_KEYS
+    for zone in provider.get("availability_zone", "").split(","):
+        assert zone.startswith(provider["region"]), zone
+
+
+@pytest.mark.parametrize("node_type", ["head", "gpu_1x_a10g", "gpu_4x_a10g"])
+def test_node_config_keys_are_run_instances_params(cfg, node_type):
+    node_config = cfg["available_node_types"][node_type]["node_config"]
+    assert _check_node_config(node_type, node_config) == []
+
+
+# ---- image, nodes -----------------------------------------------------------------------------
+
+
+def test_docker_image_is_pinned_to_the_installed_ray(cfg):
+    docker = cfg["docker"]
+    match = IMAGE_PATTERN.match(docker["image"])
+    assert match, f"docker.image {docker['image']!r} is not rayproject/ray:<version>-py311-gpu"
+    assert match["version"] == ray.__version__
+    assert docker["container_name"]
+    for override in ("head_image", "worker_image"):
+        assert override not in docker, f"docker.{override} would run another Ray on some nodes"
+    for name, node_type in cfg["available_node_types"].items():
+        assert "worker_image" not in node_type.get("docker", {}), name
+
+
+def test_image_ray_satisfies_the_project_pin(cfg):
+    """Otherwise `pip install -e ~/clsr` would replace the image's Ray on the nodes."""
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    ray_reqs = [Requirement(r) for r in pyproject["project"]["dependencies"] if Requirement(r).name == "ray"]
+    assert ray_reqs, "pyproject.toml does not depend on ray"
+    image_version = IMAGE_PATTERN.match(cfg["docker"]["image"])["version"]
+    assert ray_reqs[0].specifier.contains(image_version)
+
+
+def test_head_has_cpus_but_no_gpu(cfg):
+    head = cfg["available_node_types"][cfg["head_node_type"]]
+    assert _resources(head).get("GPU") == 0
+    assert _resources(head).get("CPU", 1) > 0, "the head runs the study driver and MLflow"
+    assert not GPU_FAMILY.match(head["node_config"]["InstanceType"])
+    assert "InstanceMarketOptions" not in head["node_config"], "the head must not be a spot instance"
+
+
+def test_gpu_workers_autoscale_from_zero_on_spot(cfg):
+    workers = _worker_types(cfg)
+    gpu_workers = {n: t for n, t in workers.items() if _resources(t).get("GPU", 0) >= 1}
+    assert gpu_workers, "no GPU worker node type"
+    for name, node_type in workers.items():
+        assert node_type["min_workers"] == 0, name
+        assert 1 <= node_type["max_workers"] <= cfg["max_workers"], name
+    for name, node_type in gpu_workers.items():
+        node_config = node_type["node_config"]
+        assert GPU_FAMILY.match(node_config["InstanceType"]), name
+        assert node_config["InstanceMarketOptions"]["MarketType"] == "spot", name
+    assert cfg["idle_timeout_minutes"] > 0
+
+
+def test_stated_resources_match_the_instance_types(cfg):
+    for name, node_type in cfg["available_node_types"].items():
+        known = KNOWN_INSTANCE_RESOURCES.get(node_type["node_config"]["InstanceType"])
+        if known is None:
+            continue
+        cpus, gpus = known
+        resources = _resources(node_type)
+        assert resources.get("CPU", cpus) == cpus, name
+        assert resources.get("GPU", gpus) == gpus, name
+
+
+# ---- project install, environment ------------------------------------------------------------
+
+
+def test_project_is_synced_and_installed_on_every_node(cfg):
+    assert cfg["file_mounts"] == {"~/clsr": "."}
+    assert ".gitignore" in cfg["rsync_filter"], "keeps .venv and local runs out of the sync"
+    assert "pip install -e ~/clsr" in cfg["setup_commands"]
+    for cmd in cfg["setup_commands"] + cfg["head_setup_commands"] + cfg["worker_setup_commands"]:
+        if "pip install" in cmd and "torch" in cmd:
+            assert re.search(r"torch==\d", cmd), f"unpinned torch install: {cmd}"
+
+
+def test_quiet_environment_on_every_node(cfg):
+    common = " ".join(cfg["setup_commands"])
+    assert "RAY_USAGE_STATS_ENABLED=0" in common
+    assert "MLFLOW_DISABLE_TELEMETRY=true" in common
+    # The launcher exports the laptop's usage-stats setting into the head's start commands.
+    ray_start = next(cmd for cmd in cfg["head_start_ray_commands"] if "ray start --head" in cmd)
+    assert ray_start.index("RAY_USAGE_STATS_ENABLED=0") < ray_start.index("ray start")
+
+
+# ---- MLflow on the head -----------------------------------------------------------------------
+
+
+def test_mlflow_server_binds_the_private_ip_never_all_interfaces(cfg):
+    commands = _mlflow_server_commands(cfg)
+    assert commands, "head_start_ray_commands start no MLflow server"
+    hosts = []
+    for cmd in commands:
+        host = _option(cmd, "--host")
+        assert host is not None, f"MLflow server without --host: {cmd}"
+        assert host not in UNSPECIFIED_HOSTS, f"MLflow server bound to all interfaces: {cmd}"
+        assert _option(cmd, "--port") == str(MLFLOW_PORT)
+        assert _option(cmd, "--backend-store-uri").startswith("sqlite:///")
+        assert _option(cmd, "--artifacts-destination"), cmd
+        hosts.append(host)
+    # One server on the head's private IP for the cluster...
+    private = [cmd for cmd in commands if _option(cmd, "--host") == "$HEAD_IP"]
+    assert len(private) == 1
+    assert re.search(r"HEAD_IP=\$\(hostname -I \| awk '\{print \$1\}'\)", private[0])
+    # ...and one on loopback, the end of `ray attach cluster.yaml -p 5000` (ssh -L 5000:localhost:5000).
+    assert "127.0.0.1" in hosts
+
+
+def test_mlflow_data_outlives_the_container(cfg):
+    """Ray runs the container with --rm, and `ray down` stops it: MLflow's files go to a host volume."""
+    mounts = [opt.split()[1] for opt in cfg["docker"]["head_run_options"] if opt.startswith("-v ")]
+    host_dir, container_dir = next(m.split(":") for m in mounts if m.endswith(":/home/ray/mlflow"))
+    # `ray up` runs only the top-level initialization_commands on the head, never the head type's own.
+    assert f"mkdir -p {host_dir}" in cfg["initialization_commands"]
+    assert "initialization_commands" not in cfg["available_node_types"][cfg["head_node_type"]]
+    for cmd in _mlflow_server_commands(cfg):
+        assert _option(cmd, "--backend-store-uri") == "sqlite:///$HOME/mlflow/mlflow.db"
+        assert "$HOME/mlflow/" in _option(cmd, "--artifacts-destination")  # local fallback
+    assert container_dir == "/home/ray/mlflow"  # $HOME/mlflow in the rayproject/ray image
+
+
+def test_mlflow_port_is_not_opened_to_the_internet(cfg):
+    rules = cfg["provider"].get("security_group", {}).get("IpPermissions", [])
+    for rule in rules:
+        assert not rule.get("FromPort", 0) <= MLFLOW_PORT <= rule.get("ToPort", -1), rule
+
+
+def test_tracking_uri_points_every_node_at_the_head(cfg):
+    head = " ".join(cfg["head_setup_commands"])
+    assert f"MLFLOW_TRACKING_URI=http://\\$(hostname -I | awk '{{print \\$1}}'):{MLFLOW_PORT}" in head
+    workers = " ".join(cfg["worker_setup_commands"])
+    assert f"MLFLOW_TRACKING_URI=http://${{RAY_HEAD_IP}}:{MLFLOW_PORT}" in workers
+
+
+# ---- the validator rejects what Ray's schema lets through -------------------------------------
+
+
+def _mutated(cfg: dict[str, Any], mutate) -> dict[str, Any]:
+    bad = copy.deepcopy(cfg)
+    mutate(bad)
+    return bad
+
+
+def _rename(mapping: dict[str, Any], old: str, new: str) -> None:
+    mapping[new] = mapping.pop(old)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "named"),
+    [
+        pytest.param(
+            lambda c: _rename(c["provider"], "cache_stopped_nodes", "cache_stoped_nodes"),
+            "cache_stoped_nodes",
+            id="provider-typo",
+        ),
+        pytest.param(
+            lambda c: _rename(
+                c["available_node_types"]["gpu_1x_a10g"]["node_config"], "InstanceType", "InstanceTyp"
+            ),
+            "InstanceTyp",
+            id="node-config-typo",
+        ),
+        pytest.param(
+            lambda c: c["available_node_types"]["head"]["node_config"].update(SecurityGroupId=["sg-1"]),
+            "SecurityGroupId",
+            id="node-config-not-a-run-instances-param",
+        ),
+        pytest.param(
+            lambda c: _rename(
+                c["available_node_types"]["head"]["node_config"]["BlockDeviceMappings"][0]["Ebs"],
+                "VolumeSize",
+                "VolumSize",
+            ),
+            "VolumSize",
+            id="ebs-typo",
+        ),
+        pytest.param(
+            lambda c: c.update(head_node_type="ray.head.default"), "head_node_type", id="wrong-head-type"
+        ),
+        pytest.param(lambda c: c.update(idle_timeout_minute=5), "idle_timeout_minute", id="top-level-typo"),
+        pytest.param(
+            lambda c: c["available_node_types"]["gpu_1x_a10g"].update(min_worker=0),
+            "min_worker",
+            id="node-type-typo",
+        ),
+    ],
+)
+def test_validator_names_the_bad_key(cfg, mutate, named):
+    with pytest.raises(ClusterConfigError, match=re.escape(named)):
+        validate_cluster_config(_mutated(cfg, mutate))
+
+
+def test_ray_alone_misses_typos_inside_provider_and_node_config(cfg):
+    """Why the explicit checks exist: Ray's own validation accepts both typos."""
+    bad = _mutated(cfg, lambda c: _rename(c["provider"], "cache_stopped_nodes", "cache_stoped_nodes"))
+    bad["available_node_types"]["gpu_1x_a10g"]["node_config"]["InstanceTyp"] = "g5.xlarge"
+    validate_config(prepare_config(bad))

@@ -1,0 +1,100 @@
+"""The whole stack: CLI → YAML → Ray Tune → Ray Train → trainer → STS evaluation → MLflow.
+
+Each test runs the real ``platform`` command in a subprocess (its own Ray) and reads MLflow back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
+
+
+def platform_cmd(*args: str, cwd: Path, uri: str, **popen) -> subprocess.Popen:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.Popen([sys.executable, "-m", "clsr.cli", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def runs_of(uri: str, experiment: str):
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id]) if exp else []
+    parents = [r for r in runs if "clsr.study" in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return client, parents, children
+
+
+def test_smoke_study_end_to_end(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = platform_cmd("study", "run", str(REPO_ROOT / "studies" / "smoke.yaml"),
+                        "--set", f"storage_path={tmp_path / 'runs'}", cwd=tmp_path, uri=uri)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    assert "temperature | method.temperature=0.05" in output  # the summary table
+
+    client, parents, children = runs_of(uri, "smoke")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} == {"study.yaml", "resolved.yaml"}
+    assert len(children) == 2
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    assert sorted(c.data.params["method.temperature"] for c in children) == ["0.05", "0.1"]
+    for child in children:
+        assert child.info.status == "FINISHED" and child.data.tags["clsr.status"] == "finished"
+        assert child.data.tags["clsr.method"] == "simcse_unsup" and child.data.tags["clsr.seed"] == "1"
+        assert child.data.params["model.name"] == "minilm" and child.data.params["trainer.batch_size"] == "16"
+        metrics = child.data.metrics
+        for key in ("test_sts16", "test_stsb", "test_sts_avg", "best_dev_stsb", "align", "uniform"):
+            assert key in metrics, key
+        assert 60 < metrics["test_stsb"] < 95 and 60 < metrics["best_dev_stsb"] < 95
+        assert metrics["test_sts_avg"] == pytest.approx((metrics["test_sts16"] + metrics["test_stsb"]) / 2)
+        losses = client.get_metric_history(child.info.run_id, "loss")
+        assert sorted(m.step for m in losses) == list(range(1, 9))  # one training loss per step
+    paper = {c.data.params["method.temperature"]: c.data.tags.get("clsr.paper.dev_stsb") for c in children}
+    assert paper == {"0.05": "82.5", "0.1": "80.9"}
+
+
+def test_killed_study_resumes_without_duplicate_runs(tmp_path):
+    study = yaml.safe_load((REPO_ROOT / "studies" / "smoke.yaml").read_text())
+    study.update(name="resume", concurrency=1, storage_path=str(tmp_path / "runs"))
+    study["base"]["trainer"] |= {"max_steps": 4, "eval_steps": 4}
+    study["base"]["eval"] = {"tasks": ["stsb"], "alignment_uniformity": False}
+    study_file = tmp_path / "resume.yaml"
+    study_file.write_text(yaml.safe_dump(study))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri, start_new_session=True)
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None:  # interrupt once the first trial has finished
+        _, _, children = runs_of(uri, "resume")
+        if any(c.data.tags.get("clsr.status") == "finished" for c in children):
+            break
+        time.sleep(2)
+    assert proc.poll() is None, "the study ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    first_output, _ = proc.communicate(timeout=180)
+    _, _, children = runs_of(uri, "resume")
+    finished_before = {c.info.run_id for c in children if c.data.tags.get("clsr.status") == "finished"}
+    assert len(finished_before) == 1, first_output[-3000:]
+
+    resumed = platform_cmd("study", "resume", str(study_file), cwd=tmp_path, uri=uri)
+    output, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, output[-3000:]
+
+    client, parents, children = runs_of(uri, "resume")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(children) == 2, [c.info.run_name for c in children]  # no duplicates
+    assert all(c.data.tags["clsr.status"] == "finished" and "test_stsb" in c.data.metrics for c in children)
+    for run_id in finished_before:  # the finished trial was not run again
+        assert len(client.get_metric_history(run_id, "loss")) == 4
