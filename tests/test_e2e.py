@@ -23,8 +23,15 @@ pytestmark = pytest.mark.e2e
 def platform_cmd(*args: str, cwd: Path, uri: str, **popen) -> subprocess.Popen:
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
-    return subprocess.Popen([sys.executable, "-m", "clsr.cli", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "clsr.cli", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
+    )
 
 
 def runs_of(uri: str, experiment: str):
@@ -38,8 +45,15 @@ def runs_of(uri: str, experiment: str):
 
 def test_smoke_study_end_to_end(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = platform_cmd("study", "run", str(REPO_ROOT / "studies" / "smoke.yaml"),
-                        "--set", f"storage_path={tmp_path / 'runs'}", cwd=tmp_path, uri=uri)
+    proc = platform_cmd(
+        "study",
+        "run",
+        str(REPO_ROOT / "studies" / "smoke.yaml"),
+        "--set",
+        f"storage_path={tmp_path / 'runs'}",
+        cwd=tmp_path,
+        uri=uri,
+    )
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
     assert "temperature | method.temperature=0.05" in output  # the summary table

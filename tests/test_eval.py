@@ -24,8 +24,12 @@ def embed(sentences):
 
 def test_score_split_all_mean_wmean():
     split = STSSplit(
-        task="sts12", split="test", sentences1=["a", "c", "e", "g"], sentences2=["b", "d", "f", "h"],
-        scores=np.array([5.0, 1.0, 2.0, 0.0]), subsets=["x", "x", "y", "y"],
+        task="sts12",
+        split="test",
+        sentences1=["a", "c", "e", "g"],
+        sentences2=["b", "d", "f", "h"],
+        scores=np.array([5.0, 1.0, 2.0, 0.0]),
+        subsets=["x", "x", "y", "y"],
     )
     score = score_split(split, embed)
     # cosines 1, 0, .707, -1 vs gold 5, 1, 2, 0: ranks (4,2,3,1) vs (4,2,3,1) → ρ = 1 over all pairs
@@ -38,8 +42,12 @@ def test_score_split_all_mean_wmean():
 
 def test_all_setting_differs_from_mean_of_subsets():
     split = STSSplit(
-        task="sts13", split="test", sentences1=["a", "c", "e", "g"], sentences2=["b", "d", "f", "h"],
-        scores=np.array([1.0, 0.0, 5.0, 4.0]), subsets=["x", "x", "y", "y"],
+        task="sts13",
+        split="test",
+        sentences1=["a", "c", "e", "g"],
+        sentences2=["b", "d", "f", "h"],
+        scores=np.array([1.0, 0.0, 5.0, 4.0]),
+        subsets=["x", "x", "y", "y"],
     )
     score = score_split(split, embed)
     cos = cosine_scores(embed(split.sentences1), embed(split.sentences2))

@@ -55,7 +55,11 @@ BAD_STUDIES = [
     (("base.method.temprature", 0.1), "base.method.temprature", "Extra inputs"),
     (("ablations.temp.grid", {"trainer.lr": []}), "ablations.temp.grid", "at least one value"),
     (("ablations.temp.grid", {"lr": [1e-5]}), "ablations.temp", "must start with one of model, data"),
-    (("ablations.temp.grid", {"method.temperature": [-1.0]}), "ablations.temp[method.temperature=-1.0]", "greater than 0"),
+    (
+        ("ablations.temp.grid", {"method.temperature": [-1.0]}),
+        "ablations.temp[method.temperature=-1.0]",
+        "greater than 0",
+    ),
     (("ablations.temp.grid", {"model.dropout": [1.5]}), "model.dropout", "less than 1"),
     (("seeds", [1, 1]), "seeds", "distinct"),
     (("seeds", []), "seeds", "at least 1"),
@@ -73,7 +77,9 @@ BAD_STUDIES = [
 ]
 
 
-@pytest.mark.parametrize(("change", "field", "fragment"), BAD_STUDIES, ids=[c[0][0] + str(i) for i, c in enumerate(BAD_STUDIES)])
+@pytest.mark.parametrize(
+    ("change", "field", "fragment"), BAD_STUDIES, ids=[c[0][0] + str(i) for i, c in enumerate(BAD_STUDIES)]
+)
 def test_bad_study_names_the_file_and_field(tmp_path, change, field, fragment):
     path = write(tmp_path, with_change(*change))
     with pytest.raises(StudyError) as caught:
@@ -114,13 +120,19 @@ def test_every_shipped_study_validates(path):
 def test_every_search_space_validates_inside_a_study(tmp_path, path):
     body = yaml.safe_load(path.read_text())
     algorithm = "optuna" if "space" in body else "grid"
-    doc = {"name": "s", "method": "simcse_unsup", "ablations": {"a": {"from": str(path)}},
-           "search": {"algorithm": algorithm}}
+    doc = {
+        "name": "s",
+        "method": "simcse_unsup",
+        "ablations": {"a": {"from": str(path)}},
+        "search": {"algorithm": algorithm},
+    }
     load_study(write(tmp_path, doc))
 
 
 def test_resolution_order_and_paper_numbers(tmp_path):
-    study = load_study(write(tmp_path, GOOD), [parse_override("trainer.lr=1e-4"), parse_override("seeds=[7, 8]")])
+    study = load_study(
+        write(tmp_path, GOOD), [parse_override("trainer.lr=1e-4"), parse_override("seeds=[7, 8]")]
+    )
     points = grid_points(study.ablations["temp"])
     assert [p["paper"] for p in points] == [{"dev_stsb": 82.5}, {}]
     trial = resolve_trial(study, "temp", points[1]["overrides"], 8)
@@ -131,7 +143,9 @@ def test_resolution_order_and_paper_numbers(tmp_path):
 
 
 def test_an_ablation_may_use_another_method(tmp_path):
-    doc = dict(GOOD, ablations={"sup": {"method": "simcse_sup", "grid": {"method.hard_negative_weight": [2.0]}}})
+    doc = dict(
+        GOOD, ablations={"sup": {"method": "simcse_sup", "grid": {"method.hard_negative_weight": [2.0]}}}
+    )
     study = load_study(write(tmp_path, doc))
     trial = resolve_trial(study, "sup", {"method.hard_negative_weight": 2.0}, 1)
     assert trial.method["name"] == "simcse_sup" and trial.trainer.lr == 5e-5  # sup paper defaults

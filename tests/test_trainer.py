@@ -10,13 +10,15 @@ from clsr.train.session import LocalSession
 
 
 def tiny_trial(**trainer) -> TrialConfig:
-    return TrialConfig.model_validate({
-        "model": {"name": "minilm", "pooling": "avg", "max_seq_length": 16},
-        "data": {"train": "nli_triplets", "max_rows": 64},
-        "trainer": {"batch_size": 8, "max_steps": 4, "eval_steps": 2, "lr": 1e-4, **trainer},
-        "method": {"name": "simcse_sup"},
-        "eval": {"dev_tasks": [], "tasks": [], "alignment_uniformity": False},
-    })
+    return TrialConfig.model_validate(
+        {
+            "model": {"name": "minilm", "pooling": "avg", "max_seq_length": 16},
+            "data": {"train": "nli_triplets", "max_rows": 64},
+            "trainer": {"batch_size": 8, "max_steps": 4, "eval_steps": 2, "lr": 1e-4, **trainer},
+            "method": {"name": "simcse_sup"},
+            "eval": {"dev_tasks": [], "tasks": [], "alignment_uniformity": False},
+        }
+    )
 
 
 def test_training_changes_every_parameter_and_resumes_from_its_checkpoint(data_dir, tmp_path):

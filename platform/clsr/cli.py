@@ -18,17 +18,28 @@ EXAMPLES = """examples:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="platform", description=__doc__, epilog=EXAMPLES,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="platform",
+        description=__doc__,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     study = commands.add_parser("study", help="run, resume or validate a study file").add_subparsers(
-        dest="action", required=True)
+        dest="action", required=True
+    )
     for action, text in (("run", "run every trial of a study"), ("resume", "continue an interrupted study")):
         p = study.add_parser(action, help=text)
         p.add_argument("study", help="study YAML file (studies/<name>.yaml)")
-        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a study value; model./data./trainer./method./eval. keys go to base")
+        p.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a study value; model./data./trainer./method./eval. keys go to base",
+        )
     validate = study.add_parser("validate", help="check study files without running anything")
     validate.add_argument("studies", nargs="+")
 
@@ -38,7 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--tasks", default="sts", help="comma-separated: sts or sts12,...,sickr")
     ev.add_argument("--split", default="test", choices=["test", "dev"])
     ev.add_argument("--batch-size", type=int, default=128)
-    ev.add_argument("--data-dir", default=None, help="local data folder (default: $CLSR_DATA_DIR, else the hub)")
+    ev.add_argument(
+        "--data-dir", default=None, help="local data folder (default: $CLSR_DATA_DIR, else the hub)"
+    )
     ev.add_argument("--mlflow", action="store_true", help="also log the scores as an MLflow run")
     ev.add_argument("--experiment", default="eval", help="MLflow experiment for --mlflow")
 
@@ -89,7 +102,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     encoder = TransformerEncoder(ModelConfig(name=args.model, pooling=args.pooling))
     embed = transformer_embedder(encoder, load_tokenizer(args.model), batch_size=args.batch_size)
-    scores = evaluate_sts(embed, args.tasks.split(","), args.split, args.data_dir or os.environ.get("CLSR_DATA_DIR"))
+    scores = evaluate_sts(
+        embed, args.tasks.split(","), args.split, args.data_dir or os.environ.get("CLSR_DATA_DIR")
+    )
     elapsed = time.perf_counter() - started
     print(f"\n{args.model} ({args.pooling} pooling), Spearman × 100, {args.split} split, 'all' setting\n")
     print(format_table(scores))
@@ -130,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handler(args)
     except KeyboardInterrupt:
-        print("\ninterrupted: `platform study resume <study.yaml>` continues where it stopped", file=sys.stderr)
+        print(
+            "\ninterrupted: `platform study resume <study.yaml>` continues where it stopped", file=sys.stderr
+        )
         return 130
     except (ConnectionError, LookupError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)

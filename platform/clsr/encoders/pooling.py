@@ -10,7 +10,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-PoolingName = Literal["cls", "cls_before_pooler", "avg", "mean", "avg_first_last", "avg_first_last_emb", "avg_top2"]
+PoolingName = Literal[
+    "cls", "cls_before_pooler", "avg", "mean", "avg_first_last", "avg_first_last_emb", "avg_top2"
+]
 POOLINGS: tuple[str, ...] = PoolingName.__args__
 
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
-from clsr.encoders.pooling import PoolingName, Pooler
+from clsr.encoders.pooling import Pooler, PoolingName
 from clsr.encoders.registry import describe_load_failure, resolve_model_path
 
 # Config attributes that hold dropout rates in the common architectures (BERT, RoBERTa, MPNet, DistilBERT).
@@ -21,7 +21,9 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field("bert-base-uncased", description="hub id, local folder, or a short name such as 'minilm'")
+    name: str = Field(
+        "bert-base-uncased", description="hub id, local folder, or a short name such as 'minilm'"
+    )
     pooling: PoolingName = "cls"
     mlp_only_train: bool = False
     max_seq_length: int = Field(32, ge=4, le=8192)

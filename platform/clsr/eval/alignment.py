@@ -29,7 +29,9 @@ def uniformity(x: np.ndarray, t: float = 2.0) -> float:
     return float(np.log(np.mean(np.exp(-t * upper))))
 
 
-def alignment_uniformity(split: STSSplit, embed: Embedder, positive_threshold: float = 4.0) -> dict[str, float]:
+def alignment_uniformity(
+    split: STSSplit, embed: Embedder, positive_threshold: float = 4.0
+) -> dict[str, float]:
     positive = split.scores > positive_threshold
     s1 = [s for s, keep in zip(split.sentences1, positive, strict=True) if keep]
     s2 = [s for s, keep in zip(split.sentences2, positive, strict=True) if keep]

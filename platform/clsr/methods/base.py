@@ -59,7 +59,9 @@ class Method(ABC):
             )
         return TextViewBatcher(rows, self.views(), tokenizer, max_length)
 
-    def batch_order(self, rows: Sequence[dict[str, str]], batch_size: int, epoch: int, seed: int) -> list[list[int]]:
+    def batch_order(
+        self, rows: Sequence[dict[str, str]], batch_size: int, epoch: int, seed: int
+    ) -> list[list[int]]:
         """Global batches of row indices for one epoch (the same list on every worker)."""
         return shuffled_batches(len(rows), batch_size, epoch, seed)
 

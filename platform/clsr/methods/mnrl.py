@@ -33,7 +33,9 @@ class MNRLConfig(MethodConfig):
 def mnrl_loss(columns: torch.Tensor, scale: float) -> torch.Tensor:
     """``columns``: (B, 1 + 1 + K, d) — anchor, positive, K negatives."""
     anchors = columns[:, 0]
-    candidates = columns[:, 1:].transpose(0, 1).reshape(-1, columns.size(-1))  # positives first, then negatives
+    candidates = (
+        columns[:, 1:].transpose(0, 1).reshape(-1, columns.size(-1))
+    )  # positives first, then negatives
     return in_batch_cross_entropy(scale * cos_sim(anchors, candidates))
 
 
@@ -57,7 +59,9 @@ class MNRL(Method):
     def views(self) -> tuple[str, ...]:
         return ("anchor", "positive") + ("negative",) * self.cfg.num_negatives
 
-    def batch_order(self, rows: Sequence[dict[str, str]], batch_size: int, epoch: int, seed: int) -> list[list[int]]:
+    def batch_order(
+        self, rows: Sequence[dict[str, str]], batch_size: int, epoch: int, seed: int
+    ) -> list[list[int]]:
         if not self.cfg.no_duplicates:
             return shuffled_batches(len(rows), batch_size, epoch, seed)
         return no_duplicate_batches(rows, self.required_columns(), batch_size, epoch, seed)

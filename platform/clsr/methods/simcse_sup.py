@@ -30,7 +30,9 @@ class SimCSESupConfig(MethodConfig):
     hard_negative_weight: float = Field(1.0, gt=0, description="α of §6.3 (Table 7)")
 
 
-def simcse_sup_loss(views: torch.Tensor, temperature: float, hard_negative_weight: float = 1.0) -> torch.Tensor:
+def simcse_sup_loss(
+    views: torch.Tensor, temperature: float, hard_negative_weight: float = 1.0
+) -> torch.Tensor:
     """``views``: (N, 2, d) pairs or (N, 3, d) triplets (anchor, positive, hard negative)."""
     anchors = views[:, 0]
     logits = cos_sim(anchors, views[:, 1]) / temperature
@@ -49,7 +51,12 @@ class SimCSESup(Method):
     Config = SimCSESupConfig
     paper = "SimCSE (Gao et al., 2021), supervised; Eq. 5"
     paper_defaults: ClassVar = {
-        "model": {"name": "bert-base-uncased", "pooling": "cls", "mlp_only_train": False, "max_seq_length": 32},
+        "model": {
+            "name": "bert-base-uncased",
+            "pooling": "cls",
+            "mlp_only_train": False,
+            "max_seq_length": 32,
+        },
         "data": {"train": "nli_for_simcse"},
         "trainer": {"batch_size": 512, "lr": 5e-5, "epochs": 3, "eval_steps": 125, "weight_decay": 0.0},
     }

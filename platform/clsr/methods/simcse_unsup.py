@@ -38,7 +38,12 @@ class SimCSEUnsup(Method):
     Config = SimCSEUnsupConfig
     paper = "SimCSE (Gao et al., 2021), unsupervised; Eq. 4"
     paper_defaults: ClassVar = {
-        "model": {"name": "bert-base-uncased", "pooling": "cls", "mlp_only_train": True, "max_seq_length": 32},
+        "model": {
+            "name": "bert-base-uncased",
+            "pooling": "cls",
+            "mlp_only_train": True,
+            "max_seq_length": 32,
+        },
         "data": {"train": "wiki1m"},
         "trainer": {"batch_size": 64, "lr": 3e-5, "epochs": 1, "eval_steps": 125, "weight_decay": 0.0},
     }

@@ -31,7 +31,11 @@ from clsr.tracking.study_runs import (
 
 # Tune's driver function only waits on the Train workers: a token CPU share keeps it from holding a core.
 DRIVER_RESOURCES = {"cpu": 0.01}
-QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "TOKENIZERS_PARALLELISM": "false"}
+QUIET_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 @dataclass(frozen=True)
@@ -63,19 +67,34 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
     trial = resolve_trial(study, point["ablation"], point["overrides"], seed)
     trial_id = ray.tune.get_context().get_trial_id()
     label = point["label"] or point_label(point["overrides"])
-    tags = {"clsr.method": trial.method["name"], "clsr.ablation": point["ablation"], "clsr.point": label,
-            "clsr.seed": seed, **{f"clsr.paper.{k}": v for k, v in point.get("paper", {}).items()}}
-    run_id = open_child_run(ctx.tracking_uri, ctx.parent_run_id, trial_id,
-                            f"{point['ablation']}/{label}/seed={seed}", tags, trial.model_dump())
+    tags = {
+        "clsr.method": trial.method["name"],
+        "clsr.ablation": point["ablation"],
+        "clsr.point": label,
+        "clsr.seed": seed,
+        **{f"clsr.paper.{k}": v for k, v in point.get("paper", {}).items()},
+    }
+    run_id = open_child_run(
+        ctx.tracking_uri,
+        ctx.parent_run_id,
+        trial_id,
+        f"{point['ablation']}/{label}/seed={seed}",
+        tags,
+        trial.model_dump(),
+    )
     res = study.resources
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"trial": trial.model_dump(), "tracking": {"uri": ctx.tracking_uri, "run_id": run_id}},
+        train_loop_config={
+            "trial": trial.model_dump(),
+            "tracking": {"uri": ctx.tracking_uri, "run_id": run_id},
+        },
         scaling_config=ray.train.ScalingConfig(
             num_workers=res.workers_per_trial,
             use_gpu=res.gpus_per_worker > 0,
             resources_per_worker={"CPU": res.cpus_per_worker, "GPU": res.gpus_per_worker}
-            if res.gpus_per_worker > 0 else {"CPU": res.cpus_per_worker},
+            if res.gpus_per_worker > 0
+            else {"CPU": res.cpus_per_worker},
         ),
         run_config=ray.train.RunConfig(
             name=f"train-{trial_id}",
@@ -83,7 +102,9 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
             callbacks=[TuneReportCallback()],
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
             # retried from the last checkpoint; a bounded controller limit stops endless restarts
-            failure_config=ray.train.FailureConfig(max_failures=study.max_failures, controller_failure_limit=3),
+            failure_config=ray.train.FailureConfig(
+                max_failures=study.max_failures, controller_failure_limit=3
+            ),
         ),
     )
     try:
@@ -102,7 +123,10 @@ def param_space(study: Study, ablation: str | None) -> dict[str, Any]:
         points = [{"ablation": name, **p} for name, a in study.ablations.items() for p in grid_points(a)]
         return {"point": tune.grid_search(points), "seed": tune.grid_search(study.seeds)}
     space = {key: _distribution(d) for key, d in study.ablations[ablation].space.items()}
-    return {"point": {"ablation": ablation, "label": None, "overrides": space, "paper": {}}, "seed": study.seeds[0]}
+    return {
+        "point": {"ablation": ablation, "label": None, "overrides": space, "paper": {}},
+        "seed": study.seeds[0],
+    }
 
 
 def _distribution(dist) -> Any:
@@ -133,8 +157,9 @@ def _scheduler(study: Study, ablation: str | None):
     s = study.scheduler
     max_t = s.max_t or max(resolved_max_steps(study, ablation), s.grace_period)
     # Tune's training_iteration restarts on retries; the reported optimiser step does not.
-    return ASHAScheduler(time_attr="step", max_t=max_t, grace_period=s.grace_period,
-                         reduction_factor=s.reduction_factor)
+    return ASHAScheduler(
+        time_attr="step", max_t=max_t, grace_period=s.grace_period, reduction_factor=s.reduction_factor
+    )
 
 
 def resolved_max_steps(study: Study, ablation: str | None) -> int:
@@ -167,8 +192,9 @@ def build_tuner(study: Study, ctx: StudyContext, ablation: str | None, restore: 
             num_samples=study.search.num_samples if ablation else 1,
             max_concurrent_trials=study.concurrency,
         ),
-        run_config=tune.RunConfig(name=name, storage_path=ctx.storage, verbose=1,
-                                  failure_config=tune.FailureConfig(max_failures=0)),
+        run_config=tune.RunConfig(
+            name=name, storage_path=ctx.storage, verbose=1, failure_config=tune.FailureConfig(max_failures=0)
+        ),
     )
 
 
@@ -179,8 +205,11 @@ def init_ray() -> None:
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), runtime_env={"env_vars": QUIET_ENV | _forwarded_env()},
-                 log_to_driver=True)
+        ray.init(
+            address=os.environ.get("RAY_ADDRESS"),
+            runtime_env={"env_vars": QUIET_ENV | _forwarded_env()},
+            log_to_driver=True,
+        )
 
 
 def _forwarded_env() -> dict[str, str]:
@@ -201,12 +230,16 @@ def run_study(study: Study, study_text: str, resume: bool = False) -> list[dict[
     client = MlflowClient(uri)
     parent = find_parent_run(client, study.name) if resume else None
     if resume and parent is None:
-        raise LookupError(f"no earlier run of study {study.name!r} in MLflow at {uri}; use `platform study run`")
+        raise LookupError(
+            f"no earlier run of study {study.name!r} in MLflow at {uri}; use `platform study run`"
+        )
     if parent is None:
         storage = f"{storage_root(study).rstrip('/')}/{study.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         parent_run_id = start_parent_run(client, study.name, storage, study.description)
         client.log_text(parent_run_id, study_text, "study.yaml")
-        client.log_text(parent_run_id, yaml.safe_dump(resolved_summary(study), sort_keys=False), "resolved.yaml")
+        client.log_text(
+            parent_run_id, yaml.safe_dump(resolved_summary(study), sort_keys=False), "resolved.yaml"
+        )
     else:
         parent_run_id, storage = parent.info.run_id, parent.data.tags[STORAGE_TAG]
         client.update_run(parent_run_id, status="RUNNING")
@@ -245,14 +278,16 @@ def summary_rows(results, study: Study) -> list[dict[str, Any]]:
         config = result.config or {}
         point = config.get("point", {})
         metrics = result.metrics or {}
-        rows.append({
-            "ablation": point.get("ablation"),
-            "point": point.get("label") or point_label(point.get("overrides", {})),
-            "seed": config.get("seed"),
-            "status": "error" if result.error else "ok",
-            study.metric: metrics.get(study.metric),
-            "test_sts_avg": metrics.get("test_sts_avg"),
-        })
+        rows.append(
+            {
+                "ablation": point.get("ablation"),
+                "point": point.get("label") or point_label(point.get("overrides", {})),
+                "seed": config.get("seed"),
+                "status": "error" if result.error else "ok",
+                study.metric: metrics.get(study.metric),
+                "test_sts_avg": metrics.get("test_sts_avg"),
+            }
+        )
     return rows
 
 
@@ -269,5 +304,3 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 def _cell(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else ("-" if value is None else str(value))
-
-

@@ -52,7 +52,9 @@ class Distribution(Strict):
     def _exactly_one(self) -> Distribution:
         given = [k for k, v in self.model_dump().items() if v is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of uniform, loguniform, randint, choice (given: {given or 'none'})")
+            raise ValueError(
+                f"give exactly one of uniform, loguniform, randint, choice (given: {given or 'none'})"
+            )
         bounds = self.uniform or self.loguniform or self.randint
         if bounds and bounds[0] >= bounds[1]:
             raise ValueError(f"lower bound must be below upper bound (given: {list(bounds)})")
@@ -73,7 +75,9 @@ class Ablation(Strict):
     table: str | None = Field(None, description="the paper table it reproduces, e.g. 'SimCSE Table 3'")
     description: str | None = None
     method: str | None = Field(None, description="method of this ablation's trials (default: the study's)")
-    base: dict[str, Any] = Field(default_factory=dict, description="overrides of the study base for this ablation")
+    base: dict[str, Any] = Field(
+        default_factory=dict, description="overrides of the study base for this ablation"
+    )
     from_file: str | None = Field(None, alias="from", description="a file under search_spaces/ to start from")
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     points: list[Point] = Field(default_factory=list)
@@ -101,7 +105,9 @@ class Ablation(Strict):
     def _one_kind(self) -> Ablation:
         kinds = [k for k in ("grid", "points", "space") if getattr(self, k)]
         if len(kinds) != 1:
-            raise ValueError(f"an ablation needs exactly one of grid, points, space (given: {kinds or 'none'})")
+            raise ValueError(
+                f"an ablation needs exactly one of grid, points, space (given: {kinds or 'none'})"
+            )
         return self
 
 
@@ -145,7 +151,9 @@ class Study(Strict):
     concurrency: int | None = Field(None, ge=1, description="most trials running at once (default: as fit)")
     max_failures: int = Field(1, ge=0, description="retries of a crashed trial from its last checkpoint")
     storage_path: str = Field("runs", description="local folder or s3://bucket/prefix for Ray results")
-    tracking_uri: str | None = Field(None, description="MLflow; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    tracking_uri: str | None = Field(
+        None, description="MLflow; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db"
+    )
 
     @field_validator("method")
     @classmethod
@@ -180,7 +188,9 @@ class Study(Strict):
         sampling = self.search.algorithm != "grid"
         for name, ablation in self.ablations.items():
             if sampling and not ablation.space:
-                raise ValueError(f"ablation {name!r}: search.algorithm {self.search.algorithm} needs a 'space'")
+                raise ValueError(
+                    f"ablation {name!r}: search.algorithm {self.search.algorithm} needs a 'space'"
+                )
             if not sampling and ablation.space:
                 raise ValueError(f"ablation {name!r} has a 'space': set search.algorithm to random or optuna")
         if sampling and len(self.seeds) > 1:
@@ -199,7 +209,11 @@ def grid_points(ablation: Ablation) -> list[dict[str, Any]]:
     """Each point: ``{"label", "overrides", "paper"}``; grids are the cartesian product of their keys."""
     if ablation.points:
         return [
-            {"label": p.label or point_label(p.set), "overrides": p.set, "paper": _paper_value(p.paper, ablation)}
+            {
+                "label": p.label or point_label(p.set),
+                "overrides": p.set,
+                "paper": _paper_value(p.paper, ablation),
+            }
             for p in ablation.points
         ]
     keys = list(ablation.grid)
@@ -219,7 +233,9 @@ def _paper_value(value: float | dict[str, float] | None, ablation: Ablation) -> 
     return value if isinstance(value, dict) else {ablation.paper_metric: value}
 
 
-def trial_document(study: Study, ablation: str | None, overrides: dict[str, Any], seed: int) -> dict[str, Any]:
+def trial_document(
+    study: Study, ablation: str | None, overrides: dict[str, Any], seed: int
+) -> dict[str, Any]:
     """The nested trial config: method paper defaults < study base < ablation base < point < seed."""
     spec = study.ablations[ablation] if ablation else None
     method = (spec.method if spec else None) or study.method
@@ -271,7 +287,8 @@ def _check_trials(study: Study) -> list[str]:
         for point in points:
             where = f"ablations.{name}[{point['label']}]."
             problems += _format_pydantic_or_none(
-                lambda point=point, name=name: resolve_trial(study, name, point["overrides"], study.seeds[0]), where
+                lambda point=point, name=name: resolve_trial(study, name, point["overrides"], study.seeds[0]),
+                where,
             )
     return problems
 
@@ -308,11 +325,17 @@ def resolve_from_files(raw: dict[str, Any], study_dir: Path) -> tuple[dict[str, 
         candidates = [study_dir / body["from"], study_dir.parent / body["from"], Path.cwd() / body["from"]]
         found = next((p for p in candidates if p.is_file()), None)
         if found is None:
-            problems.append(f"ablations.{name}.from: file not found (given: {body['from']!r}; looked in "
-                            f"{', '.join(str(c.parent) for c in candidates)})")
+            problems.append(
+                f"ablations.{name}.from: file not found (given: {body['from']!r}; looked in "
+                f"{', '.join(str(c.parent) for c in candidates)})"
+            )
             continue
         shared = yaml.safe_load(found.read_text()) or {}
-        merged["ablations"][name] = {**shared, **{k: v for k, v in body.items() if k != "from"}, "from": body["from"]}
+        merged["ablations"][name] = {
+            **shared,
+            **{k: v for k, v in body.items() if k != "from"},
+            "from": body["from"],
+        }
     return merged, problems
 
 

@@ -50,8 +50,9 @@ def check_reachable(uri: str) -> None:
 def git_commit() -> str:
     try:
         source = Path(clsr.__file__).resolve().parent  # the platform's own checkout, not the cwd
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True,
-                             timeout=5, check=True)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=5, check=True
+        )
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -83,7 +84,9 @@ def find_parent_run(client: MlflowClient, study_name: str):
     if experiment is None:
         return None
     runs = client.search_runs(
-        [experiment.experiment_id], f"tags.`{PARENT_TAG}` = '{study_name}'", order_by=["attributes.start_time DESC"],
+        [experiment.experiment_id],
+        f"tags.`{PARENT_TAG}` = '{study_name}'",
+        order_by=["attributes.start_time DESC"],
         max_results=1,
     )
     return runs[0] if runs else None

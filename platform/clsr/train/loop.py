@@ -27,9 +27,9 @@ from clsr.eval.alignment import alignment_uniformity
 from clsr.eval.sts import evaluate_sts, summary_metrics
 from clsr.methods import get_method
 from clsr.methods.base import Method
+from clsr.tracking.run_logger import RunLogger
 from clsr.train.config import TrialConfig
 from clsr.train.optim import build_optimizer, build_scheduler
-from clsr.tracking.run_logger import RunLogger
 
 DEV_SPLIT = "dev"
 
@@ -91,7 +91,11 @@ class Evaluator:
 
     def final(self, model: nn.Module) -> dict[str, float]:
         embed = self.embedder(model)
-        metrics = summary_metrics(evaluate_sts(embed, self.cfg.tasks, "test", self.data_dir)) if self.cfg.tasks else {}
+        metrics = (
+            summary_metrics(evaluate_sts(embed, self.cfg.tasks, "test", self.data_dir))
+            if self.cfg.tasks
+            else {}
+        )
         if self.cfg.alignment_uniformity:
             dev = load_sts("stsb", DEV_SPLIT, resolve_data_dir(self.data_dir))
             metrics |= alignment_uniformity(dev, embed)
@@ -100,10 +104,18 @@ class Evaluator:
 
 def save_checkpoint(model: nn.Module, optimizer, scheduler, state: dict, best_weights: dict | None) -> Path:
     folder = Path(tempfile.mkdtemp(prefix="clsr-ckpt-"))
-    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    rng = {
+        "cpu": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
     torch.save(
-        {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-         "scheduler": scheduler.state_dict(), "rng": rng, **state},
+        {
+            "model": unwrap(model).state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": rng,
+            **state,
+        },
         folder / "state.pt",
     )
     if best_weights is not None:
@@ -170,7 +182,9 @@ def fit(trial: TrialConfig, session, tracking: dict[str, str] | None = None) -> 
             mine = micro[session.rank * local_rows : (session.rank + 1) * local_rows]
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batcher.collate(mine).items()}
             last_micro = start + micro_rows >= t.batch_size
-            sync = contextlib.nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
+            sync = (
+                contextlib.nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
+            )
             with sync:
                 with autocast:
                     loss = method.training_loss(model, batch)
@@ -188,8 +202,14 @@ def fit(trial: TrialConfig, session, tracking: dict[str, str] | None = None) -> 
         state["step"] += 1
         step = state["step"]
         recent_losses.append(step_loss)
-        logger.log({"loss": step_loss, "lr": scheduler.get_last_lr()[0],
-                    "grad_norm": float(grad_norm) if grad_norm is not None else None}, step)
+        logger.log(
+            {
+                "loss": step_loss,
+                "lr": scheduler.get_last_lr()[0],
+                "grad_norm": float(grad_norm) if grad_norm is not None else None,
+            },
+            step,
+        )
         if step % t.log_every == 0:
             logger.flush()
 
@@ -223,7 +243,10 @@ def finish(model, state, best_weights, evaluator, logger, session) -> dict[str, 
             unwrap(model).load_state_dict(best_weights)
         final |= evaluator.final(model)
         if best_weights is not None:
-            final |= {"best_step": state["best_step"], f"best_dev_{evaluator.cfg.select_on}": state["best_score"]}
+            final |= {
+                "best_step": state["best_step"],
+                f"best_dev_{evaluator.cfg.select_on}": state["best_score"],
+            }
         logger.log({k: v for k, v in final.items() if k not in ("step", "finished")}, state["step"])
         logger.flush()
     session.report(final, None)
