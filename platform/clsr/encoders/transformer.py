@@ -8,6 +8,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from clsr.encoders.pooling import Pooler, PoolingName
 from clsr.encoders.registry import describe_load_failure, resolve_model_path
@@ -49,6 +50,8 @@ def _load_backbone(name: str, dropout: float | None) -> nn.Module:
             if hasattr(config, attr):
                 setattr(config, attr, dropout)
     kwargs: dict[str, Any] = {"config": config}
+    hf_logging.set_verbosity_error()  # the load report lists BERT's unused pretrained pooler: expected
+    hf_logging.disable_progress_bar()
     # BERT's pretrained pooler is never used (SimCSE adds its own MLP); leaving it out keeps DDP from
     # complaining about parameters without gradients.
     try:
