@@ -1,0 +1,53 @@
+"""The command line and the Tune objects a study builds, without running a study."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from clsr.cli import main
+from clsr.study.runner import StudyContext, build_tuner, param_space
+from clsr.study.schema import load_study
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_optuna_asha_study_builds_its_searcher_and_scheduler(tmp_path):
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    study = load_study(REPO_ROOT / "studies" / "simcse_tuning.yaml")
+    ctx = StudyContext(study.model_dump(by_alias=True), "sqlite:///x.db", "parent", str(tmp_path))
+    tuner = build_tuner(study, ctx, "lr_batch", restore=False)
+    tune_config = tuner._local_tuner._tune_config
+    assert isinstance(tune_config.search_alg, OptunaSearch)
+    assert isinstance(tune_config.scheduler, ASHAScheduler)
+    assert tune_config.scheduler._time_attr == "step" and tune_config.num_samples == 16
+    space = param_space(study, "lr_batch")["point"]["overrides"]
+    assert set(space) == {"trainer.lr", "trainer.batch_size"}
+
+
+def test_grid_space_is_points_times_seeds():
+    study = load_study(REPO_ROOT / "studies" / "simcse_ablations.yaml")
+    space = param_space(study, None)
+    assert len(space["point"]["grid_search"]) == 7 + 5 + 5 + 5
+    assert space["seed"]["grid_search"] == [42, 43, 44]
+
+
+def test_validate_command_exit_codes(tmp_path, capsys):
+    assert main(["study", "validate", str(REPO_ROOT / "studies" / "smoke.yaml")]) == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmethod: nope\nablations: {}\n")
+    assert main(["study", "validate", str(bad)]) == 1
+    assert "method: unknown method 'nope'" in capsys.readouterr().err
+
+
+def test_eval_prints_the_table_and_logs_to_mlflow(tmp_path, monkeypatch, capsys, data_dir):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert main(["eval", "--model", "minilm", "--pooling", "mean", "--tasks", "sts16", "--mlflow"]) == 0
+    assert "78.99" in capsys.readouterr().out  # all-MiniLM-L6-v2's published STS16 score
+    client = MlflowClient(uri)
+    run = client.search_runs([client.get_experiment_by_name("eval").experiment_id])[0]
+    assert round(run.data.metrics["test_sts16"], 2) == 78.99
