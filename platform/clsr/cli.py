@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -102,9 +101,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     encoder = TransformerEncoder(ModelConfig(name=args.model, pooling=args.pooling))
     embed = transformer_embedder(encoder, load_tokenizer(args.model), batch_size=args.batch_size)
-    scores = evaluate_sts(
-        embed, args.tasks.split(","), args.split, args.data_dir or os.environ.get("CLSR_DATA_DIR")
-    )
+    scores = evaluate_sts(embed, args.tasks.split(","), args.split, args.data_dir)
     elapsed = time.perf_counter() - started
     print(f"\n{args.model} ({args.pooling} pooling), Spearman × 100, {args.split} split, 'all' setting\n")
     print(format_table(scores))

@@ -67,7 +67,7 @@ def no_duplicate_batches(
                     f"cannot fill a batch of {batch_size} rows without duplicate texts; lower trainer.batch_size"
                 )
             if pointer >= len(order):
-                order = [i for i in rng.permutation(len(rows)).tolist()]
+                order = rng.permutation(len(rows)).tolist()
                 pointer = 0
             index = order[pointer]
             pointer += 1

@@ -367,7 +367,3 @@ def study_from_dict(
     if problems:
         raise StudyError(source, problems)
     return study
-
-
-def allowed_methods() -> str:
-    return ", ".join(sorted(METHODS))
