@@ -42,7 +42,7 @@ def test_every_parameter_moves_after_one_step(data_dir):
     from clsr.train.loop import build_method
 
     trial = tiny_trial(max_steps=1, eval_steps=1)
-    model = build_method(trial).build_model(trial.model)
+    model = build_method(trial).build_model(trial.model, None)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     session = LocalSession()
     fit(trial, session)

@@ -10,6 +10,7 @@ from pathlib import Path
 EXAMPLES = """examples:
   platform study run studies/smoke.yaml
   platform study run studies/simcse_ablations.yaml --set trainer.max_steps=500 --set concurrency=4
+  platform study run studies/gclsr_ablations.yaml --smoke
   platform study resume studies/smoke.yaml
   platform study validate studies/*.yaml
   platform eval --model minilm --pooling mean --tasks sts
@@ -39,8 +40,10 @@ def _parser() -> argparse.ArgumentParser:
             metavar="KEY=VALUE",
             help="override a study value; model./data./trainer./method./eval. keys go to base",
         )
+        p.add_argument("--smoke", action="store_true", help="apply the file's smoke: section (tiny, offline)")
     validate = study.add_parser("validate", help="check study files without running anything")
     validate.add_argument("studies", nargs="+")
+    validate.add_argument("--smoke", action="store_true", help="validate with the smoke: section applied")
 
     ev = commands.add_parser("eval", help="evaluate an encoder on STS (SentEval 'all' setting)")
     ev.add_argument("--model", required=True, help="hub id, local folder, or 'minilm'")
@@ -58,11 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(path: str, overrides: list[str]):
+def _load(path: str, overrides: list[str], smoke: bool = False):
     from clsr.study.dotted import parse_override
     from clsr.study.schema import load_study
 
-    return load_study(path, [parse_override(o) for o in overrides])
+    return load_study(path, [parse_override(o) for o in overrides], smoke=smoke)
 
 
 def cmd_study(args: argparse.Namespace) -> int:
@@ -72,7 +75,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         failed = 0
         for path in args.studies:
             try:
-                _load(path, [])
+                _load(path, [], smoke=args.smoke)
                 print(f"ok  {path}")
             except StudyError as err:
                 failed += 1
@@ -82,7 +85,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     from clsr.study.runner import format_rows, run_study
 
     try:
-        study = _load(args.study, args.overrides)
+        study = _load(args.study, args.overrides, smoke=args.smoke)
     except (StudyError, ValueError) as err:
         print(err, file=sys.stderr)
         return 2

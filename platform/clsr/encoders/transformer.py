@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,6 +22,7 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    type: Literal["transformer"] = "transformer"
     name: str = Field(
         "bert-base-uncased", description="hub id, local folder, or a short name such as 'minilm'"
     )

@@ -42,3 +42,30 @@ def transformer_embedder(model: nn.Module, tokenizer: Any, batch_size: int = 128
         return np.stack([vectors[position[s]] for s in sentences])
 
     return embed
+
+
+def textcnn_embedder(encoder: nn.Module, table: Any, batch_size: int = 512) -> Embedder:
+    """GCLSR evaluation: the TextCNN backbone on the plain word vectors (no self-attention, no mask).
+
+    OOV words get fresh random vectors as in the paper's code, drawn from a generator seeded per call
+    so that the same model scores the same every time.
+    """
+
+    @torch.inference_mode()
+    def embed(sentences: Sequence[str]) -> np.ndarray:
+        was_training = encoder.training
+        encoder.eval()
+        device = next(encoder.parameters()).device
+        generator = torch.Generator(device).manual_seed(0)
+        unique = list(dict.fromkeys(sentences))
+        ids, _mask = table.encode(unique)
+        chunks = []
+        for start in range(0, len(unique), batch_size):
+            batch = torch.as_tensor(ids[start : start + batch_size], device=device)
+            chunks.append(encoder(batch, generator).float().cpu().numpy())
+        encoder.train(was_training)
+        vectors = np.concatenate(chunks)
+        position = {s: i for i, s in enumerate(unique)}
+        return vectors[[position[s] for s in sentences]]
+
+    return embed

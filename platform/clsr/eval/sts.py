@@ -94,11 +94,16 @@ def evaluate_sts(
     return {task: score_split(load_sts(task, split, folder), embed) for task in expand_tasks(tasks)}
 
 
+STS12_15 = ("sts12", "sts13", "sts14", "sts15")
+
+
 def summary_metrics(scores: dict[str, STSScore], prefix: str = "test_") -> dict[str, float]:
     """Flat metric dict: one value per task plus the average over the tasks scored."""
     metrics = {f"{prefix}{task}": s.all for task, s in scores.items()}
     if len(scores) > 1:
         metrics[f"{prefix}sts_avg"] = float(np.mean([s.all for s in scores.values()]))
+    if all(task in scores for task in STS12_15):  # GCLSR's Tables 4-11 average these four only
+        metrics[f"{prefix}sts12_15_avg"] = float(np.mean([scores[t].all for t in STS12_15]))
     return metrics
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from clsr.methods.base import Method
+from clsr.methods.gclsr import GCLSR
 from clsr.methods.mnrl import MNRL
 from clsr.methods.simcse_sup import SimCSESup
 from clsr.methods.simcse_unsup import SimCSEUnsup
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (SimCSEUnsup, SimCSESup, MNRL)}
+METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (SimCSEUnsup, SimCSESup, MNRL, GCLSR)}
 
 
 def get_method(name: str) -> type[Method]:

@@ -5,9 +5,12 @@
 * ``views``: which data columns each row contributes to the forward pass, in order;
 * ``loss_from_embeddings``: its loss on the pooled embeddings ``(rows, views, dim)``.
 
-The trainer never branches on the method: it asks the method for a model, a batch order, and a
-loss. Methods whose model is not a transformer encoder (GCLSR) override ``build_model``,
-``prepare_rows`` and ``training_loss``.
+The trainer never branches on the method: it asks the method for a text pipeline (a tokenizer, or a
+word-vector table), a model, a batch order, and a loss. Methods whose model is not a transformer
+encoder (GCLSR) set ``encoder_type`` and override ``text_pipeline``, ``prepare_rows``, ``build_model``,
+``training_loss`` and ``make_embedder``. Expensive inputs that many trials share (a word-vector table,
+a tokenised corpus) come from ``prepare_shared``: the study runner builds them once per distinct
+``shared_key`` and hands them to every trial through Ray's object store.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from clsr.data.batching import TextViewBatcher, shuffled_batches
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
 from clsr.train.distributed import gather_with_grad
 
 
@@ -37,6 +40,7 @@ class Method(ABC):
     Config: ClassVar[type[MethodConfig]]
     paper_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
     paper: ClassVar[str] = ""
+    encoder_type: ClassVar[str] = "transformer"  # the model.type this method trains
 
     def __init__(self, cfg: MethodConfig):
         self.cfg = cfg
@@ -49,15 +53,35 @@ class Method(ABC):
     def required_columns(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(self.views()))
 
-    def prepare_rows(self, rows: list[dict[str, str]], tokenizer: Any, max_length: int) -> TextViewBatcher:
-        """Tokenise once; the returned object turns row indices into a padded batch."""
+    # --- inputs shared by the trials of a study ---------------------------------------------------
+    def shared_key(self, trial: Any) -> str | None:
+        """Trials with the same key share one ``prepare_shared`` result; None: nothing to share."""
+        return None
+
+    def prepare_shared(self, trial: Any) -> Any:
+        """Build what ``shared_key`` names (runs once per key, on a Ray worker or in-process)."""
+        return None
+
+    def unavailable(self, trial: Any) -> str | None:
+        """Why this trial cannot run here (e.g. a hub-only model while offline), or None."""
+        return None
+
+    def text_pipeline(self, trial: Any, shared: Any) -> Any:
+        """What turns text into model inputs: the transformer's tokenizer."""
+        return load_tokenizer(trial.model.name)
+
+    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> Any:
+        """Tokenise once; the returned object's ``collate(indices)`` builds one forward pass."""
+        self.check_columns(rows)
+        return TextViewBatcher(rows, self.views(), pipeline, trial.model.max_seq_length)
+
+    def check_columns(self, rows: list[dict[str, str]]) -> None:
         missing = [c for c in self.required_columns() if rows and c not in rows[0]]
         if missing:
             raise ValueError(
                 f"method {self.name!r} needs columns {self.required_columns()} but the training data "
                 f"has {tuple(rows[0])}; choose a data.train set with those columns"
             )
-        return TextViewBatcher(rows, self.views(), tokenizer, max_length)
 
     def batch_order(
         self, rows: Sequence[dict[str, str]], batch_size: int, epoch: int, seed: int
@@ -66,12 +90,16 @@ class Method(ABC):
         return shuffled_batches(len(rows), batch_size, epoch, seed)
 
     # --- model and loss --------------------------------------------------------------------------
-    def build_model(self, model_cfg: ModelConfig) -> nn.Module:
+    def build_model(self, model_cfg: ModelConfig, pipeline: Any = None) -> nn.Module:
         return TransformerEncoder(model_cfg)
 
     def param_group_lrs(self) -> dict[str, float]:
         """Absolute learning rates for parameter-name prefixes (empty: one LR for everything)."""
         return {}
+
+    def fixed_lr_prefixes(self) -> tuple[str, ...]:
+        """Parameter-name prefixes whose LR the schedule leaves alone."""
+        return ()
 
     def training_loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Encode all views of all rows in one forward pass, gather across workers, apply the loss."""
@@ -85,8 +113,8 @@ class Method(ABC):
 
     # --- evaluation ------------------------------------------------------------------------------
     def make_embedder(
-        self, model: nn.Module, tokenizer: Any, batch_size: int = 128
+        self, model: nn.Module, pipeline: Any, batch_size: int = 128
     ) -> Callable[[list[str]], np.ndarray]:
         from clsr.eval.embed import transformer_embedder
 
-        return transformer_embedder(model, tokenizer, batch_size=batch_size)
+        return transformer_embedder(model, pipeline, batch_size=batch_size)

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from mlflow.tracking import MlflowClient
 
-from clsr.study.schema import Study, grid_points, point_label, trial_document
+from clsr.study.schema import Study, StudyError, grid_points, point_label, resolve_trial, trial_document
 from clsr.tracking.study_runs import (
     STORAGE_TAG,
     check_reachable,
@@ -46,6 +46,8 @@ class StudyContext:
     tracking_uri: str
     parent_run_id: str
     storage: str
+    points: list[dict[str, Any]]  # the grid points that run here (unavailable ones skipped or refused)
+    shared: dict[str, Any]  # method shared_key -> [ObjectRef] of what prepare_shared built once
 
 
 def _study(ctx: StudyContext) -> Study:
@@ -60,11 +62,13 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from clsr.study.schema import resolve_trial
+    from clsr.train.loop import build_method
     from clsr.train.worker import train_loop_per_worker
 
     study = _study(ctx)
     point, seed = config["point"], config["seed"]
     trial = resolve_trial(study, point["ablation"], point["overrides"], seed)
+    shared = ctx.shared.get(build_method(trial).shared_key(trial) or "")
     trial_id = ray.tune.get_context().get_trial_id()
     label = point["label"] or point_label(point["overrides"])
     tags = {
@@ -88,6 +92,7 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         train_loop_config={
             "trial": trial.model_dump(),
             "tracking": {"uri": ctx.tracking_uri, "run_id": run_id},
+            "shared": shared,
         },
         scaling_config=ray.train.ScalingConfig(
             num_workers=res.workers_per_trial,
@@ -115,12 +120,85 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
     close_run(ctx.tracking_uri, run_id, "finished")
 
 
-def param_space(study: Study, ablation: str | None) -> dict[str, Any]:
+def plan_points(study: Study) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every grid point, and why each point that cannot run here can't (its method says so)."""
+    from clsr.train.loop import build_method
+
+    points, unavailable = [], []
+    for name, ablation in study.ablations.items():
+        if ablation.space:
+            continue
+        for point in grid_points(ablation):
+            trial = resolve_trial(study, name, point["overrides"], study.seeds[0])
+            why = build_method(trial).unavailable(trial)
+            if why:
+                unavailable.append(f"ablations.{name}[{point['label']}]: {why}")
+            else:
+                points.append({"ablation": name, **point})
+    return points, unavailable
+
+
+def runnable_points(study: Study) -> list[dict[str, Any]]:
+    """The points to run; unavailable ones are refused (with what to do) or, if allowed, skipped."""
+    points, unavailable = plan_points(study)
+    if unavailable and not study.skip_unavailable:
+        hint = "fix the above, or set skip_unavailable: true (--set skip_unavailable=true) to run the rest"
+        raise StudyError(study.name, [*unavailable, hint])
+    for line in unavailable:
+        print(f"skipped (not available here): {line.splitlines()[0]}")
+    return points
+
+
+def prepare_shared(study: Study, points: list[dict[str, Any]]) -> dict[str, Any]:
+    """Build each distinct shared input (word table, tokenised corpus) once, as a Ray task.
+
+    The results stay in Ray's object store; every trial fetches its own by key. A failure here stops
+    the study before any trial starts, with the builder's own message.
+    """
+    import ray
+
+    from clsr.train.loop import build_method
+
+    wanted: dict[str, dict[str, Any]] = {}
+    runs = [(p["ablation"], p["overrides"]) for p in points]
+    runs += [(name, {}) for name, a in study.ablations.items() if a.space]
+    for ablation, overrides in runs:
+        for seed in study.seeds:
+            trial = resolve_trial(study, ablation, overrides, seed)
+            key = build_method(trial).shared_key(trial)
+            if key is not None:
+                wanted.setdefault(key, trial.model_dump())
+    if not wanted:
+        return {}
+    res = study.resources
+    build = ray.remote(_build_shared).options(num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker)
+    print(f"preparing {len(wanted)} shared input set(s) (word vectors, corpus) once for all trials ...")
+    started = time.perf_counter()
+    refs = {key: build.remote(trial) for key, trial in wanted.items()}
+    ray.wait(list(refs.values()), num_returns=len(refs), fetch_local=False)
+    for ref in refs.values():  # surface a builder's error now, not in every trial
+        ray.get(ref)
+    print(f"shared inputs ready in {time.perf_counter() - started:.0f} s")
+    return {key: [ref] for key, ref in refs.items()}
+
+
+def _build_shared(trial_doc: dict[str, Any]) -> Any:
+    from clsr.train.config import TrialConfig
+    from clsr.train.loop import build_method
+
+    trial = TrialConfig.model_validate(trial_doc)
+    return build_method(trial).prepare_shared(trial)
+
+
+def param_space(
+    study: Study, ablation: str | None, points: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """Grids go through Tune's own variant generator; spaces become Tune distributions."""
     from ray import tune
 
     if ablation is None:  # grid: every point of every ablation × every seed
-        points = [{"ablation": name, **p} for name, a in study.ablations.items() for p in grid_points(a)]
+        if points is None:
+            points = [{"ablation": name, **p} for name, a in study.ablations.items() for p in grid_points(a)]
         return {"point": tune.grid_search(points), "seed": tune.grid_search(study.seeds)}
     space = {key: _distribution(d) for key, d in study.ablations[ablation].space.items()}
     return {
@@ -183,7 +261,7 @@ def build_tuner(study: Study, ctx: StudyContext, ablation: str | None, restore: 
         return tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False)
     return tune.Tuner(
         trainable,
-        param_space=param_space(study, ablation),
+        param_space=param_space(study, ablation, ctx.points),
         tune_config=tune.TuneConfig(
             metric=study.metric,
             mode=study.mode,
@@ -227,6 +305,7 @@ def run_study(study: Study, study_text: str, resume: bool = False) -> list[dict[
     """Run (or resume) a study; returns one summary row per trial."""
     uri = resolve_tracking_uri(study.tracking_uri)
     check_reachable(uri)
+    points = runnable_points(study)  # refuse points that cannot run before anything is recorded
     client = MlflowClient(uri)
     parent = find_parent_run(client, study.name) if resume else None
     if resume and parent is None:
@@ -243,17 +322,21 @@ def run_study(study: Study, study_text: str, resume: bool = False) -> list[dict[
     else:
         parent_run_id, storage = parent.info.run_id, parent.data.tags[STORAGE_TAG]
         client.update_run(parent_run_id, status="RUNNING")
-    ctx = StudyContext(study.model_dump(by_alias=True), uri, parent_run_id, storage)
-
     init_ray()
+
     status = "FINISHED"
     rows: list[dict[str, Any]] = []
     try:
+        shared = prepare_shared(study, points)
+        ctx = StudyContext(study.model_dump(by_alias=True), uri, parent_run_id, storage, points, shared)
         for ablation in experiments(study):
             results = build_tuner(study, ctx, ablation, restore=resume).fit()
             rows += summary_rows(results, study)
     except KeyboardInterrupt:
         status = "KILLED"
+        raise
+    except Exception:
+        status = "FAILED"
         raise
     finally:
         for run in open_children(client, parent_run_id):  # trials Tune stopped or that were interrupted
@@ -286,6 +369,7 @@ def summary_rows(results, study: Study) -> list[dict[str, Any]]:
                 "status": "error" if result.error else "ok",
                 study.metric: metrics.get(study.metric),
                 "test_sts_avg": metrics.get("test_sts_avg"),
+                **({"test_sts12_15_avg": v} if (v := metrics.get("test_sts12_15_avg")) is not None else {}),
             }
         )
     return rows
@@ -294,7 +378,7 @@ def summary_rows(results, study: Study) -> list[dict[str, Any]]:
 def format_rows(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no trials)"
-    keys = list(rows[0])
+    keys = list(dict.fromkeys(k for r in rows for k in r))
     cells = [[_cell(r.get(k)) for k in keys] for r in rows]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
     line = " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))

@@ -16,14 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from clsr.methods import METHODS, get_method
 from clsr.study.dotted import deep_merge, set_dotted
-from clsr.train.config import TrialConfig
+from clsr.train.config import MODEL_TYPES, TrialConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 SECTIONS = ("model", "data", "trainer", "method", "eval")
 KNOWN_METRICS = (
     "best_dev_stsb", "best_dev_sickr", "dev_stsb", "dev_sickr", "loss",
     "test_sts12", "test_sts13", "test_sts14", "test_sts15", "test_sts16", "test_stsb", "test_sickr",
-    "test_sts_avg", "align", "uniform",
+    "test_sts_avg", "test_sts12_15_avg", "align", "uniform",
 )  # fmt: skip
 
 
@@ -154,6 +154,12 @@ class Study(Strict):
     tracking_uri: str | None = Field(
         None, description="MLflow; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db"
     )
+    smoke: dict[str, Any] | None = Field(
+        None, description="overrides that --smoke applies: one seed, few steps, small dimensions"
+    )
+    skip_unavailable: bool = Field(
+        False, description="skip points that cannot run here (hub-only models offline) instead of failing"
+    )
 
     @field_validator("method")
     @classmethod
@@ -257,7 +263,10 @@ def resolve_trial(study: Study, ablation: str | None, overrides: dict[str, Any],
 def _format_pydantic(err: ValidationError, prefix: str = "") -> list[str]:
     problems = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if p not in ("function-after", "constrained-str"))
+        parts = [str(p) for p in e["loc"] if p not in ("function-after", "constrained-str")]
+        if parts[:1] == ["model"] and parts[1:2] and parts[1] in MODEL_TYPES:  # the union's tag
+            parts.pop(1)
+        loc = ".".join(parts)
         where = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "(top level)"
         message = e["msg"].removeprefix("Value error, ")
         given = e.get("input")
@@ -339,8 +348,8 @@ def resolve_from_files(raw: dict[str, Any], study_dir: Path) -> tuple[dict[str, 
     return merged, problems
 
 
-def load_study(path: str | Path, overrides: list[tuple[str, Any]] = ()) -> Study:
-    """Read, merge ``from:`` files, apply ``--set`` overrides, validate everything, or raise StudyError."""
+def load_study(path: str | Path, overrides: list[tuple[str, Any]] = (), smoke: bool = False) -> Study:
+    """Read, merge ``from:`` files, apply ``--smoke`` and ``--set``, validate everything, or raise StudyError."""
     path = Path(path)
     if not path.is_file():
         raise StudyError(str(path), ["file not found"])
@@ -350,7 +359,26 @@ def load_study(path: str | Path, overrides: list[tuple[str, Any]] = ()) -> Study
         raise StudyError(str(path), [f"not valid YAML: {err}"]) from err
     if not isinstance(raw, dict):
         raise StudyError(str(path), ["the file must hold a mapping (name:, method:, ablations:, ...)"])
+    if smoke:
+        raw = apply_smoke(raw, str(path))
     return study_from_dict(raw, str(path), path.parent, overrides)
+
+
+def apply_smoke(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """The study's ``smoke:`` section merged over it (``base`` deeply, other keys replaced).
+
+    A smoke run gets its own name (``<name>-smoke``) so its MLflow parent run and Ray storage never mix
+    with the real study's, and it skips points that cannot run here instead of failing.
+    """
+    smoke = raw.get("smoke")
+    if not isinstance(smoke, dict) or not smoke:
+        raise StudyError(
+            source, ["--smoke needs a 'smoke:' section (e.g. seeds, base overrides) in the file"]
+        )
+    merged = deep_merge({k: v for k, v in raw.items() if k != "smoke"}, smoke)
+    merged["name"] = f"{raw.get('name', 'study')}-smoke"
+    merged.setdefault("skip_unavailable", True)
+    return merged
 
 
 def study_from_dict(

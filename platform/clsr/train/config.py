@@ -6,11 +6,25 @@ defaults (``Method.paper_defaults``), the study's ``base``, the ablation point, 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+from clsr.encoders.textcnn import TextCNNConfig
 from clsr.encoders.transformer import ModelConfig
+
+MODEL_TYPES = ("transformer", "textcnn")
+
+
+def _model_type(value: Any) -> str:
+    return value.get("type", "transformer") if isinstance(value, dict) else value.type
+
+
+# ``model.type`` picks the encoder: a Hugging Face transformer (default) or a TextCNN over word vectors.
+AnyModelConfig = Annotated[
+    Annotated[ModelConfig, Tag("transformer")] | Annotated[TextCNNConfig, Tag("textcnn")],
+    Discriminator(_model_type),
+]
 
 
 class Section(BaseModel):
@@ -21,6 +35,9 @@ class DataConfig(Section):
     train: str = Field("wiki1m", description="training data set name from the catalog (clsr.data.catalog)")
     data_dir: str | None = Field(None, description="local data folder; default: $CLSR_DATA_DIR, else the hub")
     max_rows: int | None = Field(None, ge=1, description="seeded random subset of the training rows")
+    subset_seed: int | None = Field(
+        None, description="seed of the max_rows subset; default trainer.seed (a fixed value keeps one sample)"
+    )
 
 
 class TrainerConfig(Section):
@@ -30,31 +47,49 @@ class TrainerConfig(Section):
     grad_accum_steps: int = Field(1, ge=1)
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(3e-5, gt=0)
+    lr_reference_batch: int | None = Field(
+        None, ge=1, description="linear scaling rule: the LR used is lr × batch_size / lr_reference_batch"
+    )
     weight_decay: float = Field(0.0, ge=0)
     no_decay: list[str] = Field(default_factory=lambda: ["bias", "LayerNorm.weight", "LayerNorm.bias"])
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
+    momentum: float = Field(
+        0.9, ge=0, lt=1, description="SGD momentum (during warm-up, if momentum_after_warmup)"
+    )
+    momentum_after_warmup: float | None = Field(None, ge=0, lt=1, description="SGD momentum after warm-up")
     nesterov: bool = False
     lr_by_module: dict[str, float] = Field(
         default_factory=dict, description="absolute LR for parameters whose name starts with a prefix"
     )
+    fixed_lr_modules: list[str] = Field(
+        default_factory=list, description="name prefixes whose LR stays constant (no warm-up, no decay)"
+    )
     schedule: Literal["linear", "cosine", "constant"] = "linear"
     warmup_steps: int = Field(0, ge=0)
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    warmup_epochs: float = Field(0.0, ge=0, description="warm-up length in epochs")
     max_grad_norm: float | None = Field(1.0, gt=0)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto = bf16 autocast on a GPU that supports it, fp32 on CPU"
     )
     eval_steps: int = Field(125, ge=1, description="evaluate on the dev set every N optimiser steps")
+    eval_epochs: float | None = Field(None, gt=0, description="evaluate every N epochs (replaces eval_steps)")
     log_every: int = Field(10, ge=1, description="send per-step metrics to MLflow every N steps")
     seed: int = 42
 
     @model_validator(mode="after")
     def _one_warmup(self) -> TrainerConfig:
-        if self.warmup_steps and self.warmup_ratio:
-            raise ValueError("set either warmup_steps or warmup_ratio, not both")
+        given = [k for k in ("warmup_steps", "warmup_ratio", "warmup_epochs") if getattr(self, k)]
+        if len(given) > 1:
+            raise ValueError(f"set one of warmup_steps, warmup_ratio, warmup_epochs (given: {given})")
+        if self.momentum_after_warmup is not None and self.optimizer != "sgd":
+            raise ValueError("momentum_after_warmup needs optimizer: sgd")
         return self
+
+    def scaled_lr(self) -> float:
+        """The base LR actually used: ``lr``, or ``lr × batch_size / lr_reference_batch``."""
+        return self.lr * self.batch_size / self.lr_reference_batch if self.lr_reference_batch else self.lr
 
 
 class EvalConfig(Section):
@@ -86,11 +121,19 @@ class EvalConfig(Section):
 class TrialConfig(Section):
     """Everything one trial needs. ``method`` holds ``name`` plus the method's own hyperparameters."""
 
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    model: AnyModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     method: dict[str, Any]
     eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _known_model_type(cls, model: Any) -> Any:
+        kind = model.get("type", "transformer") if isinstance(model, dict) else "transformer"
+        if kind not in MODEL_TYPES:
+            raise ValueError(f"model.type must be one of {', '.join(MODEL_TYPES)} (given: {kind!r})")
+        return model
 
     @field_validator("method")
     @classmethod
@@ -99,3 +142,15 @@ class TrialConfig(Section):
         from clsr.methods import get_method
 
         return get_method(method.get("name", "")).Config(**method).model_dump()
+
+    @model_validator(mode="after")
+    def _encoder_fits_method(self) -> TrialConfig:
+        from clsr.methods import get_method
+
+        wanted = get_method(self.method["name"]).encoder_type
+        if self.model.type != wanted:
+            raise ValueError(
+                f"method {self.method['name']!r} trains a {wanted} encoder: set model.type: {wanted} "
+                f"(given: {self.model.type})"
+            )
+        return self

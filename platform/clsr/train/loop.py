@@ -22,14 +22,13 @@ from torch import nn
 from clsr.data.catalog import load_rows
 from clsr.data.sources import resolve_data_dir
 from clsr.data.sts import load_sts
-from clsr.encoders.transformer import load_tokenizer
 from clsr.eval.alignment import alignment_uniformity
 from clsr.eval.sts import evaluate_sts, summary_metrics
 from clsr.methods import get_method
 from clsr.methods.base import Method
 from clsr.tracking.run_logger import RunLogger
 from clsr.train.config import TrialConfig
-from clsr.train.optim import build_optimizer, build_scheduler
+from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, warmup_steps
 
 DEV_SPLIT = "dev"
 
@@ -74,14 +73,14 @@ def build_method(trial: TrialConfig) -> Method:
 class Evaluator:
     """Dev scores during training and the final test scores, computed on rank 0 only."""
 
-    def __init__(self, trial: TrialConfig, method: Method, tokenizer: Any):
+    def __init__(self, trial: TrialConfig, method: Method, pipeline: Any):
         self.cfg = trial.eval
         self.data_dir = trial.data.data_dir
         self.method = method
-        self.tokenizer = tokenizer
+        self.pipeline = pipeline  # the tokenizer or word table the method encodes text with
 
     def embedder(self, model: nn.Module):
-        return self.method.make_embedder(unwrap(model), self.tokenizer, self.cfg.batch_size)
+        return self.method.make_embedder(unwrap(model), self.pipeline, self.cfg.batch_size)
 
     def dev(self, model: nn.Module) -> dict[str, float]:
         if not self.cfg.dev_tasks:
@@ -123,27 +122,42 @@ def save_checkpoint(model: nn.Module, optimizer, scheduler, state: dict, best_we
     return folder
 
 
-def fit(trial: TrialConfig, session, tracking: dict[str, str] | None = None) -> dict[str, float]:
-    """Train one trial and return its final metrics (on rank 0; other ranks return ``{}``)."""
+def training_rows(trial: TrialConfig) -> list[dict[str, str]]:
+    subset_seed = trial.data.subset_seed if trial.data.subset_seed is not None else trial.trainer.seed
+    return load_rows(trial.data.train, trial.data.data_dir, trial.data.max_rows, seed=subset_seed)
+
+
+def fit(
+    trial: TrialConfig, session, tracking: dict[str, str] | None = None, shared: Any = None
+) -> dict[str, float]:
+    """Train one trial and return its final metrics (on rank 0; other ranks return ``{}``).
+
+    ``shared``: the method's ``prepare_shared`` result when the study runner built it once for many
+    trials; built here when None and the method needs one.
+    """
     t = trial.trainer
     torch.manual_seed(t.seed + session.rank)  # same init everywhere (DDP broadcasts), own dropout per rank
     np.random.seed(t.seed + session.rank)
 
     method = build_method(trial)
-    tokenizer = load_tokenizer(trial.model.name)
-    rows = load_rows(trial.data.train, trial.data.data_dir, trial.data.max_rows, seed=t.seed)
-    batcher = method.prepare_rows(rows, tokenizer, trial.model.max_seq_length)
+    if shared is None and method.shared_key(trial) is not None:
+        shared = method.prepare_shared(trial)
+    pipeline = method.text_pipeline(trial, shared)
+    rows = training_rows(trial)
+    batcher = method.prepare_rows(rows, pipeline, trial)
     steps_per_epoch, total_steps = plan_steps(len(rows), trial, session.world_size)
     micro_rows = t.batch_size // t.grad_accum_steps  # global rows per forward pass
     local_rows = micro_rows // session.world_size
+    eval_every = max(1, round(t.eval_epochs * steps_per_epoch)) if t.eval_epochs else t.eval_steps
 
-    model = session.prepare_model(method.build_model(trial.model))
+    model = session.prepare_model(method.build_model(trial.model, pipeline))
     device = session.device
-    optimizer = build_optimizer(unwrap(model), t, method.param_group_lrs())
-    scheduler = build_scheduler(optimizer, t, total_steps)
+    optimizer = build_optimizer(unwrap(model), t, method.param_group_lrs(), method.fixed_lr_prefixes())
+    scheduler = build_scheduler(optimizer, t, total_steps, steps_per_epoch)
+    warmup = warmup_steps(t, total_steps, steps_per_epoch)
     autocast = autocast_context(t.precision, device)
     is_main = session.rank == 0
-    evaluator = Evaluator(trial, method, tokenizer) if is_main else None
+    evaluator = Evaluator(trial, method, pipeline) if is_main else None
     logger = RunLogger(tracking if is_main else None)
 
     state = {"step": 0, "best_score": -math.inf, "best_step": 0}
@@ -196,6 +210,7 @@ def fit(trial: TrialConfig, session, tracking: dict[str, str] | None = None) -> 
         grad_norm = (
             torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm) if t.max_grad_norm else None
         )
+        momentum = set_momentum(optimizer, t, state["step"], warmup)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -207,13 +222,14 @@ def fit(trial: TrialConfig, session, tracking: dict[str, str] | None = None) -> 
                 "loss": step_loss,
                 "lr": scheduler.get_last_lr()[0],
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                "momentum": momentum,
             },
             step,
         )
         if step % t.log_every == 0:
             logger.flush()
 
-        if step % t.eval_steps and step != total_steps:
+        if step % eval_every and step != total_steps:
             continue
         metrics = {"step": step, "epoch": step / steps_per_epoch, "loss_avg": float(np.mean(recent_losses))}
         recent_losses = []

@@ -11,4 +11,9 @@ from clsr.train.session import RayTrainSession
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     trial = TrialConfig.model_validate(config["trial"])
-    fit(trial, RayTrainSession(), tracking=config.get("tracking"))
+    shared = None
+    if config.get("shared") is not None:  # built once per study by the runner, fetched from the object store
+        import ray
+
+        shared = ray.get(config["shared"][0])
+    fit(trial, RayTrainSession(), tracking=config.get("tracking"), shared=shared)

@@ -1,0 +1,197 @@
+"""GCLSR: grouped loss, self-attention, TextCNN, the SGD schedules, and a local training run."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from clsr.encoders.textcnn import TextCNNConfig, TextCNNEncoder
+from clsr.encoders.word_vectors import OOV_ID, PAD_ID, WordTable, WordTokenizer
+from clsr.methods.gclsr import GCLSR, GCLSRConfig, grouped_simsiam_loss, word_self_attention
+from clsr.train.config import TrainerConfig, TrialConfig
+from clsr.train.optim import build_optimizer, build_scheduler, schedule_factor, set_momentum, warmup_steps
+
+P1, P2 = [[1.0, 0.0, 0.0, 1.0]], [[0.0, 1.0, 1.0, 0.0]]
+Z1, Z2 = [[1.0, 1.0, 1.0, 0.0]], [[1.0, 0.0, 1.0, 1.0]]
+
+
+def test_grouped_loss_equals_hand_computation():
+    p1, p2, z1, z2 = (torch.tensor(t) for t in (P1, P2, Z1, Z2))
+    # groups of 2: cos(p1,z2) = (1, 1/√2), cos(p2,z1) = (1/√2, 1) → every group gives -(½ + ½/√2)
+    assert grouped_simsiam_loss(p1, p2, z1, z2, 2).item() == pytest.approx(-(0.5 + 0.5 / math.sqrt(2)))
+    # no grouping: both cosines are 2 / (√2·√3)
+    assert grouped_simsiam_loss(p1, p2, z1, z2, None).item() == pytest.approx(-2 / math.sqrt(6))
+    assert grouped_simsiam_loss(p1, p2, z1, z2, 4).item() == pytest.approx(-2 / math.sqrt(6))
+
+
+def test_grouped_loss_stops_the_gradient_on_the_projector_outputs():
+    p1, p2, z1, z2 = (torch.tensor(t, requires_grad=True) for t in (P1, P2, Z1, Z2))
+    grouped_simsiam_loss(p1, p2, z1, z2, 2).backward()
+    assert z1.grad is None and z2.grad is None
+    assert p1.grad.abs().sum() > 0 and p2.grad.abs().sum() > 0
+
+
+def test_self_attention_weights_on_a_hand_made_sentence():
+    x = torch.tensor([[[1.0, 0.0], [1.0, 1.0], [5.0, 5.0]]])  # two words and one padding row
+    mask = torch.tensor([[True, True, False]])
+    out = word_self_attention(x, mask)
+    # S = XXᵀ/√2 on real cells, 1e-9 elsewhere; importance = row sum
+    a0, a1 = 2 / math.sqrt(2) + 1e-9, 1 / math.sqrt(2) + math.sqrt(2) + 1e-9
+    assert out[0, 0].tolist() == pytest.approx([a0, 0.0])
+    assert out[0, 1].tolist() == pytest.approx([a1, a1])
+    assert out[0, 2].tolist() == pytest.approx([15e-9, 15e-9], abs=1e-12)
+
+
+def _table(dim: int = 4, words: int = 5) -> WordTable:
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(words + 2, dim)).astype(np.float32)
+    vectors[OOV_ID] = 0
+    return WordTable(
+        words=[f"w{i}" for i in range(words)],
+        vectors=vectors,
+        tokenizer=WordTokenizer("words"),
+        max_words=8,
+        oov_words=0,
+        source="test",
+    )
+
+
+def test_textcnn_shapes_and_oov_redraw():
+    cfg = TextCNNConfig(vectors="test", region_sizes=[1, 2, 3], filters=5, max_words=8)
+    encoder = TextCNNEncoder(cfg, _table())
+    ids = torch.tensor([[2, 3, OOV_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID]])
+    assert encoder(ids).shape == (1, 15)
+    first, second = encoder.embed_words(ids), encoder.embed_words(ids)
+    assert not torch.equal(first[0, 2], second[0, 2])  # the code redraws OOV vectors every call
+    assert torch.equal(first[0, :2], second[0, :2])
+    bound = math.sqrt(3 / 4)
+    assert first[0, 2].abs().max() <= bound
+    same = [encoder.embed_words(ids, torch.Generator().manual_seed(3)) for _ in range(2)]
+    assert torch.equal(same[0], same[1])
+    assert not encoder.words.weight.requires_grad  # frozen, as in the paper
+
+
+def test_region_size_larger_than_the_sentence_is_refused():
+    with pytest.raises(ValueError, match="exceeds max_words"):
+        TextCNNConfig(region_sizes=[1, 40], max_words=32)
+
+
+def test_group_size_must_divide_the_projector():
+    with pytest.raises(ValueError, match="must divide"):
+        GCLSRConfig(group_size=48, projector_dim=4096)
+
+
+def _gclsr_trainer(**changes) -> TrainerConfig:
+    trainer = {**GCLSR.paper_defaults["trainer"], **changes}
+    return TrainerConfig(**trainer)
+
+
+class _Heads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Linear(2, 2)
+        self.predictor = nn.Linear(2, 2)
+
+
+def _lrs(optimizer) -> dict[bool, float]:
+    return {g["fixed_lr"]: g["lr"] for g in optimizer.param_groups}
+
+
+def test_gclsr_learning_rate_and_momentum_schedule():
+    """Batch 512: LR 0.03 × 512/128 = 0.12, 19 steps/epoch, 5 warm-up epochs = 95 steps of 380."""
+    cfg = _gclsr_trainer()
+    method = GCLSR(GCLSRConfig())
+    optimizer = build_optimizer(_Heads(), cfg, method.param_group_lrs(), method.fixed_lr_prefixes())
+    scheduler = build_scheduler(optimizer, cfg, total_steps=380, steps_per_epoch=19)
+    assert warmup_steps(cfg, 380, 19) == 95
+    seen = {}
+    for step in range(381):
+        momentum = set_momentum(optimizer, cfg, step, warmup=95)
+        seen[step] = (_lrs(optimizer), momentum)
+        optimizer.step()
+        scheduler.step()
+    assert seen[0][0] == {False: 0.0, True: 1.0}  # warm-up starts at 0; the predictor stays at 1.0
+    assert seen[19][0][False] == pytest.approx(0.12 * 19 / 95)
+    assert seen[95][0][False] == pytest.approx(0.12)
+    assert seen[95 + 285 // 2][0][False] == pytest.approx(0.12 * 0.5 * (1 + math.cos(math.pi * 142 / 285)))
+    assert seen[380][0] == {False: pytest.approx(0.0), True: 1.0}
+    assert {seen[s][1] for s in range(95)} == {0.9} and {seen[s][1] for s in range(95, 381)} == {0.8}
+
+
+def test_decayed_predictor_follows_the_base_schedule():
+    cfg = _gclsr_trainer()
+    method = GCLSR(GCLSRConfig(predictor_lr="decay"))
+    optimizer = build_optimizer(_Heads(), cfg, method.param_group_lrs(), method.fixed_lr_prefixes())
+    assert len(optimizer.param_groups) == 1
+
+
+def test_schedule_factors_equal_transformers_schedulers():
+    from transformers import get_scheduler
+
+    for name, kind in (("linear", "linear"), ("cosine", "cosine"), ("constant_with_warmup", "constant")):
+        reference = get_scheduler(name, torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), 7, 30)
+        ours = schedule_factor(kind, 7, 30)
+        for step in (0, 3, 7, 12, 29, 30):
+            assert ours(step) == pytest.approx(reference.lr_lambdas[0](step)), (name, step)
+
+
+def test_constant_momentum_when_no_switch_is_set():
+    cfg = _gclsr_trainer(momentum=0.99, momentum_after_warmup=None)
+    optimizer = build_optimizer(_Heads(), cfg, {})
+    assert {set_momentum(optimizer, cfg, s, 95) for s in (0, 94, 95, 300)} == {0.99}
+
+
+def test_momentum_switch_needs_sgd():
+    with pytest.raises(ValueError, match="needs optimizer: sgd"):
+        TrainerConfig(optimizer="adamw", momentum_after_warmup=0.8)
+
+
+def tiny_gclsr(**method) -> TrialConfig:
+    return TrialConfig.model_validate(
+        {
+            "model": {"type": "textcnn", "vectors": "minilm", "filters": 8},
+            "data": {"train": "wiki1m", "max_rows": 128, "subset_seed": 2},
+            "trainer": {**GCLSR.paper_defaults["trainer"], "batch_size": 32, "epochs": 2, "warmup_epochs": 1},
+            "method": {"name": "gclsr", "projector_dim": 32, "predictor_hidden": 8, **method},
+            "eval": {"dev_tasks": ["stsb"], "tasks": ["sts12", "sts13", "sts14", "sts15"]},
+        }
+    )
+
+
+def test_gclsr_trains_locally_and_reports_the_paper_metrics(data_dir):
+    from clsr.train.loop import fit
+    from clsr.train.session import LocalSession
+
+    session = LocalSession()
+    final = fit(tiny_gclsr(eda={"synonyms": "vectors"}), session)
+    assert [r["step"] for r in session.reports] == [4, 8, 8]  # one dev evaluation per epoch
+    losses = [r["loss_avg"] for r in session.reports[:2]]
+    assert -1.0 <= losses[1] < losses[0] < 0  # negative cosine falls towards -1
+    assert final["test_sts12_15_avg"] == pytest.approx(
+        np.mean([final[f"test_sts{n}"] for n in (12, 13, 14, 15)])
+    )
+    assert 20 < final["test_sts12_15_avg"] < 90
+    assert final["best_dev_stsb"] == max(r["dev_stsb"] for r in session.reports[:2])
+
+
+def test_text_level_augmentation_trains(data_dir):
+    from clsr.train.loop import fit
+    from clsr.train.session import LocalSession
+
+    trial = tiny_gclsr(augmentation="eda", eda={"synonyms": "vectors"}, group_size=None)
+    trial.trainer.max_steps = 2
+    trial.eval.tasks = []
+    session = LocalSession()
+    fit(trial, session)
+    assert session.reports[-1]["finished"] == 1
+
+
+def test_back_translation_is_reported_unavailable_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    trial = tiny_gclsr(augmentation="back_translation")
+    why = GCLSR(GCLSRConfig(augmentation="back_translation")).unavailable(trial)
+    assert why is not None and "Helsinki-NLP/opus-mt-en-de" in why
