@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
@@ -26,6 +27,25 @@ def test_optuna_asha_study_builds_its_searcher_and_scheduler(tmp_path):
     assert tune_config.scheduler._time_attr == "step" and tune_config.num_samples == 16
     space = param_space(study, "lr_batch")["point"]["overrides"]
     assert set(space) == {"trainer.lr", "trainer.batch_size"}
+
+
+def test_points_that_cannot_run_offline_are_refused_or_skipped(monkeypatch, capsys):
+    from clsr.study.runner import runnable_points
+    from clsr.study.schema import StudyError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    study = load_study(REPO_ROOT / "studies" / "gclsr_ablations.yaml")
+    with pytest.raises(StudyError) as caught:
+        runnable_points(study)
+    problems = caught.value.problems
+    assert [p.split(":")[0] for p in problems[:2]] == [
+        "ablations.components[+ TransL]",
+        "ablations.components[+ TransL + self-att. + GP]",
+    ]
+    assert "Helsinki-NLP/opus-mt-en-de" in problems[0] and "skip_unavailable" in problems[-1]
+    smoke = load_study(REPO_ROOT / "studies" / "gclsr_ablations.yaml", smoke=True)
+    assert len(runnable_points(smoke)) == 47
+    assert "skipped (not available here): ablations.components[+ TransL]" in capsys.readouterr().out
 
 
 def test_grid_space_is_points_times_seeds():

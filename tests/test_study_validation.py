@@ -45,7 +45,7 @@ def with_change(key: str, value) -> dict:
 # (change, the field the message must name, a fragment of the explanation)
 BAD_STUDIES = [
     (("name", "bad name!"), "name", "pattern"),
-    (("method", "simclr"), "method", "allowed: mnrl, simcse_sup, simcse_unsup"),
+    (("method", "simclr"), "method", "allowed: gclsr, mnrl, simcse_sup, simcse_unsup"),
     (("unknown_key", 1), "unknown_key", "Extra inputs are not permitted"),
     (("ablations", {}), "ablations", "at least 1"),
     (("base.trainer.batch_size", "big"), "base.trainer.batch_size", "valid integer"),
@@ -71,9 +71,16 @@ BAD_STUDIES = [
     (("resources", {"gpus_per_worker": 1.5}), "resources.gpus_per_worker", "whole number"),
     (("resources", {"workers_per_trial": 0}), "resources.workers_per_trial", "greater than or equal to 1"),
     (("base.eval.tasks", ["sts17"]), "base.eval", "allowed: sts, sts12"),
-    (("base.trainer", {"warmup_ratio": 0.1, "warmup_steps": 10}), "base.trainer", "either warmup_steps"),
+    (("base.trainer", {"warmup_ratio": 0.1, "warmup_steps": 10}), "base.trainer", "set one of warmup_steps"),
     (("ablations.temp.from", "search_spaces/nope.yaml"), "ablations.temp.from", "file not found"),
     (("method", DELETE), "method", "Field required"),
+    (("base.model.type", "rnn"), "base.model", "model.type must be one of transformer, textcnn"),
+    (
+        ("base.model", {"type": "textcnn"}),
+        "base",
+        "trains a transformer encoder: set model.type: transformer",
+    ),
+    (("base.trainer", {"momentum_after_warmup": 0.8}), "base.trainer", "needs optimizer: sgd"),
 ]
 
 
@@ -122,7 +129,7 @@ def test_every_search_space_validates_inside_a_study(tmp_path, path):
     algorithm = "optuna" if "space" in body else "grid"
     doc = {
         "name": "s",
-        "method": "simcse_unsup",
+        "method": "gclsr" if "gclsr" in path.parts else "simcse_unsup",
         "ablations": {"a": {"from": str(path)}},
         "search": {"algorithm": algorithm},
     }
@@ -149,3 +156,27 @@ def test_an_ablation_may_use_another_method(tmp_path):
     study = load_study(write(tmp_path, doc))
     trial = resolve_trial(study, "sup", {"method.hard_negative_weight": 2.0}, 1)
     assert trial.method["name"] == "simcse_sup" and trial.trainer.lr == 5e-5  # sup paper defaults
+
+
+GCLSR = {"name": "g", "method": "gclsr", "ablations": {"gs": {"grid": {"method.group_size": [16, 48]}}}}
+
+
+def test_gclsr_problems_name_the_point_and_the_rule(tmp_path):
+    with pytest.raises(StudyError) as caught:
+        load_study(write(tmp_path, GCLSR))
+    assert "ablations.gs[method.group_size=48]" in str(caught.value)
+    assert "must divide projector_dim 4096" in str(caught.value)
+    doc = dict(GCLSR, ablations={"rs": {"grid": {"model.region_sizes": [[1, 80]]}}})
+    with pytest.raises(StudyError, match="exceeds max_words 64"):
+        load_study(write(tmp_path, doc))
+
+
+def test_smoke_merges_its_section_and_needs_one(tmp_path):
+    with pytest.raises(StudyError, match="--smoke needs a 'smoke:' section"):
+        load_study(write(tmp_path, GOOD), smoke=True)
+    doc = dict(GOOD, smoke={"seeds": [1], "base": {"trainer": {"max_steps": 2}}, "concurrency": 1})
+    study = load_study(write(tmp_path, doc), smoke=True)
+    assert study.name == "t-smoke" and study.seeds == [1] and study.concurrency == 1
+    assert study.skip_unavailable
+    assert study.base == {"model": {"name": "minilm"}, "trainer": {"batch_size": 16, "max_steps": 2}}
+    assert load_study(write(tmp_path, doc)).name == "t"

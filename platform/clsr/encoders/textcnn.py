@@ -64,7 +64,8 @@ class TextCNNEncoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.words = nn.Embedding.from_pretrained(
-            torch.tensor(table.vectors, dtype=torch.float32), freeze=cfg.freeze_vectors  # copy: read-only arrays
+            torch.tensor(table.vectors, dtype=torch.float32),
+            freeze=cfg.freeze_vectors,  # copy: read-only arrays
         )
         self.oov_bound = math.sqrt(3.0 / table.dim)
         # Conv1d over (B, dim, L) with kernel r equals Kim's Conv2d with an r × dim kernel.

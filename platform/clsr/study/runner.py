@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +46,8 @@ class StudyContext:
     tracking_uri: str
     parent_run_id: str
     storage: str
-    points: list[dict[str, Any]]  # the grid points that run here (unavailable ones skipped or refused)
-    shared: dict[str, Any]  # method shared_key -> [ObjectRef] of what prepare_shared built once
+    points: list[dict[str, Any]] | None = None  # grid points that run here (default: all of them)
+    shared: dict[str, Any] = field(default_factory=dict)  # shared_key -> [ObjectRef] built once
 
 
 def _study(ctx: StudyContext) -> Study:

@@ -143,14 +143,20 @@ class TrialConfig(Section):
 
         return get_method(method.get("name", "")).Config(**method).model_dump()
 
-    @model_validator(mode="after")
-    def _encoder_fits_method(self) -> TrialConfig:
-        from clsr.methods import get_method
+    @model_validator(mode="before")
+    @classmethod
+    def _encoder_fits_method(cls, doc: Any) -> Any:
+        """A method trains one kind of encoder; say so before the model section's own field errors."""
+        from clsr.methods import METHODS
 
-        wanted = get_method(self.method["name"]).encoder_type
-        if self.model.type != wanted:
+        if not isinstance(doc, dict) or not isinstance(doc.get("method"), dict):
+            return doc
+        method = METHODS.get(doc["method"].get("name"))
+        model = doc.get("model") if isinstance(doc.get("model"), dict) else {}
+        kind = model.get("type", "transformer")
+        if method is not None and kind in MODEL_TYPES and kind != method.encoder_type:
             raise ValueError(
-                f"method {self.method['name']!r} trains a {wanted} encoder: set model.type: {wanted} "
-                f"(given: {self.model.type})"
+                f"method {method.name!r} trains a {method.encoder_type} encoder: set model.type: "
+                f"{method.encoder_type} (given: {kind})"
             )
-        return self
+        return doc
