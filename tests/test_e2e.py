@@ -44,6 +44,7 @@ def runs_of(uri: str, experiment: str):
 
 
 def test_smoke_study_end_to_end(tmp_path):
+    """One Ray Train worker per trial (the GCLSR and SupMPN smoke studies run trials in-process)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = platform_cmd(
         "study",

@@ -14,6 +14,8 @@ EXAMPLES = """examples:
   platform study resume studies/smoke.yaml
   platform study validate studies/*.yaml
   platform eval --model minilm --pooling mean --tasks sts
+  platform eval --model minilm --tasks sts,transfer
+  platform eval --model minilm --tasks mr,trec --transfer-mode fast --max-examples 1000
 """
 
 
@@ -45,17 +47,44 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("studies", nargs="+")
     validate.add_argument("--smoke", action="store_true", help="validate with the smoke: section applied")
 
-    ev = commands.add_parser("eval", help="evaluate an encoder on STS (SentEval 'all' setting)")
+    ev = commands.add_parser(
+        "eval", help="evaluate an encoder on STS (SentEval 'all' setting) and/or the SentEval transfer tasks"
+    )
     ev.add_argument("--model", required=True, help="hub id, local folder, or 'minilm'")
     ev.add_argument("--pooling", default="mean", help="cls, cls_before_pooler, avg/mean, avg_first_last, ...")
-    ev.add_argument("--tasks", default="sts", help="comma-separated: sts or sts12,...,sickr")
-    ev.add_argument("--split", default="test", choices=["test", "dev"])
+    ev.add_argument(
+        "--tasks",
+        default="sts",
+        help="comma-separated groups or tasks: sts, transfer, sts12,...,sickr, mr,cr,subj,mpqa,sst2,trec,mrpc",
+    )
+    ev.add_argument(
+        "--split", default="test", choices=["test", "dev"], help="STS split (transfer: own protocol)"
+    )
+    ev.add_argument(
+        "--transfer-mode",
+        default="test",
+        choices=["test", "fast"],
+        help="transfer tasks: test = SentEval's 10-fold protocol; fast = 5 folds, smaller C grid",
+    )
+    ev.add_argument(
+        "--max-examples", type=int, default=None, help="transfer tasks: stratified subsample of each split"
+    )
     ev.add_argument("--batch-size", type=int, default=128)
     ev.add_argument(
         "--data-dir", default=None, help="local data folder (default: $CLSR_DATA_DIR, else the hub)"
     )
     ev.add_argument("--mlflow", action="store_true", help="also log the scores as an MLflow run")
     ev.add_argument("--experiment", default="eval", help="MLflow experiment for --mlflow")
+
+    data = commands.add_parser("data", help="inspect training data").add_subparsers(
+        dest="action", required=True
+    )
+    nli_stats = data.add_parser(
+        "nli-stats", help="SupMPN Table 1 premise grouping statistics of the NLI pairs"
+    )
+    nli_stats.add_argument(
+        "--data-dir", default=None, help="local data folder (default: $CLSR_DATA_DIR, else the hub)"
+    )
 
     commands.add_parser("env", help="print versions for bug reports")
     return parser
@@ -100,15 +129,51 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
     from clsr.eval.embed import transformer_embedder
     from clsr.eval.sts import evaluate_sts, format_table, summary_metrics
+    from clsr.eval.transfer import (
+        evaluate_transfer,
+        format_transfer_table,
+        split_tasks,
+        transfer_summary_metrics,
+    )
 
+    try:
+        sts_tasks, transfer_tasks = split_tasks(args.tasks)
+    except ValueError as err:
+        print(f"error: --tasks: {err}", file=sys.stderr)
+        return 2
+    if args.max_examples is not None and args.max_examples < 1:
+        print("error: --max-examples must be at least 1", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     encoder = TransformerEncoder(ModelConfig(name=args.model, pooling=args.pooling))
     embed = transformer_embedder(encoder, load_tokenizer(args.model), batch_size=args.batch_size)
-    scores = evaluate_sts(embed, args.tasks.split(","), args.split, args.data_dir)
-    elapsed = time.perf_counter() - started
-    print(f"\n{args.model} ({args.pooling} pooling), Spearman × 100, {args.split} split, 'all' setting\n")
-    print(format_table(scores))
-    print(f"\n{sum(s.pairs for s in scores.values())} pairs in {elapsed:.1f} s")
+    metrics: dict[str, float] = {}
+    tables: dict[str, str] = {}
+    if sts_tasks:
+        scores = evaluate_sts(embed, sts_tasks, args.split, args.data_dir)
+        elapsed = time.perf_counter() - started
+        tables["sts_table.txt"] = format_table(scores)
+        metrics |= summary_metrics(scores)
+        print(f"\n{args.model} ({args.pooling} pooling), Spearman × 100, {args.split} split, 'all' setting\n")
+        print(tables["sts_table.txt"])
+        print(f"\n{sum(s.pairs for s in scores.values())} pairs in {elapsed:.1f} s")
+    if transfer_tasks:
+        started = time.perf_counter()
+        transfer = evaluate_transfer(
+            embed, transfer_tasks, args.data_dir, mode=args.transfer_mode, max_examples=args.max_examples
+        )
+        elapsed = time.perf_counter() - started
+        tables["transfer_table.txt"] = format_transfer_table(transfer)
+        metrics |= transfer_summary_metrics(transfer)
+        capped = f", at most {args.max_examples} rows per split" if args.max_examples else ""
+        print(
+            f"\n{args.model} ({args.pooling} pooling), SentEval transfer accuracy × 100, "
+            f"{args.transfer_mode} mode{capped}\n"
+        )
+        print(tables["transfer_table.txt"])
+        f1 = f"MRPC F1 {transfer['mrpc'].f1:.2f}; " if "mrpc" in transfer else ""
+        embedding = sum(s.embed_seconds for s in transfer.values())
+        print(f"\n{f1}{len(transfer)} task(s) in {elapsed:.1f} s ({embedding:.1f} s embedding)")
     if args.mlflow:
         import mlflow
 
@@ -117,10 +182,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
         mlflow.set_tracking_uri(resolve_tracking_uri(None))
         mlflow.set_experiment(args.experiment)
         with mlflow.start_run(run_name=f"eval {args.model}"):
-            mlflow.log_params({"model": args.model, "pooling": args.pooling, "split": args.split})
-            mlflow.log_metrics(summary_metrics(scores))
-            mlflow.log_text(format_table(scores), "sts_table.txt")
+            params = {"model": args.model, "pooling": args.pooling, "split": args.split, "tasks": args.tasks}
+            if transfer_tasks:
+                params |= {"transfer_mode": args.transfer_mode, "max_examples": args.max_examples}
+            mlflow.log_params(params)
+            mlflow.log_metrics(metrics)
+            for name, table in tables.items():
+                mlflow.log_text(table, name)
         print(f"logged to MLflow experiment {args.experiment!r} at {mlflow.get_tracking_uri()}")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from clsr.data.corpora import load_nli_pairs
+    from clsr.data.sources import resolve_data_dir
+    from clsr.data.supmpn_rows import format_table1, table1_statistics
+
+    folder = resolve_data_dir(args.data_dir)  # explicit folder, else $CLSR_DATA_DIR, else the hub
+    source = str(folder) if folder is not None else "the hub (SNLI + MultiNLI train)"
+    print(format_table1(table1_statistics(load_nli_pairs(folder)), title=f"NLI pairs from {source}"))
     return 0
 
 
@@ -141,7 +221,7 @@ def cmd_env(_: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"study": cmd_study, "eval": cmd_eval, "env": cmd_env}[args.command]
+    handler = {"study": cmd_study, "eval": cmd_eval, "data": cmd_data, "env": cmd_env}[args.command]
     try:
         return handler(args)
     except KeyboardInterrupt:

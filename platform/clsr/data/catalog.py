@@ -1,7 +1,8 @@
 """Named training data sets (``data.train`` in a study) and their row format.
 
 Every data set yields rows ``{column: text}`` with the columns a method asks for: ``text`` for
-unsupervised corpora, ``anchor``/``positive``[/``negative``] for pairs and triplets.
+unsupervised corpora, ``anchor``/``positive``[/``negative``] for pairs and triplets,
+``anchor``/``positive_1..5``/``negative_1..5`` for SupMPN's rows (``nli_supmpn``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from clsr.data.corpora import (
     load_wiki_sentences,
 )
 from clsr.data.sources import resolve_data_dir
+from clsr.data.supmpn_rows import build_supmpn_rows, supmpn_columns
 
 Row = dict[str, str]
 TRIPLET = ("anchor", "positive", "negative")
@@ -55,6 +57,10 @@ def _nli_pairs(data_dir: Path | None, seed: int) -> list[Row]:
     return [{"anchor": p.premise, "positive": p.hypothesis} for p in pairs if p.label == "entailment"]
 
 
+def _nli_supmpn(data_dir: Path | None, seed: int) -> list[Row]:
+    return build_supmpn_rows(load_nli_pairs(data_dir), positives=5, negatives=5, seed=seed)
+
+
 DATASETS: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
@@ -87,6 +93,13 @@ DATASETS: dict[str, DatasetSpec] = {
             ("anchor", "positive"),
             "(premise, entailment hypothesis) pairs from the NLI pairs",
             _nli_pairs,
+        ),
+        DatasetSpec(
+            "nli_supmpn",
+            supmpn_columns(5, 5),
+            "SupMPN rows: premise, 5 entailments (anchor copies fill), 5 contradictions (seeded fill "
+            "from other premises' hypotheses); one per premise with an E and a C",
+            _nli_supmpn,
         ),
     )
 }

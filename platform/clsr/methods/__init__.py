@@ -7,8 +7,9 @@ from clsr.methods.gclsr import GCLSR
 from clsr.methods.mnrl import MNRL
 from clsr.methods.simcse_sup import SimCSESup
 from clsr.methods.simcse_unsup import SimCSEUnsup
+from clsr.methods.supmpn import SupMPN
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (SimCSEUnsup, SimCSESup, MNRL, GCLSR)}
+METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (SimCSEUnsup, SimCSESup, MNRL, GCLSR, SupMPN)}
 
 
 def get_method(name: str) -> type[Method]:

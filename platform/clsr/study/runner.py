@@ -35,6 +35,8 @@ QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "TOKENIZERS_PARALLELISM": "false",
+    # short in-process trials checkpoint often; Tune's "snapshotting may become a bottleneck" is noise here
+    "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
 }
 
 
@@ -87,12 +89,14 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         trial.model_dump(),
     )
     res = study.resources
+    in_process = res.workers_per_trial == 0
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
             "trial": trial.model_dump(),
             "tracking": {"uri": ctx.tracking_uri, "run_id": run_id},
             "shared": shared,
+            "in_process": in_process,
         },
         scaling_config=ray.train.ScalingConfig(
             num_workers=res.workers_per_trial,
@@ -104,7 +108,7 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         run_config=ray.train.RunConfig(
             name=f"train-{trial_id}",
             storage_path=ctx.storage,
-            callbacks=[TuneReportCallback()],
+            callbacks=[] if in_process else [TuneReportCallback()],
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
             # retried from the last checkpoint; a bounded controller limit stops endless restarts
             failure_config=ray.train.FailureConfig(
@@ -254,7 +258,7 @@ def experiments(study: Study) -> list[str | None]:
 def build_tuner(study: Study, ctx: StudyContext, ablation: str | None, restore: bool):
     from ray import tune
 
-    trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), DRIVER_RESOURCES)
+    trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), trial_resources(study))
     name = ablation or "grid"
     path = f"{ctx.storage.rstrip('/')}/{name}"
     if restore and tune.Tuner.can_restore(path):
@@ -271,9 +275,24 @@ def build_tuner(study: Study, ctx: StudyContext, ablation: str | None, restore: 
             max_concurrent_trials=study.concurrency,
         ),
         run_config=tune.RunConfig(
-            name=name, storage_path=ctx.storage, verbose=1, failure_config=tune.FailureConfig(max_failures=0)
+            name=name,
+            storage_path=ctx.storage,
+            verbose=1,
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),  # in-process trials checkpoint here
+            # Train retries its workers; an in-process trial has none, so Tune retries the trial itself
+            failure_config=tune.FailureConfig(
+                max_failures=study.max_failures if study.resources.workers_per_trial == 0 else 0
+            ),
         ),
     )
+
+
+def trial_resources(study: Study) -> dict[str, float]:
+    """What a Tune trial holds: a token share when Train workers do the work, else the trial's own."""
+    res = study.resources
+    if res.workers_per_trial > 0:
+        return DRIVER_RESOURCES
+    return {"cpu": res.cpus_per_worker, "gpu": res.gpus_per_worker}
 
 
 def init_ray() -> None:

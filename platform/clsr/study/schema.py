@@ -112,7 +112,12 @@ class Ablation(Strict):
 
 
 class Resources(Strict):
-    workers_per_trial: int = Field(1, ge=1, description="Ray Train workers (DDP processes) per trial")
+    workers_per_trial: int = Field(
+        1,
+        ge=0,
+        description="Ray Train workers (DDP processes) per trial; 0 runs the trial in its Tune process "
+        "(Ray Train local mode: no worker-group start-up, for small single-device trials)",
+    )
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0, description="fractions below 1 let small trials share a GPU")
 

@@ -105,16 +105,24 @@ class EvalConfig(Section):
         return self
 
     tasks: list[str] = Field(
-        default_factory=lambda: ["sts"], description="final test evaluation: 'sts' or STS task names"
+        default_factory=lambda: ["sts"],
+        description="final test evaluation: groups 'sts'/'transfer' or task names (sts12…sickr, mr…mrpc)",
+    )
+    transfer_mode: Literal["test", "fast"] = Field(
+        "test",
+        description="transfer tasks: 'test' = SentEval's 10-fold protocol, 'fast' = 5 folds, smaller C grid",
+    )
+    transfer_max_examples: int | None = Field(
+        None, ge=1, description="transfer tasks: seeded stratified cap on every split (smoke runs)"
     )
     batch_size: int = Field(128, ge=1)
     alignment_uniformity: bool = Field(True, description="Wang & Isola metrics on STS-B dev")
 
     @model_validator(mode="after")
     def _known_tasks(self) -> EvalConfig:
-        from clsr.eval.sts import expand_tasks
+        from clsr.eval.transfer import split_tasks
 
-        expand_tasks(self.tasks)  # raises with the allowed names
+        split_tasks(self.tasks)  # raises with the allowed names
         return self
 
 

@@ -24,6 +24,7 @@ from clsr.data.sources import resolve_data_dir
 from clsr.data.sts import load_sts
 from clsr.eval.alignment import alignment_uniformity
 from clsr.eval.sts import evaluate_sts, summary_metrics
+from clsr.eval.transfer import evaluate_transfer, split_tasks, transfer_summary_metrics
 from clsr.methods import get_method
 from clsr.methods.base import Method
 from clsr.tracking.run_logger import RunLogger
@@ -90,11 +91,17 @@ class Evaluator:
 
     def final(self, model: nn.Module) -> dict[str, float]:
         embed = self.embedder(model)
-        metrics = (
-            summary_metrics(evaluate_sts(embed, self.cfg.tasks, "test", self.data_dir))
-            if self.cfg.tasks
-            else {}
-        )
+        sts_tasks, transfer_tasks = split_tasks(self.cfg.tasks)
+        metrics = summary_metrics(evaluate_sts(embed, sts_tasks, "test", self.data_dir)) if sts_tasks else {}
+        if transfer_tasks:
+            scores = evaluate_transfer(
+                embed,
+                transfer_tasks,
+                self.data_dir,
+                mode=self.cfg.transfer_mode,
+                max_examples=self.cfg.transfer_max_examples,
+            )
+            metrics |= transfer_summary_metrics(scores)
         if self.cfg.alignment_uniformity:
             dev = load_sts("stsb", DEV_SPLIT, resolve_data_dir(self.data_dir))
             metrics |= alignment_uniformity(dev, embed)

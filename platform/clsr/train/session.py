@@ -74,3 +74,34 @@ class RayTrainSession:
 
         checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
         ray.train.report(metrics, checkpoint=checkpoint)
+
+
+class TuneTrialSession:
+    """Ray Train local mode (``num_workers=0``): the loop runs in the Tune trial's own process, one
+    device, no DDP. Ray's Train context is not available inside a Tune function, so the model is placed
+    here (Ray has set ``CUDA_VISIBLE_DEVICES`` for the trial), and reports and checkpoints go to Tune."""
+
+    rank = property(lambda self: 0)
+    world_size = property(lambda self: 1)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        return model.to(self.device)
+
+    def restore_dir(self) -> Path | None:
+        import ray.tune
+
+        checkpoint = ray.tune.get_checkpoint()
+        if checkpoint is None:
+            return None
+        local = Path(tempfile.mkdtemp(prefix="clsr-restore-"))
+        return Path(checkpoint.to_directory(str(local)))
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: Path | None = None) -> None:
+        import ray.tune
+
+        checkpoint = ray.tune.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
+        ray.tune.report(metrics, checkpoint=checkpoint)

@@ -6,7 +6,7 @@ from typing import Any
 
 from clsr.train.config import TrialConfig
 from clsr.train.loop import fit
-from clsr.train.session import RayTrainSession
+from clsr.train.session import RayTrainSession, TuneTrialSession
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -16,4 +16,5 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         import ray
 
         shared = ray.get(config["shared"][0])
-    fit(trial, RayTrainSession(), tracking=config.get("tracking"), shared=shared)
+    session = TuneTrialSession() if config.get("in_process") else RayTrainSession()
+    fit(trial, session, tracking=config.get("tracking"), shared=shared)

@@ -1,0 +1,158 @@
+"""SupMPN: supervised multiple positives and negatives (Dehghan & Amasyali, Appl. Sci. 2022), methods.md §4.
+
+A row is one anchor ``x_i`` (an NLI premise), ``P`` positives ``x⁺_{i1..iP}`` (its entailments, the
+empty slots filled with copies of the anchor or with augmented entailments, Table A1) and ``Q``
+negatives ``x⁻_{i1..iQ}`` (its contradictions, filled with other premises' hypotheses). SupMPNRL,
+paper Eq. 7, with ``s = cos/τ``, mean over the N anchors of the (global) batch:
+
+    L_i = (1/P) Σ_k -log [ e^{s(x_i,x⁺_ik)} /
+              ( e^{s(x_i,x⁺_ik)} + Σ_{j≠i} Σ_k' e^{s(x_i,x⁺_jk')} + Σ_j Σ_q e^{s(x_i,x⁻_jq)} ) ]
+
+The anchor's own other positives ``x⁺_ik'`` (k' ≠ k) are not in the denominator. The released loss
+(``loss_variant: code``) keeps them with their logit overwritten by 0, so each adds e⁰ = 1: a
+constant ``P − 1`` in the denominator with no gradient. Other rows' positives (every slot) and every
+row's negatives are the in-batch negatives; other anchors never are. With P = Q = 1 both variants
+are supervised SimCSE's Eq. 5 (α = 1).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from clsr.augment.positives import (
+    PositiveAugmentation,
+    make_positive_augmenter,
+    positive_augmentation_available,
+)
+from clsr.data.batching import TextViewBatcher, no_duplicate_batches, shuffled_batches
+from clsr.methods.base import Method, MethodConfig
+from clsr.methods.losses import cos_sim
+
+MAX_SLOTS = 5  # the nli_supmpn data set carries 5 positives and 5 negatives per row (paper §5.1)
+
+
+class SupMPNConfig(MethodConfig):
+    name: str = "supmpn"
+    positives: int = Field(5, ge=1, le=MAX_SLOTS, description="P, positives per anchor")
+    negatives: int = Field(5, ge=0, le=MAX_SLOTS, description="Q, hard negatives per anchor")
+    temperature: float = Field(0.05, gt=0, description="τ of Eq. 7 (the code's scale 20)")
+    loss_variant: Literal["paper", "code"] = Field(
+        "paper",
+        description="paper: Eq. 7, own other positives left out; code: kept with logit 0",
+    )
+    positive_augmentation: PositiveAugmentation = Field(
+        default_factory=PositiveAugmentation,
+        description="what fills the positive slots a premise has no entailment for (Table A1)",
+    )
+    no_duplicates: bool = Field(True, description="NoDuplicatesDataLoader batching (README of the code)")
+
+
+def positive_columns(count: int) -> tuple[str, ...]:
+    return tuple(f"positive_{k}" for k in range(1, count + 1))
+
+
+def negative_columns(count: int) -> tuple[str, ...]:
+    return tuple(f"negative_{k}" for k in range(1, count + 1))
+
+
+def supmpn_loss(
+    embeddings: torch.Tensor, positives: int, temperature: float, loss_variant: str = "paper"
+) -> torch.Tensor:
+    """``embeddings``: (N, 1 + P + Q, d) — anchor, P positives, Q negatives per row."""
+    n = embeddings.size(0)
+    anchors = embeddings[:, 0]
+    slot_major = embeddings[:, 1 : 1 + positives].transpose(0, 1).reshape(positives * n, -1)
+    positive_logits = (cos_sim(anchors, slot_major) / temperature).view(n, positives, n)
+    negative_logits = cos_sim(anchors, embeddings[:, 1 + positives :].flatten(0, 1)) / temperature
+    own = torch.eye(n, dtype=torch.bool, device=embeddings.device)  # [i, j]: column j is row i's own
+    fill = 0.0 if loss_variant == "code" else float("-inf")
+    rows = torch.arange(n, device=embeddings.device)
+    losses = []
+    for k in range(positives):
+        others_own = own.unsqueeze(1).repeat(1, positives, 1)
+        others_own[:, k] = False  # slot k's own positive is the target, not masked
+        logits = torch.cat([positive_logits.masked_fill(others_own, fill).flatten(1), negative_logits], dim=1)
+        losses.append(F.cross_entropy(logits, k * n + rows))
+    return torch.stack(losses).mean()
+
+
+class SupMPN(Method):
+    name = "supmpn"
+    Config = SupMPNConfig
+    paper = "SupMPN (Dehghan & Amasyali, 2022); SupMPNRL, Eq. 7"
+    # methods.md §4.4 "proposed defaults": the SimCSE-sup setup the paper names (§5.3).
+    paper_defaults: ClassVar = {
+        "model": {"name": "bert-base-uncased", "pooling": "avg_first_last", "max_seq_length": 32},
+        "data": {"train": "nli_supmpn"},
+        "trainer": {"batch_size": 256, "lr": 5e-5, "epochs": 3, "eval_steps": 125, "weight_decay": 0.0},
+    }
+
+    def views(self) -> tuple[str, ...]:
+        return ("anchor", *positive_columns(self.cfg.positives), *negative_columns(self.cfg.negatives))
+
+    # --- data: fill slots, optionally augmented -------------------------------------------------
+    def unavailable(self, trial: Any) -> str | None:
+        return positive_augmentation_available(self.cfg.positive_augmentation)
+
+    def shared_key(self, trial: Any) -> str | None:
+        """Paraphrasing every row with a T5 model is costly: done once per study, shared."""
+        aug = self.cfg.positive_augmentation
+        if aug.kind != "paraphrase":
+            return None
+        return f"supmpn-pp:{trial.data.train}:{trial.data.max_rows}:{aug.model_dump_json()}"
+
+    def prepare_shared(self, trial: Any) -> list[dict[str, str]]:
+        from clsr.train.loop import training_rows
+
+        return self.fill_positives(training_rows(trial), seed=0)
+
+    def text_pipeline(self, trial: Any, shared: Any) -> Any:
+        self._filled_rows = shared  # paraphrased rows built once for the study, if any
+        return super().text_pipeline(trial, shared)
+
+    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> TextViewBatcher:
+        self.check_columns(rows)
+        rows = getattr(self, "_filled_rows", None) or self.fill_positives(rows, seed=trial.trainer.seed)
+        return TextViewBatcher(rows, self.views(), pipeline, trial.model.max_seq_length)
+
+    def fill_positives(self, rows: list[dict[str, str]], seed: int) -> list[dict[str, str]]:
+        """Table A1: slots that hold a copy of the anchor get an augmented entailment of the row instead.
+
+        Entailments are the row's positive slots that differ from the anchor (every row has one);
+        they are used in turn, with a fresh random draw per filled slot.
+        """
+        augment = make_positive_augmenter(self.cfg.positive_augmentation)
+        if augment is None:
+            return rows
+        rng = random.Random(seed)
+        columns = positive_columns(MAX_SLOTS)
+        if hasattr(augment, "prepare"):  # the paraphraser generates in batches, once per distinct text
+            augment.prepare(
+                sorted({row[c] for row in rows for c in columns if c in row and row[c] != row["anchor"]})
+            )
+        filled = []
+        for row in rows:
+            present = [c for c in columns if c in row]
+            entailments = [row[c] for c in present if row[c] != row["anchor"]]
+            new = dict(row)
+            empty = [c for c in present if row[c] == row["anchor"]]
+            for turn, column in enumerate(empty):
+                new[column] = (
+                    augment(entailments[turn % len(entailments)], rng) if entailments else row[column]
+                )
+            filled.append(new)
+        return filled
+
+    def batch_order(self, rows, batch_size: int, epoch: int, seed: int) -> list[list[int]]:
+        if not self.cfg.no_duplicates:
+            return shuffled_batches(len(rows), batch_size, epoch, seed)
+        # the same text twice within a row (anchor copies) is allowed; across rows of a batch it is not
+        return no_duplicate_batches(rows, self.required_columns(), batch_size, epoch, seed)
+
+    def loss_from_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return supmpn_loss(embeddings, self.cfg.positives, self.cfg.temperature, self.cfg.loss_variant)
