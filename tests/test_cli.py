@@ -71,3 +71,32 @@ def test_eval_prints_the_table_and_logs_to_mlflow(tmp_path, monkeypatch, capsys,
     client = MlflowClient(uri)
     run = client.search_runs([client.get_experiment_by_name("eval").experiment_id])[0]
     assert round(run.data.metrics["test_sts16"], 2) == 78.99
+
+
+def test_summary_rows_show_the_averages_a_trial_has():
+    from types import SimpleNamespace
+
+    from clsr.study.runner import format_rows, summary_rows
+
+    study = load_study(REPO_ROOT / "studies" / "supmpn_ablations.yaml", smoke=True)
+    point = {"ablation": "reference", "label": "SupMPN-BERT-base", "overrides": {}}
+    smoke = SimpleNamespace(
+        config={"point": point, "seed": 1},
+        metrics={"best_dev_sickr": 80.0, "test_stsb": 82.5, "test_mr": 70.0, "test_transfer_avg": 75.25},
+        error=None,
+    )
+    full = SimpleNamespace(
+        config={"point": point, "seed": 2}, metrics={"test_sts_avg": 81.0, "test_stsb": 84.0}, error=None
+    )
+    rows = summary_rows([smoke, full], study)
+    assert rows[0] == {
+        "ablation": "reference",
+        "point": "SupMPN-BERT-base",
+        "seed": 1,
+        "status": "ok",
+        "best_dev_sickr": 80.0,
+        "test_stsb": 82.5,
+        "test_transfer_avg": 75.25,
+    }
+    assert rows[1]["test_sts_avg"] == 81.0 and "test_stsb" not in rows[1]
+    assert "test_transfer_avg" in format_rows(rows).splitlines()[0]

@@ -45,7 +45,7 @@ def with_change(key: str, value) -> dict:
 # (change, the field the message must name, a fragment of the explanation)
 BAD_STUDIES = [
     (("name", "bad name!"), "name", "pattern"),
-    (("method", "simclr"), "method", "allowed: gclsr, mnrl, simcse_sup, simcse_unsup"),
+    (("method", "simclr"), "method", "allowed: gclsr, mnrl, simcse_sup, simcse_unsup, supmpn"),
     (("unknown_key", 1), "unknown_key", "Extra inputs are not permitted"),
     (("ablations", {}), "ablations", "at least 1"),
     (("base.trainer.batch_size", "big"), "base.trainer.batch_size", "valid integer"),
@@ -129,7 +129,7 @@ def test_every_search_space_validates_inside_a_study(tmp_path, path):
     algorithm = "optuna" if "space" in body else "grid"
     doc = {
         "name": "s",
-        "method": "gclsr" if "gclsr" in path.parts else "simcse_unsup",
+        "method": path.parent.name if path.parent.name in ("gclsr", "supmpn") else "simcse_unsup",
         "ablations": {"a": {"from": str(path)}},
         "search": {"algorithm": algorithm},
     }

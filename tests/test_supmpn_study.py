@@ -65,7 +65,7 @@ def test_supmpn_smoke_study_end_to_end(tmp_path):
     for run in children:
         assert run.data.tags["clsr.status"] == "finished", run.data.tags
         metrics = run.data.metrics
-        assert 20 < metrics["test_sickr"] < 95 and "best_dev_sickr" in metrics
+        assert 20 < metrics["test_stsb"] < 95 and "best_dev_sickr" in metrics
         for task in TRANSFER:
             assert 0 < metrics[f"test_{task}"] <= 100, task
         assert "test_transfer_avg" in metrics

@@ -374,12 +374,21 @@ def resolved_summary(study: Study) -> dict[str, Any]:
     }
 
 
+SUMMARY_AVERAGES = ("test_sts_avg", "test_sts12_15_avg", "test_transfer_avg")
+
+
 def summary_rows(results, study: Study) -> list[dict[str, Any]]:
+    """One row per trial: the study metric, then the test averages it has (a lone STS task if no average)."""
+    from clsr.data.sts import STS_TASKS
+
     rows = []
     for result in results:
         config = result.config or {}
         point = config.get("point", {})
         metrics = result.metrics or {}
+        tests = {k: metrics[k] for k in SUMMARY_AVERAGES if k in metrics}
+        if "test_sts_avg" not in tests:
+            tests = {f"test_{t}": metrics[f"test_{t}"] for t in STS_TASKS if f"test_{t}" in metrics} | tests
         rows.append(
             {
                 "ablation": point.get("ablation"),
@@ -387,8 +396,7 @@ def summary_rows(results, study: Study) -> list[dict[str, Any]]:
                 "seed": config.get("seed"),
                 "status": "error" if result.error else "ok",
                 study.metric: metrics.get(study.metric),
-                "test_sts_avg": metrics.get("test_sts_avg"),
-                **({"test_sts12_15_avg": v} if (v := metrics.get("test_sts12_15_avg")) is not None else {}),
+                **tests,
             }
         )
     return rows
