@@ -34,6 +34,16 @@ def platform_cmd(*args: str, cwd: Path, uri: str, **popen) -> subprocess.Popen:
     )
 
 
+def run_smoke_study(study: Path, tmp_path: Path) -> tuple[str, str]:
+    """``platform study run <study> --smoke`` in tmp_path; returns (MLflow URI, output), asserting success."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = ("study", "run", str(study), "--smoke", "--set", f"storage_path={tmp_path / 'runs'}")
+    proc = platform_cmd(*args, cwd=tmp_path, uri=uri)
+    output, _ = proc.communicate(timeout=1800)
+    assert proc.returncode == 0, output[-3000:]
+    return uri, output
+
+
 def runs_of(uri: str, experiment: str):
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)

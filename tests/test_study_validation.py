@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clsr.methods import METHODS
 from clsr.study.dotted import parse_override
 from clsr.study.schema import StudyError, grid_points, load_study, resolve_trial
 
@@ -45,7 +46,7 @@ def with_change(key: str, value) -> dict:
 # (change, the field the message must name, a fragment of the explanation)
 BAD_STUDIES = [
     (("name", "bad name!"), "name", "pattern"),
-    (("method", "simclr"), "method", "allowed: gclsr, mnrl, simcse_sup, simcse_unsup, supmpn"),
+    (("method", "simclr"), "method", f"allowed: {', '.join(sorted(METHODS))}"),
     (("unknown_key", 1), "unknown_key", "Extra inputs are not permitted"),
     (("ablations", {}), "ablations", "at least 1"),
     (("base.trainer.batch_size", "big"), "base.trainer.batch_size", "valid integer"),
@@ -70,7 +71,7 @@ BAD_STUDIES = [
     (("scheduler", {"type": "hyperband"}), "scheduler.type", "'fifo' or 'asha'"),
     (("resources", {"gpus_per_worker": 1.5}), "resources.gpus_per_worker", "whole number"),
     (("resources", {"workers_per_trial": -1}), "resources.workers_per_trial", "greater than or equal to 0"),
-    (("base.eval.tasks", ["sts17"]), "base.eval", "allowed: sts, sts12"),
+    (("base.eval.tasks", ["sts17"]), "base.eval", "allowed: sts, transfer, faq, sts12"),
     (("base.trainer", {"warmup_ratio": 0.1, "warmup_steps": 10}), "base.trainer", "set one of warmup_steps"),
     (("ablations.temp.from", "search_spaces/nope.yaml"), "ablations.temp.from", "file not found"),
     (("method", DELETE), "method", "Field required"),

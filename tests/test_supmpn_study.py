@@ -15,7 +15,7 @@ import pytest
 from clsr.study.schema import grid_points, load_study
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_e2e import REPO_ROOT, platform_cmd, runs_of  # noqa: E402
+from test_e2e import REPO_ROOT, run_smoke_study, runs_of  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 STUDY = REPO_ROOT / "studies" / "supmpn_ablations.yaml"
@@ -29,26 +29,14 @@ def test_full_study_validates_with_every_ablation():
     points = {name: grid_points(a) for name, a in study.ablations.items()}
     assert len(points["positives_negatives"]) == 25
     assert [p["label"] for p in points["positive_augmentation"]] == ["None", "RD", "SR", "PP"]
-    assert [p["label"] for p in points["batch_size"]] == ["64", "128", "256", "512"]
+    assert [p["overrides"]["trainer.batch_size"] for p in points["batch_size"]] == [64, 128, 256, 512]
     assert study.ablations["simcse_sup"].method == "simcse_sup" and study.ablations["mnrl"].method == "mnrl"
     assert points["reference"][0]["paper"]["test_transfer_avg"] == 86.96
     assert sum(len(p) for p in points.values()) == 43
 
 
 def test_supmpn_smoke_study_end_to_end(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = platform_cmd(
-        "study",
-        "run",
-        str(STUDY),
-        "--smoke",
-        "--set",
-        f"storage_path={tmp_path / 'runs'}",
-        cwd=tmp_path,
-        uri=uri,
-    )
-    output, _ = proc.communicate(timeout=1800)
-    assert proc.returncode == 0, output[-3000:]
+    uri, output = run_smoke_study(STUDY, tmp_path)
 
     study = load_study(STUDY, smoke=True)
     _, parents, children = runs_of(uri, study.name)

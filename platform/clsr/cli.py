@@ -16,6 +16,7 @@ EXAMPLES = """examples:
   platform eval --model minilm --pooling mean --tasks sts
   platform eval --model minilm --tasks sts,transfer
   platform eval --model minilm --tasks mr,trec --transfer-mode fast --max-examples 1000
+  platform eval --model minilm --pooling mean --tasks faq
 """
 
 
@@ -48,14 +49,16 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("--smoke", action="store_true", help="validate with the smoke: section applied")
 
     ev = commands.add_parser(
-        "eval", help="evaluate an encoder on STS (SentEval 'all' setting) and/or the SentEval transfer tasks"
+        "eval",
+        help="evaluate an encoder on STS (SentEval 'all' setting), the SentEval transfer tasks and/or FAQ retrieval",
     )
     ev.add_argument("--model", required=True, help="hub id, local folder, or 'minilm'")
     ev.add_argument("--pooling", default="mean", help="cls, cls_before_pooler, avg/mean, avg_first_last, ...")
     ev.add_argument(
         "--tasks",
         default="sts",
-        help="comma-separated groups or tasks: sts, transfer, sts12,...,sickr, mr,cr,subj,mpqa,sst2,trec,mrpc",
+        help="comma-separated groups or tasks: sts, transfer, faq, sts12,...,sickr, mr,cr,subj,mpqa,sst2,trec,mrpc, "
+        "stackfaq,faqir,cough ('faq' skips FAQ sets whose files are missing)",
     )
     ev.add_argument(
         "--split", default="test", choices=["test", "dev"], help="STS split (transfer: own protocol)"
@@ -68,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--max-examples", type=int, default=None, help="transfer tasks: stratified subsample of each split"
+    )
+    ev.add_argument(
+        "--max-queries", type=int, default=None, help="FAQ retrieval: seeded subsample of the queries"
     )
     ev.add_argument("--batch-size", type=int, default=128)
     ev.add_argument(
@@ -132,18 +138,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from clsr.eval.transfer import (
         evaluate_transfer,
         format_transfer_table,
-        split_tasks,
+        split_eval_tasks,
         transfer_summary_metrics,
     )
 
     try:
-        sts_tasks, transfer_tasks = split_tasks(args.tasks)
+        sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks(args.tasks)
     except ValueError as err:
         print(f"error: --tasks: {err}", file=sys.stderr)
         return 2
-    if args.max_examples is not None and args.max_examples < 1:
-        print("error: --max-examples must be at least 1", file=sys.stderr)
-        return 2
+    for flag, value in (("--max-examples", args.max_examples), ("--max-queries", args.max_queries)):
+        if value is not None and value < 1:
+            print(f"error: {flag} must be at least 1", file=sys.stderr)
+            return 2
     started = time.perf_counter()
     encoder = TransformerEncoder(ModelConfig(name=args.model, pooling=args.pooling))
     embed = transformer_embedder(encoder, load_tokenizer(args.model), batch_size=args.batch_size)
@@ -174,6 +181,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
         f1 = f"MRPC F1 {transfer['mrpc'].f1:.2f}; " if "mrpc" in transfer else ""
         embedding = sum(s.embed_seconds for s in transfer.values())
         print(f"\n{f1}{len(transfer)} task(s) in {elapsed:.1f} s ({embedding:.1f} s embedding)")
+    if faq_tasks:
+        from clsr.eval.faq import evaluate_faq, faq_summary_metrics, format_faq_table
+
+        started = time.perf_counter()
+        faq = evaluate_faq(embed, faq_tasks, args.data_dir, max_queries=args.max_queries)
+        elapsed = time.perf_counter() - started
+        tables["faq_table.txt"] = format_faq_table(faq)
+        metrics |= faq_summary_metrics(faq)
+        capped = f", at most {args.max_queries} queries" if args.max_queries else ""
+        print(
+            f"\n{args.model} ({args.pooling} pooling), FAQ retrieval × 100, cosine ranking of the whole "
+            f"collection, mean over {len(next(iter(faq.values())).folds)} query folds{capped}\n"
+        )
+        print(tables["faq_table.txt"])
+        sizes = "; ".join(f"{name}: {s.queries} queries, {s.candidates} FAQ items" for name, s in faq.items())
+        embedding = sum(s.embed_seconds for s in faq.values())
+        print(f"\n{sizes}; {len(faq)} data set(s) in {elapsed:.1f} s ({embedding:.1f} s embedding)")
     if args.mlflow:
         import mlflow
 
@@ -185,6 +209,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             params = {"model": args.model, "pooling": args.pooling, "split": args.split, "tasks": args.tasks}
             if transfer_tasks:
                 params |= {"transfer_mode": args.transfer_mode, "max_examples": args.max_examples}
+            if faq_tasks:
+                params |= {"max_queries": args.max_queries}
             mlflow.log_params(params)
             mlflow.log_metrics(metrics)
             for name, table in tables.items():

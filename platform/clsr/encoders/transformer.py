@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
@@ -15,6 +15,8 @@ from clsr.encoders.registry import describe_load_failure, resolve_model_path
 
 # Config attributes that hold dropout rates in the common architectures (BERT, RoBERTa, MPNet, DistilBERT).
 _DROPOUT_ATTRS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
+# The subset that holds the attention-probability dropout (BERT/RoBERTa/MPNet, DistilBERT).
+_ATTENTION_DROPOUT_ATTRS = ("attention_probs_dropout_prob", "attention_dropout")
 
 
 class ModelConfig(BaseModel):
@@ -30,6 +32,19 @@ class ModelConfig(BaseModel):
     mlp_only_train: bool = False
     max_seq_length: int = Field(32, ge=4, le=8192)
     dropout: float | None = Field(None, ge=0.0, lt=1.0, description="override hidden+attention dropout")
+    attention_dropout: float | None = Field(
+        None, description="override the attention-probability dropout only (applied after `dropout`)"
+    )
+    drophead: float | None = Field(
+        None, description="DropHead (Zhou et al. 2020): drop whole attention heads in training, p per head"
+    )
+
+    @field_validator("attention_dropout", "drophead")
+    @classmethod
+    def _probability(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and not 0.0 <= value < 1.0:
+            raise ValueError(f"model.{info.field_name} is a probability in [0, 1) (given: {value})")
+        return value
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
@@ -40,7 +55,7 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
         raise describe_load_failure(name, err) from err
 
 
-def _load_backbone(name: str, dropout: float | None) -> nn.Module:
+def _load_backbone(name: str, dropout: float | None, attention_dropout: float | None = None) -> nn.Module:
     path = resolve_model_path(name)
     try:
         config = AutoConfig.from_pretrained(path)
@@ -50,6 +65,15 @@ def _load_backbone(name: str, dropout: float | None) -> nn.Module:
         for attr in _DROPOUT_ATTRS:
             if hasattr(config, attr):
                 setattr(config, attr, dropout)
+    if attention_dropout is not None:
+        attrs = [attr for attr in _ATTENTION_DROPOUT_ATTRS if hasattr(config, attr)]
+        if not attrs:
+            raise ValueError(
+                f"model.attention_dropout: the config of {name!r} ({type(config).__name__}) has none of "
+                f"{_ATTENTION_DROPOUT_ATTRS}; leave attention_dropout unset for this model"
+            )
+        for attr in attrs:
+            setattr(config, attr, attention_dropout)
     kwargs: dict[str, Any] = {"config": config}
     hf_logging.set_verbosity_error()  # the load report lists BERT's unused pretrained pooler: expected
     hf_logging.disable_progress_bar()
@@ -61,13 +85,77 @@ def _load_backbone(name: str, dropout: float | None) -> nn.Module:
         return AutoModel.from_pretrained(path, **kwargs)
 
 
+class DropHead:
+    """DropHead (Zhou et al., 2020) as a forward hook: in training, each attention head of each sequence
+    is dropped with probability ``p`` and the kept heads are rescaled by ``heads / kept`` (the paper's
+    rescaling), so the per-sequence sum of head scales stays ``heads``. A draw that drops every head
+    keeps them all, unscaled: each head's expected scale is then exactly 1. Off in eval mode.
+
+    The hook sees the concatenated per-head context ``(..., heads · head_dim)`` before the output
+    projection: the output of a BERT-family ``*SelfAttention`` module, or the input of the projection
+    inside MPNet's / DistilBERT's attention (``o`` / ``out_lin``).
+    """
+
+    def __init__(self, p: float, heads: int):
+        self.p, self.heads = p, heads
+
+    def mask(self, leading: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """Scales of shape ``(*leading, heads)``: 0 for a dropped head, ``heads / kept`` for a kept one."""
+        keep = torch.rand(*leading, self.heads, device=device) >= self.p
+        keep |= ~keep.any(-1, keepdim=True)  # every head dropped: keep them all instead
+        return (keep * (self.heads / keep.sum(-1, keepdim=True))).to(dtype)
+
+    def apply(self, context: torch.Tensor) -> torch.Tensor:
+        """``context``: ``(batch, seq, heads · head_dim)``; one draw per sequence and head."""
+        scales = self.mask((context.size(0),), context.device, context.dtype)
+        per_head = context.unflatten(-1, (self.heads, -1))
+        return (per_head * scales[:, None, :, None]).flatten(-2)
+
+    def output_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
+        if not module.training or self.p == 0:
+            return output
+        if isinstance(output, tuple):
+            return (self.apply(output[0]), *output[1:])
+        return self.apply(output)
+
+    def input_hook(self, module: nn.Module, args: tuple) -> Any:
+        if not module.training or self.p == 0:
+            return None
+        return (self.apply(args[0]), *args[1:])
+
+
+def add_drophead(backbone: nn.Module, p: float) -> list[Any]:
+    """Hook DropHead into every self-attention layer of ``backbone``; returns the hook handles."""
+    handles = []
+    for module in backbone.modules():
+        if not type(module).__name__.endswith("SelfAttention"):
+            continue
+        heads = getattr(module, "num_attention_heads", None) or getattr(module, "n_heads", None)
+        if heads is None:
+            continue
+        drop = DropHead(p, heads)
+        projection = next((getattr(module, n) for n in ("o", "out_lin") if hasattr(module, n)), None)
+        if projection is not None:  # MPNet, DistilBERT: the output projection sits inside the module
+            handles.append(projection.register_forward_pre_hook(drop.input_hook))
+        else:  # BERT family: the module returns the concatenated heads, projected by the next module
+            handles.append(module.register_forward_hook(drop.output_hook))
+    if not handles:
+        raise ValueError(
+            f"model.drophead: no self-attention layers found in {type(backbone).__name__}; "
+            f"DropHead supports BERT-family, MPNet and DistilBERT encoders"
+        )
+    return handles
+
+
 class TransformerEncoder(nn.Module):
     """``forward(input_ids, attention_mask) -> (batch, dim)`` sentence embeddings."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.backbone = _load_backbone(cfg.name, cfg.dropout)
+        self.backbone = _load_backbone(cfg.name, cfg.dropout, cfg.attention_dropout)
+        if cfg.drophead:
+            add_drophead(self.backbone, cfg.drophead)
         hidden = self.backbone.config.hidden_size
         init_std = getattr(self.backbone.config, "initializer_range", 0.02)
         self.pooler = Pooler(cfg.pooling, hidden, mlp_only_train=cfg.mlp_only_train, init_std=init_std)

@@ -18,6 +18,7 @@ from scipy.stats import spearmanr
 from clsr.data.sources import resolve_data_dir
 from clsr.data.sts import STS_TASKS, STSSplit, load_sts
 from clsr.eval.embed import Embedder
+from clsr.eval.tables import paper_table
 
 TASK_GROUPS = {"sts": STS_TASKS}
 DISPLAY_NAMES = {
@@ -109,11 +110,4 @@ def summary_metrics(scores: dict[str, STSScore], prefix: str = "test_") -> dict[
 
 def format_table(scores: dict[str, STSScore]) -> str:
     """A one-line-per-format table as the papers print it: tasks as columns, then Avg."""
-    names = [DISPLAY_NAMES.get(t, t) for t in scores] + (["Avg."] if len(scores) > 1 else [])
-    values = [s.all for s in scores.values()]
-    if len(scores) > 1:
-        values.append(float(np.mean(values)))
-    widths = [max(len(n), 6) for n in names]
-    header = " | ".join(n.rjust(w) for n, w in zip(names, widths, strict=True))
-    row = " | ".join(f"{v:.2f}".rjust(w) for v, w in zip(values, widths, strict=True))
-    return f"{header}\n{'-' * len(header)}\n{row}"
+    return paper_table({DISPLAY_NAMES.get(t, t): s.all for t, s in scores.items()})

@@ -36,16 +36,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from clsr.data.faq import FAQ_TASKS
 from clsr.data.sources import resolve_data_dir
 from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import CV_TASKS, TRANSFER_TASKS, TransferData, TransferSplit, load_transfer
+from clsr.eval.tables import paper_table
 
 if TYPE_CHECKING:  # not imported at run time: joblib workers import this module and need no torch
     from clsr.eval.embed import Embedder
 
 SEED = 1111
 MAX_ITER = 2000  # L-BFGS on raw (unnormalised) embeddings with C up to 32 needs more than the default 100
-TASK_GROUPS = {"sts": STS_TASKS, "transfer": TRANSFER_TASKS}
+TASK_GROUPS = {"sts": STS_TASKS, "transfer": TRANSFER_TASKS, "faq": FAQ_TASKS}
 DISPLAY_NAMES = {
     "mr": "MR",
     "cr": "CR",
@@ -70,24 +72,41 @@ MODES: dict[str, Mode] = {
 }
 
 
-def split_tasks(tasks: str | Iterable[str]) -> tuple[list[str], list[str]]:
-    """Groups (``sts``, ``transfer``) and task names → (STS tasks, transfer tasks), each de-duplicated.
+def split_eval_tasks(tasks: str | Iterable[str]) -> tuple[list[str], list[str], list[str]]:
+    """Groups (``sts``, ``transfer``, ``faq``) and task names → (STS tasks, transfer tasks, FAQ entries).
 
-    A string is read as a comma-separated list. Unknown names raise ValueError with every allowed name.
+    STS and transfer groups are expanded; FAQ entries are kept as given (``faq`` stays ``faq``, for
+    :func:`clsr.eval.faq.evaluate_faq` skips group members whose data is missing). Each list is
+    de-duplicated. A string is read as a comma-separated list. Unknown names raise ValueError with
+    every allowed name.
     """
     if isinstance(tasks, str):
         tasks = [t for t in tasks.split(",") if t.strip()]
     sts: list[str] = []
     transfer: list[str] = []
+    faq: list[str] = []
     for task in tasks:
         name = task.strip()
-        for member in TASK_GROUPS.get(name, (name,)):
-            bucket = sts if member in STS_TASKS else transfer if member in TRANSFER_TASKS else None
+        members = (name,) if name == "faq" else TASK_GROUPS.get(name, (name,))
+        for member in members:
+            buckets = ((sts, STS_TASKS), (transfer, TRANSFER_TASKS), (faq, ("faq", *FAQ_TASKS)))
+            bucket = next((b for b, known in buckets if member in known), None)
             if bucket is None:
-                allowed = ", ".join([*TASK_GROUPS, *STS_TASKS, *TRANSFER_TASKS])
+                allowed = ", ".join([*TASK_GROUPS, *STS_TASKS, *TRANSFER_TASKS, *FAQ_TASKS])
                 raise ValueError(f"unknown evaluation task {task!r}; allowed: {allowed}")
             if member not in bucket:
                 bucket.append(member)
+    return sts, transfer, faq
+
+
+def split_tasks(tasks: str | Iterable[str]) -> tuple[list[str], list[str]]:
+    """(STS tasks, transfer tasks) as :func:`split_eval_tasks`; FAQ names raise (use that function)."""
+    sts, transfer, faq = split_eval_tasks(tasks)
+    if faq:
+        raise ValueError(
+            f"{', '.join(faq)}: FAQ retrieval is scored by clsr.eval.faq.evaluate_faq "
+            "(split_eval_tasks returns the FAQ entries)"
+        )
     return sts, transfer
 
 
@@ -423,11 +442,4 @@ def transfer_summary_metrics(scores: dict[str, TransferScore], prefix: str = "te
 
 def format_transfer_table(scores: dict[str, TransferScore]) -> str:
     """The papers' layout: MR CR SUBJ MPQA SST TREC MRPC Avg. (accuracy; MRPC accuracy, not F1)."""
-    names = [DISPLAY_NAMES.get(t, t) for t in scores] + (["Avg."] if len(scores) > 1 else [])
-    values = [s.acc for s in scores.values()]
-    if len(scores) > 1:
-        values.append(float(np.mean(values)))
-    widths = [max(len(n), 6) for n in names]
-    header = " | ".join(n.rjust(w) for n, w in zip(names, widths, strict=True))
-    row = " | ".join(f"{v:.2f}".rjust(w) for v, w in zip(values, widths, strict=True))
-    return f"{header}\n{'-' * len(header)}\n{row}"
+    return paper_table({DISPLAY_NAMES.get(t, t): s.acc for t, s in scores.items()})

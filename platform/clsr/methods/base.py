@@ -101,6 +101,11 @@ class Method(ABC):
         """Parameter-name prefixes whose LR the schedule leaves alone."""
         return ()
 
+    def stop_when_loss_stalls(self) -> int | None:
+        """Patience in optimiser steps for stopping on a stalled training loss (None: never);
+        ``trainer.stop_when_loss_stalls`` overrides it."""
+        return None
+
     def training_loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Encode all views of all rows in one forward pass, gather across workers, apply the loss."""
         pooled = model(batch["input_ids"], batch["attention_mask"])
@@ -112,6 +117,17 @@ class Method(ABC):
         """Loss on ``(rows, views, dim)`` embeddings of the global batch."""
 
     # --- evaluation ------------------------------------------------------------------------------
+    def log_artifacts(
+        self, stage: str, embed: Callable[[list[str]], np.ndarray], logger: Any, trial: Any
+    ) -> None:
+        """Extra files and numbers for the trial's MLflow run (rank 0, only when it logs to MLflow).
+
+        ``stage``: "start" (the freshly built model, before training or a resume) or "final" (the
+        model scored on the test sets); ``embed`` encodes sentences with that model; ``logger``: the
+        trial's ``RunLogger`` (``log``, ``log_text``, ``log_artifact``).
+        """
+        return None  # most methods log nothing beyond the loop's metrics
+
     def make_embedder(
         self, model: nn.Module, pipeline: Any, batch_size: int = 128
     ) -> Callable[[list[str]], np.ndarray]:

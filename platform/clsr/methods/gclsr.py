@@ -224,18 +224,44 @@ def _tensors(**arrays: np.ndarray) -> dict[str, torch.Tensor]:
 
 
 def evaluation_texts(trial: Any) -> list[str]:
-    """Every sentence the trial is scored on, so the word table holds their words too."""
+    """Every sentence the trial is scored on (STS, transfer, FAQ), so the word table holds their words."""
     from clsr.data.sources import resolve_data_dir
     from clsr.data.sts import load_sts
-    from clsr.eval.sts import expand_tasks
+    from clsr.data.transfer import load_transfer
+    from clsr.eval.transfer import split_eval_tasks
 
     data_dir = resolve_data_dir(trial.data.data_dir)
-    splits = [(task, "test") for task in expand_tasks(trial.eval.tasks)]
+    sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks(trial.eval.tasks)
+    splits = [(task, "test") for task in sts_tasks]
     splits += [(task, "dev") for task in trial.eval.dev_tasks] + [("stsb", "dev")]
     texts: list[str] = []
     for task, split in dict.fromkeys(splits):
         sts = load_sts(task, split, data_dir)
         texts += sts.sentences1 + sts.sentences2
+    for task in transfer_tasks:
+        for part in load_transfer(task, data_dir).splits.values():
+            texts += [*part.sentences, *(part.sentences2 or ())]
+    return texts + _faq_texts(faq_tasks, data_dir)
+
+
+def _faq_texts(faq_tasks: list[str], data_dir: Any) -> list[str]:
+    """Queries and candidates of the FAQ sets; sets only implied by the ``faq`` group may be missing."""
+    from clsr.data.faq import load_faq
+    from clsr.data.sources import DataUnavailableError
+    from clsr.eval.faq import expand_faq_tasks
+
+    if not faq_tasks:
+        return []
+    names, optional = expand_faq_tasks(faq_tasks)
+    texts: list[str] = []
+    for name in names:
+        try:
+            faq = load_faq(name, data_dir)
+        except DataUnavailableError:
+            if name in optional:
+                continue
+            raise
+        texts += faq.queries + faq.candidates()
     return texts
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -16,6 +17,11 @@ class RunLogger:
         self.run_id = (tracking or {}).get("run_id")
         self.client = MlflowClient(tracking["uri"]) if self.run_id else None
         self.buffer: list[Metric] = []
+
+    @property
+    def active(self) -> bool:
+        """Whether anything logged here reaches an MLflow run."""
+        return self.client is not None
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.client is None:
@@ -34,3 +40,13 @@ class RunLogger:
         if self.client is not None:
             for key, value in tags.items():
                 self.client.set_tag(self.run_id, key, str(value))
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        """A text artifact, e.g. ``"method/table.csv"``."""
+        if self.client is not None:
+            self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_artifact(self, local_path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
+        """Copy a local file into the run's artifacts (under ``artifact_path``)."""
+        if self.client is not None:
+            self.client.log_artifact(self.run_id, str(local_path), artifact_path)

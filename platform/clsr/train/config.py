@@ -43,6 +43,12 @@ class DataConfig(Section):
 class TrainerConfig(Section):
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser steps")
+    stop_when_loss_stalls: int | None = Field(
+        None,
+        ge=1,
+        description="stop once the training loss has not gone below its lowest value for N optimiser steps "
+        "(default: the method's own rule, e.g. rcl_entropy's early_stop_patience)",
+    )
     batch_size: int = Field(64, ge=2, description="global batch: rows per optimiser step over all workers")
     grad_accum_steps: int = Field(1, ge=1)
     optimizer: Literal["adamw", "sgd"] = "adamw"
@@ -106,7 +112,8 @@ class EvalConfig(Section):
 
     tasks: list[str] = Field(
         default_factory=lambda: ["sts"],
-        description="final test evaluation: groups 'sts'/'transfer' or task names (sts12…sickr, mr…mrpc)",
+        description="final test evaluation: groups 'sts'/'transfer'/'faq' or task names "
+        "(sts12…sickr, mr…mrpc, stackfaq/faqir/cough)",
     )
     transfer_mode: Literal["test", "fast"] = Field(
         "test",
@@ -120,9 +127,9 @@ class EvalConfig(Section):
 
     @model_validator(mode="after")
     def _known_tasks(self) -> EvalConfig:
-        from clsr.eval.transfer import split_tasks
+        from clsr.eval.transfer import split_eval_tasks
 
-        split_tasks(self.tasks)  # raises with the allowed names
+        split_eval_tasks(self.tasks)  # raises with the allowed names
         return self
 
 

@@ -23,8 +23,9 @@ from clsr.data.catalog import load_rows
 from clsr.data.sources import resolve_data_dir
 from clsr.data.sts import load_sts
 from clsr.eval.alignment import alignment_uniformity
+from clsr.eval.faq import evaluate_faq, faq_summary_metrics
 from clsr.eval.sts import evaluate_sts, summary_metrics
-from clsr.eval.transfer import evaluate_transfer, split_tasks, transfer_summary_metrics
+from clsr.eval.transfer import evaluate_transfer, split_eval_tasks, transfer_summary_metrics
 from clsr.methods import get_method
 from clsr.methods.base import Method
 from clsr.tracking.run_logger import RunLogger
@@ -79,6 +80,12 @@ class Evaluator:
         self.data_dir = trial.data.data_dir
         self.method = method
         self.pipeline = pipeline  # the tokenizer or word table the method encodes text with
+        self.trial = trial
+
+    def artifacts(self, model: nn.Module, stage: str, logger: RunLogger) -> None:
+        """The method's own files for the MLflow run ("start": untrained model, "final": best)."""
+        if logger.active:
+            self.method.log_artifacts(stage, self.embedder(model), logger, self.trial)
 
     def embedder(self, model: nn.Module):
         return self.method.make_embedder(unwrap(model), self.pipeline, self.cfg.batch_size)
@@ -91,7 +98,7 @@ class Evaluator:
 
     def final(self, model: nn.Module) -> dict[str, float]:
         embed = self.embedder(model)
-        sts_tasks, transfer_tasks = split_tasks(self.cfg.tasks)
+        sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks(self.cfg.tasks)
         metrics = summary_metrics(evaluate_sts(embed, sts_tasks, "test", self.data_dir)) if sts_tasks else {}
         if transfer_tasks:
             scores = evaluate_transfer(
@@ -102,6 +109,8 @@ class Evaluator:
                 max_examples=self.cfg.transfer_max_examples,
             )
             metrics |= transfer_summary_metrics(scores)
+        if faq_tasks:  # 5-fold CV over the queries, whole collection as the pool (methods.md §6.5)
+            metrics |= faq_summary_metrics(evaluate_faq(embed, faq_tasks, self.data_dir))
         if self.cfg.alignment_uniformity:
             dev = load_sts("stsb", DEV_SPLIT, resolve_data_dir(self.data_dir))
             metrics |= alignment_uniformity(dev, embed)
@@ -166,8 +175,11 @@ def fit(
     is_main = session.rank == 0
     evaluator = Evaluator(trial, method, pipeline) if is_main else None
     logger = RunLogger(tracking if is_main else None)
+    if is_main:
+        evaluator.artifacts(model, "start", logger)
 
-    state = {"step": 0, "best_score": -math.inf, "best_step": 0}
+    state = {"step": 0, "best_score": -math.inf, "best_step": 0, "lowest_loss": math.inf, "stalled_steps": 0}
+    patience = t.stop_when_loss_stalls or method.stop_when_loss_stalls()
     best_weights: dict | None = None
     restore = session.restore_dir()
     if restore is not None:  # resume a retried or restored trial where its last checkpoint left it
@@ -187,11 +199,12 @@ def fit(
             best_weights = torch.load(restore / "best_model.pt", map_location="cpu")
 
     select_key = f"dev_{trial.eval.select_on}"
+    stalled = patience is not None and state["stalled_steps"] >= patience  # restored after stopping early
     epoch_batches: tuple[int, list[list[int]]] = (-1, [])
     recent_losses: list[float] = []
     started = time.perf_counter()
     model.train()
-    while state["step"] < total_steps:
+    while state["step"] < total_steps and not stalled:
         epoch, position = divmod(state["step"], steps_per_epoch)
         if epoch_batches[0] != epoch:
             epoch_batches = (epoch, method.batch_order(rows, t.batch_size, epoch, t.seed))
@@ -224,6 +237,7 @@ def fit(
         state["step"] += 1
         step = state["step"]
         recent_losses.append(step_loss)
+        stalled = loss_stalled(state, step_loss, patience)
         logger.log(
             {
                 "loss": step_loss,
@@ -236,9 +250,11 @@ def fit(
         if step % t.log_every == 0:
             logger.flush()
 
-        if step % eval_every and step != total_steps:
+        if step % eval_every and step != total_steps and not stalled:
             continue
         metrics = {"step": step, "epoch": step / steps_per_epoch, "loss_avg": float(np.mean(recent_losses))}
+        if stalled:
+            metrics["stopped_early"] = 1
         recent_losses = []
         checkpoint = None
         if is_main:
@@ -258,6 +274,18 @@ def fit(
     return finish(model, state, best_weights, evaluator, logger, session)
 
 
+def loss_stalled(state: dict, loss: float, patience: int | None) -> bool:
+    """Early stopping on the training loss: True once ``patience`` steps in a row brought no new lowest
+    loss (the count lives in ``state``, so it survives a resume). Every rank sees the same global loss."""
+    if patience is None:
+        return False
+    if loss < state["lowest_loss"]:
+        state["lowest_loss"], state["stalled_steps"] = loss, 0
+    else:
+        state["stalled_steps"] += 1
+    return state["stalled_steps"] >= patience
+
+
 def finish(model, state, best_weights, evaluator, logger, session) -> dict[str, float]:
     """Reload the best dev checkpoint, score it on the test sets, and report the final metrics."""
     final: dict[str, float] = {"step": state["step"], "finished": 1}  # not "done": Tune would end the trial
@@ -265,6 +293,7 @@ def finish(model, state, best_weights, evaluator, logger, session) -> dict[str, 
         if best_weights is not None:
             unwrap(model).load_state_dict(best_weights)
         final |= evaluator.final(model)
+        evaluator.artifacts(model, "final", logger)
         if best_weights is not None:
             final |= {
                 "best_step": state["best_step"],

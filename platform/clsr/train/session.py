@@ -13,14 +13,8 @@ from torch import nn
 from clsr.train.distributed import rank, world_size
 
 
-class LocalSession:
-    """Single process, no Ray: unit tests and quick local runs. Reports are kept in a list."""
-
-    def __init__(self, checkpoint_root: str | Path | None = None):
-        self.reports: list[dict[str, Any]] = []
-        self.checkpoint_root = Path(checkpoint_root or tempfile.mkdtemp(prefix="clsr-ckpt-"))
-        self.checkpoint_root.mkdir(parents=True, exist_ok=True)
-        self.latest: Path | None = None
+class _OneDevice:
+    """One process on one device: rank 0 of 1, the model moved to the GPU if there is one."""
 
     rank = property(lambda self: 0)
     world_size = property(lambda self: 1)
@@ -31,6 +25,16 @@ class LocalSession:
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         return model.to(self.device)
+
+
+class LocalSession(_OneDevice):
+    """Single process, no Ray: unit tests and quick local runs. Reports are kept in a list."""
+
+    def __init__(self, checkpoint_root: str | Path | None = None):
+        self.reports: list[dict[str, Any]] = []
+        self.checkpoint_root = Path(checkpoint_root or tempfile.mkdtemp(prefix="clsr-ckpt-"))
+        self.checkpoint_root.mkdir(parents=True, exist_ok=True)
+        self.latest: Path | None = None
 
     def restore_dir(self) -> Path | None:
         return self.latest
@@ -63,45 +67,37 @@ class RayTrainSession:
     def restore_dir(self) -> Path | None:
         import ray.train
 
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            return None
-        local = Path(tempfile.mkdtemp(prefix="clsr-restore-"))
-        return Path(checkpoint.to_directory(str(local)))
+        return _local_copy(ray.train.get_checkpoint())
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: Path | None = None) -> None:
         import ray.train
 
-        checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
-        ray.train.report(metrics, checkpoint=checkpoint)
+        ray.train.report(metrics, checkpoint=_checkpoint(ray.train.Checkpoint, checkpoint_dir))
 
 
-class TuneTrialSession:
+class TuneTrialSession(_OneDevice):
     """Ray Train local mode (``num_workers=0``): the loop runs in the Tune trial's own process, one
     device, no DDP. Ray's Train context is not available inside a Tune function, so the model is placed
     here (Ray has set ``CUDA_VISIBLE_DEVICES`` for the trial), and reports and checkpoints go to Tune."""
 
-    rank = property(lambda self: 0)
-    world_size = property(lambda self: 1)
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-    def prepare_model(self, model: nn.Module) -> nn.Module:
-        return model.to(self.device)
-
     def restore_dir(self) -> Path | None:
         import ray.tune
 
-        checkpoint = ray.tune.get_checkpoint()
-        if checkpoint is None:
-            return None
-        local = Path(tempfile.mkdtemp(prefix="clsr-restore-"))
-        return Path(checkpoint.to_directory(str(local)))
+        return _local_copy(ray.tune.get_checkpoint())
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: Path | None = None) -> None:
         import ray.tune
 
-        checkpoint = ray.tune.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
-        ray.tune.report(metrics, checkpoint=checkpoint)
+        ray.tune.report(metrics, checkpoint=_checkpoint(ray.tune.Checkpoint, checkpoint_dir))
+
+
+def _local_copy(checkpoint: Any) -> Path | None:
+    """A Ray checkpoint (possibly remote storage) copied to a local folder, or None."""
+    if checkpoint is None:
+        return None
+    return Path(checkpoint.to_directory(tempfile.mkdtemp(prefix="clsr-restore-")))
+
+
+def _checkpoint(kind: Any, checkpoint_dir: Path | None) -> Any:
+    """``kind``: Train's or Tune's Checkpoint class (each API accepts only its own)."""
+    return kind.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
