@@ -122,3 +122,22 @@ def test_supmpn_trains_locally_with_every_slot(data_dir):
     final = fit(trial, session)
     assert [r["step"] for r in session.reports][:1] == [3]
     assert 60 < final["test_stsb"] < 95 and 60 < final["best_dev_stsb"] < 95
+
+
+def test_paraphrased_rows_are_shared_per_row_set():
+    from clsr.train.config import TrialConfig
+
+    def trial(seed: int, max_rows: int | None) -> TrialConfig:
+        return TrialConfig.model_validate(
+            {
+                "model": {"name": "minilm", "pooling": "avg"},
+                "data": {"train": "nli_supmpn", "max_rows": max_rows},
+                "trainer": {"seed": seed},
+                "method": {"name": "supmpn", "positive_augmentation": {"kind": "paraphrase"}},
+            }
+        )
+
+    method = SupMPN(SupMPNConfig(positive_augmentation={"kind": "paraphrase"}))
+    assert method.shared_key(trial(1, None)) == method.shared_key(trial(2, None))  # all rows: one set
+    assert method.shared_key(trial(1, 64)) != method.shared_key(trial(2, 64))  # seeded subsets differ
+    assert SupMPN(SupMPNConfig()).shared_key(trial(1, None)) is None  # nothing to share without PP

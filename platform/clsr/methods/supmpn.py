@@ -104,7 +104,11 @@ class SupMPN(Method):
         aug = self.cfg.positive_augmentation
         if aug.kind != "paraphrase":
             return None
-        return f"supmpn-pp:{trial.data.train}:{trial.data.max_rows}:{aug.model_dump_json()}"
+        subset_seed = trial.data.subset_seed if trial.data.subset_seed is not None else trial.trainer.seed
+        subset = (
+            f"{trial.data.max_rows}@{subset_seed}" if trial.data.max_rows else "all"
+        )  # the rows it paraphrases
+        return f"supmpn-pp:{trial.data.train}:{subset}:{aug.model_dump_json()}"
 
     def prepare_shared(self, trial: Any) -> list[dict[str, str]]:
         from clsr.train.loop import training_rows
