@@ -6,6 +6,7 @@ Each test runs the real ``platform`` command in a subprocess (its own Ray) and r
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ def run_smoke_study(study: Path, tmp_path: Path) -> tuple[str, str]:
     proc = platform_cmd(*args, cwd=tmp_path, uri=uri)
     output, _ = proc.communicate(timeout=1800)
     assert proc.returncode == 0, output[-3000:]
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)  # one model checkpoint per trial: free the disk now
     return uri, output
 
 

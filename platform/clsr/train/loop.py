@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -269,6 +270,8 @@ def fit(
             logger.flush()
             checkpoint = save_checkpoint(model, optimizer, scheduler, state, best_weights)
         session.report(metrics, checkpoint)
+        if checkpoint is not None:  # Ray has copied it to the run's storage (LocalSession moved it)
+            shutil.rmtree(checkpoint, ignore_errors=True)
         model.train()
 
     return finish(model, state, best_weights, evaluator, logger, session)

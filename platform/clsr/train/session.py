@@ -32,7 +32,10 @@ class LocalSession(_OneDevice):
 
     def __init__(self, checkpoint_root: str | Path | None = None):
         self.reports: list[dict[str, Any]] = []
-        self.checkpoint_root = Path(checkpoint_root or tempfile.mkdtemp(prefix="clsr-ckpt-"))
+        if checkpoint_root is None:  # a temporary root, removed with this session (or at exit)
+            self._temporary = tempfile.TemporaryDirectory(prefix="clsr-local-")
+            checkpoint_root = self._temporary.name
+        self.checkpoint_root = Path(checkpoint_root)
         self.checkpoint_root.mkdir(parents=True, exist_ok=True)
         self.latest: Path | None = None
 
