@@ -50,9 +50,9 @@ def test_points_that_cannot_run_offline_are_refused_or_skipped(monkeypatch, caps
 
 def test_grid_space_is_points_times_seeds():
     study = load_study(REPO_ROOT / "studies" / "simcse_ablations.yaml")
-    space = param_space(study, None)
-    assert len(space["point"]["grid_search"]) == 7 + 5 + 5 + 5
-    assert space["seed"]["grid_search"] == [42, 43, 44]
+    trials = param_space(study, None)["point"]["grid_search"]
+    assert len(trials) == (7 + 5 + 5 + 5) * 3
+    assert [t["seed"] for t in trials[:4]] == [42, 43, 44, 42]
 
 
 def test_validate_command_exit_codes(tmp_path, capsys):

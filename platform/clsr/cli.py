@@ -255,7 +255,12 @@ def main(argv: list[str] | None = None) -> int:
             "\ninterrupted: `platform study resume <study.yaml>` continues where it stopped", file=sys.stderr
         )
         return 130
-    except (ConnectionError, LookupError, RuntimeError) as err:
+    except (ConnectionError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except LookupError as err:  # a missing earlier run, or a missing upstream output
+        if isinstance(err, KeyError):  # a bug, not a user error: keep the traceback
+            raise
         print(f"error: {err}", file=sys.stderr)
         return 2
 

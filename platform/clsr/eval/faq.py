@@ -18,7 +18,9 @@ Protocol, for a frozen encoder:
   folds this equals the mean over all queries up to the unequal fold sizes; the folds are what a
   training run would use as its test splits.
 
-``max_queries`` keeps a seeded subsample of the queries (smoke runs); the collection stays whole.
+``max_queries`` keeps a seeded subsample of the queries (smoke runs); the collection stays whole
+unless ``max_items`` also cuts it to a seeded subset that keeps every item relevant to a kept query
+(smoke runs only: a smaller pool makes retrieval easier, so those scores are not comparable).
 A request for the ``faq`` group scores every FAQ data set whose files are present and skips (with a
 warning) the ones that are not; a data set named explicitly must be present.
 """
@@ -152,6 +154,28 @@ def subsample_queries(data: FAQData, max_queries: int | None, seed: int = SEED) 
     )
 
 
+def subsample_items(data: FAQData, max_items: int | None, seed: int = SEED) -> FAQData:
+    """The collection cut to ``max_items`` items: every item relevant to a query, then seeded others."""
+    if max_items is None or max_items >= len(data.item_ids):
+        return data
+    relevant = sorted({i for items in data.relevant for i in items})
+    others = np.setdiff1d(np.arange(len(data.item_ids)), relevant)
+    extra = max(0, max_items - len(relevant))
+    chosen = np.random.default_rng(seed).choice(others, size=min(extra, len(others)), replace=False)
+    keep = np.sort(np.concatenate([relevant, chosen]).astype(int)).tolist()
+    new_position = {old: new for new, old in enumerate(keep)}
+    return FAQData(
+        data.name,
+        data.query_ids,
+        data.queries,
+        [tuple(new_position[i] for i in items) for items in data.relevant],
+        [data.item_ids[i] for i in keep],
+        [data.questions[i] for i in keep],
+        [data.answers[i] for i in keep],
+        data.dropped,
+    )
+
+
 def score_faq(
     data: FAQData, embed: Embedder, folds: int = 5, seed: int = SEED, candidate: str = "question_answer"
 ) -> FAQScore:
@@ -194,6 +218,7 @@ def evaluate_faq(
     seed: int = SEED,
     max_queries: int | None = None,
     candidate: str = "question_answer",
+    max_items: int | None = None,
 ) -> dict[str, FAQScore]:
     """Score ``embed`` on FAQ retrieval; ``datasets``: names or the ``faq`` group (see the module doc)."""
     if max_queries is not None and max_queries < 1:
@@ -215,7 +240,8 @@ def evaluate_faq(
             skipped.append(f"{name}: {err}")
             warnings.warn(f"FAQ evaluation skips {err}", stacklevel=2)
             continue
-        scores[name] = score_faq(subsample_queries(data, max_queries, seed), embed, folds, seed, candidate)
+        data = subsample_items(subsample_queries(data, max_queries, seed), max_items, seed)
+        scores[name] = score_faq(data, embed, folds, seed, candidate)
     if not scores and skipped:
         raise DataUnavailableError("no FAQ data set could be loaded:\n" + "\n".join(skipped))
     return scores

@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -46,7 +46,8 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from clsr.data.batching import TextViewBatcher, no_duplicate_batches, shuffled_batches
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+from clsr.encoders.trained import load_trained_encoder
+from clsr.encoders.transformer import ModelConfig, load_tokenizer
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.losses import cos_sim, in_batch_cross_entropy
 from clsr.train.distributed import gather_with_grad
@@ -186,13 +187,14 @@ class RCLConfig(_RCLConfig):
     name: str = "rcl"
     phis: list[float] = Field(
         default_factory=lambda: [0.01, 0.02, 0.03, 0.04],
-        min_length=1,
-        description="φ of the entropy models whose regulators are used (2 regulators each; Table 4)",
+        description="φ of the entropy models whose regulators are used (2 regulators each; Table 4); "
+        "[]: Eq. 1 alone (the baselines)",
     )
     entropy_models: dict[float, str] = Field(
         default_factory=dict,
-        description="φ -> an entropy model's checkpoint folder (state.pt / best_model.pt of rcl_entropy, "
-        "or a saved Hugging Face model folder); every entry is embedded once per study",
+        description="φ -> an entropy model: a checkpoint folder of an rcl_entropy trial (local or s3://…; "
+        "a staged study fills it with needs:), or a saved Hugging Face model folder; each is embedded "
+        "once per study",
     )
     entropy_weights: Literal["last", "best"] = Field(
         "last",
@@ -245,33 +247,6 @@ class RowIndexBatcher(TextViewBatcher):
         return super().collate(indices) | {"rows": torch.tensor(list(indices), dtype=torch.long)}
 
 
-def load_entropy_model(path: str | Path, model_cfg: ModelConfig, weights: str = "last") -> nn.Module:
-    """An entropy model: the trial's encoder with a stage-1 checkpoint's weights.
-
-    ``path``: a checkpoint folder written by the trainer (``state.pt``, and ``best_model.pt`` when a dev
-    set was scored), one of those files, or a saved Hugging Face model folder (``config.json``).
-    """
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"rcl: entropy model {str(path)!r} does not exist; train it with rcl_entropy")
-    if path.is_dir() and (path / "config.json").exists():
-        return TransformerEncoder(model_cfg.model_copy(update={"name": str(path)}))
-    if path.is_dir():
-        name = "best_model.pt" if weights == "best" else "state.pt"
-        if not (path / name).exists():
-            raise FileNotFoundError(
-                f"rcl: {path} has no {name} (entropy_weights: {weights}); "
-                f"point entropy_models at a checkpoint folder of an rcl_entropy trial"
-            )
-        path = path / name
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
-        state = state["model"]
-    model = TransformerEncoder(model_cfg)
-    model.load_state_dict(state)
-    return model
-
-
 @torch.inference_mode()
 def encode_token_ids(model: nn.Module, ids: list[list[int]], pad_id: int, batch_size: int) -> np.ndarray:
     """Pooled eval-mode embeddings of tokenised texts, longest first, returned in input order."""
@@ -304,7 +279,9 @@ class RCL(_RCLMethod):
     paper = "RCL (Tan et al., 2022), final model with contrastive regulators; Eq. 3"
 
     # --- the entropy models' embeddings, once per study -------------------------------------------
-    def shared_key(self, trial: Any) -> str:
+    def shared_key(self, trial: Any) -> str | None:
+        if not self.cfg.phis:  # Eq. 1 alone: no entropy model to embed with
+            return None
         subset_seed = trial.data.subset_seed if trial.data.subset_seed is not None else trial.trainer.seed
         model = trial.model.model_dump(include={"name", "pooling", "mlp_only_train", "max_seq_length"})
         models = sorted(self.cfg.entropy_models.items())
@@ -330,20 +307,27 @@ class RCL(_RCLMethod):
         phis = tuple(sorted(self.cfg.entropy_models))
         stacked = []
         for phi in phis:
+            started = time.perf_counter()
             model = self.load_entropy_model(self.cfg.entropy_models[phi], trial.model).to(device)
             vectors = encode_token_ids(model, ids, tokenizer.pad_token_id or 0, trial.eval.batch_size)
             stacked.append(vectors.astype(self.cfg.store_dtype))
             del model
+            seconds = time.perf_counter() - started
+            print(
+                f"rcl: embedded {len(ids):,} training texts with the entropy model φ={phi} in {seconds:.0f} s"
+            )
         return RCLShared(phis, np.stack(stacked), query, index, rows_fingerprint(rows))
 
     def load_entropy_model(self, path: str, model_cfg: ModelConfig) -> nn.Module:
-        return load_entropy_model(path, model_cfg, self.cfg.entropy_weights)
+        return load_trained_encoder(path, model_cfg, self.cfg.entropy_weights)
 
     def text_pipeline(self, trial: Any, shared: RCLShared) -> Any:
         self._shared = shared
         return super().text_pipeline(trial, shared)
 
-    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> RowIndexBatcher:
+    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> Any:
+        if not self.cfg.phis:
+            return super().prepare_rows(rows, pipeline, trial)
         self.check_columns(rows)
         shared: RCLShared | None = getattr(self, "_shared", None)
         if shared is None:
@@ -371,6 +355,8 @@ class RCL(_RCLMethod):
     # --- loss ------------------------------------------------------------------------------------
     def training_loss(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
         """Encode all views in one pass, gather embeddings and row indices, apply Eq. 3."""
+        if not self.cfg.phis:
+            return super().training_loss(model, batch)
         pooled = model(batch["input_ids"], batch["attention_mask"])
         local = pooled.view(batch["num_rows"], len(self.views()), -1)
         embeddings = gather_with_grad(local).float()
@@ -383,7 +369,9 @@ class RCL(_RCLMethod):
         q_reg: torch.Tensor | None = None,
         ind_reg: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        q, ind, neg = self.split(embeddings)
+        if not self.cfg.phis:
+            return rcl_base_loss(q, ind, neg, self.cfg.scale)
         if q_reg is None or ind_reg is None:
             raise ValueError("rcl's loss needs the rows' stored entropy-model embeddings (q_reg, ind_reg)")
-        q, ind, neg = self.split(embeddings)
         return rcl_final_loss(q, ind, neg, q_reg, ind_reg, self.cfg.scale)

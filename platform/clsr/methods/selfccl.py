@@ -7,8 +7,9 @@ Rows are NLI triplets ``(x, x⁺, x⁻)`` (premise, entailment, contradiction; p
 
 **Phase 1, scoring (paper §4.3; once per study, shared by its trials).** A frozen encoder (default:
 the pretrained encoder and pooling the trial starts from; ``cls`` scores with ``cls_before_pooler``,
-as the freshly initialised MLP means nothing yet) embeds every triplet; with the cosine distance
-``d(u, v) = 1 − cos(u, v)`` and the margin ``δ = d(x, x⁻) − d(x, x⁺)`` each triplet is
+as the freshly initialised MLP means nothing yet; or, beyond the paper, a trained trial's checkpoint,
+which a staged study passes in with ``needs: {method.scoring_model: ...}``) embeds every triplet;
+with the cosine distance ``d(u, v) = 1 − cos(u, v)`` and the margin ``δ = d(x, x⁻) − d(x, x⁺)`` each triplet is
 
     easy        δ > m               (d(x,x⁺) + m < d(x,x⁻))
     semi-hard   0 < δ ≤ m           (d(x,x⁺) < d(x,x⁻) < d(x,x⁺) + m)
@@ -85,7 +86,12 @@ class SelfCCLConfig(MethodConfig):
     margin: float = Field(0.2, ge=0, description="m of the easy / semi-hard boundary")
     within: Within = Field("shuffle", description="order inside a class: seeded shuffle, or by δ")
     scoring_model: str | None = Field(
-        None, description="frozen scoring encoder; None: the trial's model.name"
+        None,
+        description="frozen scoring encoder: a model name, or a trained trial's checkpoint folder (a staged "
+        "study fills it with needs:); None: the trial's model.name",
+    )
+    scoring_weights: Literal["last", "best"] = Field(
+        "best", description="with a checkpoint as scoring_model: its best-dev weights, or its last ones"
     )
     scoring_pooling: PoolingName | None = Field(
         None, description="pooling for scoring; None: the trial's (cls → cls_before_pooler)"
@@ -288,10 +294,12 @@ class SelfCCL(Method):
         d = trial.data
         subset = d.subset_seed if d.subset_seed is not None else trial.trainer.seed
         encoder, pooling, length = self.scoring_setup(trial)
-        return f"selfccl-score:{d.train}:{d.data_dir}:{d.max_rows}:{subset}:{encoder}:{pooling}:{length}"
+        weights = self.cfg.scoring_weights
+        return f"selfccl-score:{d.train}:{d.data_dir}:{d.max_rows}:{subset}:{encoder}:{weights}:{pooling}:{length}"
 
     def prepare_shared(self, trial: Any) -> TripletScores:
-        from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+        from clsr.encoders.trained import is_checkpoint, load_trained_encoder
+        from clsr.encoders.transformer import ModelConfig, load_tokenizer
         from clsr.eval.embed import transformer_embedder
         from clsr.train.loop import training_rows
 
@@ -299,9 +307,12 @@ class SelfCCL(Method):
         encoder_name, pooling, length = self.scoring_setup(trial)
         started = time.perf_counter()
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        encoder = TransformerEncoder(ModelConfig(name=encoder_name, pooling=pooling, max_seq_length=length))
+        # a trained checkpoint holds weights only: the trial's own model.name gives architecture and vocabulary
+        base_name = trial.model.name if is_checkpoint(encoder_name) else encoder_name
+        config = ModelConfig(name=base_name, pooling=pooling, max_seq_length=length)
+        encoder = load_trained_encoder(encoder_name, config, self.cfg.scoring_weights)
         encoder.to(device).eval().requires_grad_(False)
-        tokenizer = load_tokenizer(encoder_name)
+        tokenizer = load_tokenizer(base_name)
         tokenizer.model_max_length = length  # score what training sees: the same truncation
         d_pos, d_neg = score_triplets(
             rows, transformer_embedder(encoder, tokenizer, self.cfg.scoring_batch_size)

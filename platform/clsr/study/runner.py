@@ -17,14 +17,28 @@ from typing import Any
 import yaml
 from mlflow.tracking import MlflowClient
 
-from clsr.study.schema import Study, StudyError, grid_points, point_label, resolve_trial, trial_document
+from clsr.study.schema import (
+    Outputs,
+    Study,
+    StudyError,
+    UpstreamMissing,
+    grid_points,
+    missing_upstream,
+    point_label,
+    resolve_trial,
+    stages,
+    trial_document,
+)
 from clsr.tracking.study_runs import (
+    CHECKPOINT_TAG,
     STORAGE_TAG,
     check_reachable,
     close_run,
     find_parent_run,
+    finished_outputs,
     open_child_run,
     open_children,
+    record_skipped,
     resolve_tracking_uri,
     start_parent_run,
 )
@@ -40,6 +54,10 @@ QUIET_ENV = {
 }
 
 
+class NoEarlierRun(LookupError):
+    """``platform study resume`` of a study MLflow has no run of."""
+
+
 @dataclass(frozen=True)
 class StudyContext:
     """What every trial driver needs, shipped to the Tune actors with ``tune.with_parameters``."""
@@ -48,8 +66,9 @@ class StudyContext:
     tracking_uri: str
     parent_run_id: str
     storage: str
-    points: list[dict[str, Any]] | None = None  # grid points that run here (default: all of them)
+    trials: list[dict[str, Any]] | None = None  # grid trials (point + seed) of this experiment
     shared: dict[str, Any] = field(default_factory=dict)  # shared_key -> [ObjectRef] built once
+    outputs: Outputs = field(default_factory=dict)  # upstream trials' checkpoints, for needs
 
 
 def _study(ctx: StudyContext) -> Study:
@@ -68,8 +87,9 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
     from clsr.train.worker import train_loop_per_worker
 
     study = _study(ctx)
-    point, seed = config["point"], config["seed"]
-    trial = resolve_trial(study, point["ablation"], point["overrides"], seed)
+    point = config["point"]
+    seed = point["seed"]
+    trial = resolve_trial(study, point["ablation"], point["overrides"], seed, ctx.outputs)
     shared = ctx.shared.get(build_method(trial).shared_key(trial) or "")
     trial_id = ray.tune.get_context().get_trial_id()
     label = point["label"] or point_label(point["overrides"])
@@ -117,11 +137,22 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         ),
     )
     try:
-        trainer.fit()
+        result = trainer.fit()
     except BaseException as err:
         close_run(ctx.tracking_uri, run_id, "failed", "".join(traceback.format_exception(err)))
         raise
+    # the last checkpoint is what later stages of a staged study load (needs: ... output: checkpoint)
+    checkpoint = ray.tune.get_checkpoint() if in_process else result.checkpoint
+    if checkpoint is not None:
+        MlflowClient(ctx.tracking_uri).set_tag(run_id, CHECKPOINT_TAG, checkpoint_uri(checkpoint))
     close_run(ctx.tracking_uri, run_id, "finished")
+
+
+def checkpoint_uri(checkpoint) -> str:
+    """A Ray checkpoint's location as one string: a local path, or ``<scheme>://<path>`` on cloud storage."""
+    filesystem = getattr(checkpoint, "filesystem", None)
+    scheme = getattr(filesystem, "type_name", "local")
+    return checkpoint.path if scheme == "local" else f"{scheme}://{checkpoint.path}"
 
 
 def plan_points(study: Study) -> tuple[list[dict[str, Any]], list[str]]:
@@ -133,7 +164,7 @@ def plan_points(study: Study) -> tuple[list[dict[str, Any]], list[str]]:
         if ablation.space:
             continue
         for point in grid_points(ablation):
-            trial = resolve_trial(study, name, point["overrides"], study.seeds[0])
+            trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
             why = build_method(trial).unavailable(trial)
             if why:
                 unavailable.append(f"ablations.{name}[{point['label']}]: {why}")
@@ -153,7 +184,33 @@ def runnable_points(study: Study) -> list[dict[str, Any]]:
     return points
 
 
-def prepare_shared(study: Study, points: list[dict[str, Any]]) -> dict[str, Any]:
+def expand_trials(study: Study, points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every grid point with each of its ablation's seeds: one entry per Tune trial."""
+    return [{**p, "seed": seed} for p in points for seed in study.seeds_of(p["ablation"])]
+
+
+def ready_trials(
+    study: Study, trials: list[dict[str, Any]], outputs: Outputs
+) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
+    """The trials whose needs can be filled, and (trial, why not) for the others."""
+    ready, blocked = [], []
+    for trial in trials:
+        if not study.ablations[trial["ablation"]].needs:
+            ready.append(trial)
+            continue
+        try:
+            resolve_trial(study, trial["ablation"], trial["overrides"], trial["seed"], outputs)
+            ready.append(trial)
+        except (UpstreamMissing, ValueError) as err:
+            missing = missing_upstream(study, trial["ablation"], trial["seed"], outputs)
+            reason = f"upstream trials without a checkpoint: {', '.join(missing)}" if missing else str(err)
+            blocked.append((trial, reason))
+    return ready, blocked
+
+
+def prepare_shared(
+    study: Study, trials: list[dict[str, Any]], outputs: Outputs | None = None
+) -> dict[str, Any]:
     """Build each distinct shared input (word table, tokenised corpus) once, as a Ray task.
 
     The results stay in Ray's object store; every trial fetches its own by key. A failure here stops
@@ -161,22 +218,12 @@ def prepare_shared(study: Study, points: list[dict[str, Any]]) -> dict[str, Any]
     """
     import ray
 
-    from clsr.train.loop import build_method
-
-    wanted: dict[str, dict[str, Any]] = {}
-    runs = [(p["ablation"], p["overrides"]) for p in points]
-    runs += [(name, {}) for name, a in study.ablations.items() if a.space]
-    for ablation, overrides in runs:
-        for seed in study.seeds:
-            trial = resolve_trial(study, ablation, overrides, seed)
-            key = build_method(trial).shared_key(trial)
-            if key is not None:
-                wanted.setdefault(key, trial.model_dump())
+    wanted = shared_inputs(study, trials, outputs)
     if not wanted:
         return {}
     res = study.resources
     build = ray.remote(_build_shared).options(num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker)
-    print(f"preparing {len(wanted)} shared input set(s) (word vectors, corpus) once for all trials ...")
+    print(f"preparing {len(wanted)} shared input set(s) once for the trials that use them ...")
     started = time.perf_counter()
     refs = {key: build.remote(trial) for key, trial in wanted.items()}
     ray.wait(list(refs.values()), num_returns=len(refs), fetch_local=False)
@@ -184,6 +231,21 @@ def prepare_shared(study: Study, points: list[dict[str, Any]]) -> dict[str, Any]
         ray.get(ref)
     print(f"shared inputs ready in {time.perf_counter() - started:.0f} s")
     return {key: [ref] for key, ref in refs.items()}
+
+
+def shared_inputs(
+    study: Study, trials: list[dict[str, Any]], outputs: Outputs | None = None
+) -> dict[str, dict[str, Any]]:
+    """shared_key -> the config of the first trial that needs it: one build per distinct key."""
+    from clsr.train.loop import build_method
+
+    wanted: dict[str, dict[str, Any]] = {}
+    for t in trials:  # a sampled ablation's entry holds its base (overrides: {}); samples share it
+        trial = resolve_trial(study, t["ablation"], t["overrides"], t["seed"], outputs or {})
+        key = build_method(trial).shared_key(trial)
+        if key is not None:
+            wanted.setdefault(key, trial.model_dump())
+    return wanted
 
 
 def _build_shared(trial_doc: dict[str, Any]) -> Any:
@@ -195,19 +257,26 @@ def _build_shared(trial_doc: dict[str, Any]) -> Any:
 
 
 def param_space(
-    study: Study, ablation: str | None, points: list[dict[str, Any]] | None = None
+    study: Study, ablation: str | None, trials: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    """Grids go through Tune's own variant generator; spaces become Tune distributions."""
+    """Grids go through Tune's own variant generator (one entry per point and seed); spaces become
+    Tune distributions."""
     from ray import tune
 
-    if ablation is None:  # grid: every point of every ablation × every seed
-        if points is None:
+    if ablation is None:  # grid: the given trials, or every point of every ablation × its seeds
+        if trials is None:
             points = [{"ablation": name, **p} for name, a in study.ablations.items() for p in grid_points(a)]
-        return {"point": tune.grid_search(points), "seed": tune.grid_search(study.seeds)}
+            trials = expand_trials(study, points)
+        return {"point": tune.grid_search(trials)}
     space = {key: _distribution(d) for key, d in study.ablations[ablation].space.items()}
     return {
-        "point": {"ablation": ablation, "label": None, "overrides": space, "paper": {}},
-        "seed": study.seeds[0],
+        "point": {
+            "ablation": ablation,
+            "label": None,
+            "overrides": space,
+            "paper": {},
+            "seed": study.seeds_of(ablation)[0],
+        }
     }
 
 
@@ -250,22 +319,30 @@ def resolved_max_steps(study: Study, ablation: str | None) -> int:
     return int(doc.get("trainer", {}).get("max_steps") or 10**9)
 
 
-def experiments(study: Study) -> list[str | None]:
-    """Grid studies are one Tune experiment; sampled studies run one experiment per ablation."""
-    return [None] if study.search.algorithm == "grid" else list(study.ablations)
+def experiments(study: Study) -> list[tuple[str, str | None, list[str]]]:
+    """(Tune experiment name, sampled ablation or None, ablations it runs), in running order.
+
+    A grid study is one experiment per stage (``grid``, then ``grid-stage2`` ... when ablations need
+    others' trials); a sampled study is one experiment per ablation.
+    """
+    if study.search.algorithm != "grid":
+        return [(name, name, [name]) for name in study.ablations]
+    return [("grid" if n == 0 else f"grid-stage{n + 1}", None, wave) for n, wave in enumerate(stages(study))]
 
 
-def build_tuner(study: Study, ctx: StudyContext, ablation: str | None, restore: bool):
+def build_tuner(
+    study: Study, ctx: StudyContext, ablation: str | None, restore: bool, name: str | None = None
+):
     from ray import tune
 
     trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), trial_resources(study))
-    name = ablation or "grid"
+    name = name or ablation or "grid"
     path = f"{ctx.storage.rstrip('/')}/{name}"
     if restore and tune.Tuner.can_restore(path):
         return tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False)
     return tune.Tuner(
         trainable,
-        param_space=param_space(study, ablation, ctx.points),
+        param_space=param_space(study, ablation, ctx.trials),
         tune_config=tune.TuneConfig(
             metric=study.metric,
             mode=study.mode,
@@ -328,7 +405,7 @@ def run_study(study: Study, study_text: str, resume: bool = False) -> list[dict[
     client = MlflowClient(uri)
     parent = find_parent_run(client, study.name) if resume else None
     if resume and parent is None:
-        raise LookupError(
+        raise NoEarlierRun(
             f"no earlier run of study {study.name!r} in MLflow at {uri}; use `platform study run`"
         )
     if parent is None:
@@ -346,10 +423,23 @@ def run_study(study: Study, study_text: str, resume: bool = False) -> list[dict[
     status = "FINISHED"
     rows: list[dict[str, Any]] = []
     try:
-        shared = prepare_shared(study, points)
-        ctx = StudyContext(study.model_dump(by_alias=True), uri, parent_run_id, storage, points, shared)
-        for ablation in experiments(study):
-            results = build_tuner(study, ctx, ablation, restore=resume).fit()
+        for name, ablation, wave in experiments(study):
+            trials = expand_trials(study, [p for p in points if p["ablation"] in wave])
+            staged = any(study.ablations[a].needs for a in wave)
+            outputs = finished_outputs(client, parent_run_id) if staged else {}
+            trials, blocked = ready_trials(study, trials, outputs)
+            rows += skip_blocked(uri, parent_run_id, blocked)
+            if ablation is None and not trials:
+                continue
+            if ablation is not None:  # sampled: the ablation's base stands for its samples
+                trials = [
+                    {"ablation": ablation, "overrides": {}, "seed": s} for s in study.seeds_of(ablation)
+                ]
+            shared = prepare_shared(study, trials, outputs)
+            ctx = StudyContext(
+                study.model_dump(by_alias=True), uri, parent_run_id, storage, trials, shared, outputs
+            )
+            results = build_tuner(study, ctx, ablation, restore=resume, name=name).fit()
             rows += summary_rows(results, study)
     except KeyboardInterrupt:
         status = "KILLED"
@@ -365,11 +455,25 @@ def run_study(study: Study, study_text: str, resume: bool = False) -> list[dict[
     return rows
 
 
+def skip_blocked(uri: str, parent_run_id: str, blocked: list[tuple[dict[str, Any], str]]) -> list[dict]:
+    """Trials whose upstream trials failed: a child run that says why (status skipped), and a summary row."""
+    rows = []
+    for trial, reason in blocked:
+        label = trial["label"] or point_label(trial["overrides"])
+        print(f"skipped: ablations.{trial['ablation']}[{label}] seed {trial['seed']}: {reason}")
+        record_skipped(uri, parent_run_id, trial["ablation"], label, trial["seed"], reason)
+        rows.append(
+            {"ablation": trial["ablation"], "point": label, "seed": trial["seed"], "status": "skipped"}
+        )
+    return rows
+
+
 def resolved_summary(study: Study) -> dict[str, Any]:
     """The base configuration every trial starts from, and each ablation's points with paper numbers."""
     return {
         "study": study.model_dump(by_alias=True, exclude_none=True),
-        "base_trials": {n: trial_document(study, n, {}, study.seeds[0]) for n in study.ablations},
+        "base_trials": {n: trial_document(study, n, {}, study.seeds_of(n)[0]) for n in study.ablations},
+        "stages": stages(study),
         "points": {n: grid_points(a) if not a.space else "sampled" for n, a in study.ablations.items()},
     }
 
@@ -379,6 +483,7 @@ SUMMARY_AVERAGES = ("test_sts_avg", "test_sts12_15_avg", "test_transfer_avg")
 
 def summary_rows(results, study: Study) -> list[dict[str, Any]]:
     """One row per trial: the study metric, then the test averages it has (a lone STS task if no average)."""
+    from clsr.data.faq import FAQ_TASKS
     from clsr.data.sts import STS_TASKS
 
     rows = []
@@ -389,11 +494,14 @@ def summary_rows(results, study: Study) -> list[dict[str, Any]]:
         tests = {k: metrics[k] for k in SUMMARY_AVERAGES if k in metrics}
         if "test_sts_avg" not in tests:
             tests = {f"test_{t}": metrics[f"test_{t}"] for t in STS_TASKS if f"test_{t}" in metrics} | tests
+        tests |= {
+            k: metrics[k] for t in FAQ_TASKS for k in (f"test_{t}_top1", f"test_{t}_map") if k in metrics
+        }
         rows.append(
             {
                 "ablation": point.get("ablation"),
                 "point": point.get("label") or point_label(point.get("overrides", {})),
-                "seed": config.get("seed"),
+                "seed": point.get("seed", config.get("seed")),
                 "status": "error" if result.error else "ok",
                 study.metric: metrics.get(study.metric),
                 **tests,

@@ -25,6 +25,9 @@ KNOWN_METRICS = (
     "test_sts12", "test_sts13", "test_sts14", "test_sts15", "test_sts16", "test_stsb", "test_sickr",
     "test_sts_avg", "test_sts12_15_avg", "align", "uniform",
 )  # fmt: skip
+Outputs = dict[
+    tuple[str, str, int], str
+]  # staged studies: (ablation, point label, seed) -> output (a checkpoint URI)
 
 
 class StudyError(ValueError):
@@ -69,6 +72,33 @@ class Point(Strict):
     paper: float | dict[str, float] | None = Field(None, description="published number(s) for this point")
 
 
+class Need(Strict):
+    """Where one field of an ablation's trials comes from: the finished trials of an upstream ablation.
+
+    ``by`` set: the field gets a mapping ``{upstream value of <by>: that point's output}`` over the
+    upstream points (RCL: ``{φ: entropy-model checkpoint}``). ``by`` unset: the field gets one output,
+    of the upstream ablation's only point or of the point labelled ``point``.
+    """
+
+    ablation: str = Field(description="the upstream ablation (grid or points) of the same study")
+    by: str | None = Field(None, description="upstream dotted key whose values become the mapping's keys")
+    point: str | None = Field(None, description="label of the one upstream point (when it has several)")
+    seed: Literal["same"] | int = Field(
+        "same", description="same: the upstream trial of the trial's own seed; a number: that seed's"
+    )
+    output: Literal["checkpoint"] = Field(
+        "checkpoint", description="what is filled in: the upstream trial's last checkpoint folder (URI)"
+    )
+
+    @model_validator(mode="after")
+    def _by_or_point(self) -> Need:
+        if self.by is not None and self.point is not None:
+            raise ValueError(
+                "give 'by' (a mapping over the upstream points) or 'point' (one of them), not both"
+            )
+        return self
+
+
 class Ablation(Strict):
     """One table of a paper: a grid, an explicit list of points, or a search space."""
 
@@ -85,6 +115,20 @@ class Ablation(Strict):
     paper_metric: str = Field("dev_stsb", description="the metric the published numbers are")
     paper: dict[str, float] = Field(default_factory=dict, description="published number per grid point label")
     paper_choice: str | None = Field(None, description="label of the row the paper chose")
+    seeds: list[int] | None = Field(
+        None, min_length=1, description="this ablation's seeds (default: the study's)"
+    )
+    needs: dict[str, Need] = Field(
+        default_factory=dict,
+        description="dotted.key -> upstream ablation whose finished trials fill it (a staged study)",
+    )
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list[int] | None) -> list[int] | None:
+        if seeds is not None and len(set(seeds)) != len(seeds):
+            raise ValueError("seeds must be distinct")
+        return seeds
 
     @field_validator("grid")
     @classmethod
@@ -208,6 +252,9 @@ class Study(Strict):
             raise ValueError("random/optuna search samples one seed per trial: give a single seed")
         return self
 
+    def seeds_of(self, ablation: str) -> list[int]:
+        return self.ablations[ablation].seeds or self.seeds
+
 
 # --- trial expansion ---------------------------------------------------------------------------
 
@@ -245,9 +292,10 @@ def _paper_value(value: float | dict[str, float] | None, ablation: Ablation) -> 
 
 
 def trial_document(
-    study: Study, ablation: str | None, overrides: dict[str, Any], seed: int
+    study: Study, ablation: str | None, overrides: dict[str, Any], seed: int, outputs: Outputs | None = None
 ) -> dict[str, Any]:
-    """The nested trial config: method paper defaults < study base < ablation base < point < seed."""
+    """The nested trial config: method paper defaults < study base < ablation base < point < seed, then
+    what ``needs`` fills from upstream trials (``outputs``; placeholders when None, for validation)."""
     spec = study.ablations[ablation] if ablation else None
     method = (spec.method if spec else None) or study.method
     doc = deep_merge(get_method(method).paper_defaults, study.base)
@@ -255,11 +303,150 @@ def trial_document(
     doc = set_dotted(doc, "method.name", method)
     for key, value in overrides.items():
         doc = set_dotted(doc, key, value)
+    if spec is not None:
+        for key, value in need_values(study, ablation, seed, outputs).items():
+            doc = set_dotted(doc, key, value)
     return set_dotted(doc, "trainer.seed", seed)
 
 
-def resolve_trial(study: Study, ablation: str | None, overrides: dict[str, Any], seed: int) -> TrialConfig:
-    return TrialConfig.model_validate(trial_document(study, ablation, overrides, seed))
+def resolve_trial(
+    study: Study, ablation: str | None, overrides: dict[str, Any], seed: int, outputs: Outputs | None = None
+) -> TrialConfig:
+    return TrialConfig.model_validate(trial_document(study, ablation, overrides, seed, outputs))
+
+
+# --- staged studies: ablations whose trials need upstream trials' outputs ----------------------------
+
+
+class UpstreamMissing(LookupError):
+    """A needed upstream trial has no output: it failed, was skipped, or has not run."""
+
+
+def stages(study: Study) -> list[list[str]]:
+    """Ablation names in waves, each needing only earlier waves (a study without needs: one wave)."""
+    remaining = {name: {n.ablation for n in a.needs.values()} for name, a in study.ablations.items()}
+    done: set[str] = set()
+    waves: list[list[str]] = []
+    while remaining:
+        wave = [name for name, upstream in remaining.items() if upstream <= done]
+        if not wave:
+            raise ValueError(f"the needs of ablations {sorted(remaining)} form a cycle")
+        waves.append(wave)
+        done.update(wave)
+        for name in wave:
+            del remaining[name]
+    return waves
+
+
+def need_values(study: Study, ablation: str, seed: int, outputs: Outputs | None = None) -> dict[str, Any]:
+    """The values an ablation's ``needs`` fill for one trial of ``seed``.
+
+    A ``by`` mapping holds the upstream points that have an output (the method's own validation says
+    when one it uses is missing); a single output that is missing raises ``UpstreamMissing``.
+    """
+    values: dict[str, Any] = {}
+    for key, need in study.ablations[ablation].needs.items():
+        upstream_seed = seed if need.seed == "same" else need.seed
+        points = grid_points(study.ablations[need.ablation])
+        if need.by is None:
+            label = need.point or points[0]["label"]
+            values[key] = _upstream_output(need, label, upstream_seed, outputs)
+            continue
+        mapping = {}
+        for point in points:
+            try:
+                mapping[point["overrides"][need.by]] = _upstream_output(
+                    need, point["label"], upstream_seed, outputs
+                )
+            except UpstreamMissing:
+                continue
+        values[key] = mapping
+    return values
+
+
+def _upstream_output(need: Need, label: str, seed: int, outputs: Outputs | None) -> str:
+    if outputs is None:
+        return f"<{need.output} of {need.ablation}[{label}] seed {seed}>"
+    try:
+        return outputs[(need.ablation, label, seed)]
+    except KeyError:
+        raise UpstreamMissing(
+            f"ablations.{need.ablation}[{label}] seed {seed} has no finished trial with a {need.output}"
+        ) from None
+
+
+def missing_upstream(study: Study, ablation: str, seed: int, outputs: Outputs) -> list[str]:
+    """Every upstream trial a trial of ``ablation`` could use that has no output."""
+    missing = []
+    for need in study.ablations[ablation].needs.values():
+        upstream_seed = seed if need.seed == "same" else need.seed
+        points = grid_points(study.ablations[need.ablation])
+        labels = [need.point or points[0]["label"]] if need.by is None else [p["label"] for p in points]
+        missing += [
+            f"ablations.{need.ablation}[{label}] seed {upstream_seed}"
+            for label in labels
+            if (need.ablation, label, upstream_seed) not in outputs
+        ]
+    return missing
+
+
+def _check_needs(study: Study) -> list[str]:
+    """Every ``needs`` entry names a field, a grid/points upstream, a point key or label, and seeds it has."""
+    problems: list[str] = []
+    for name, ablation in study.ablations.items():
+        for key, need in ablation.needs.items():
+            problems += _check_need(study, name, key, need)
+    if not problems:
+        try:
+            stages(study)
+        except ValueError as err:
+            problems.append(f"ablations: {err}; an ablation can only need ablations that do not need it")
+    return problems
+
+
+def _check_need(study: Study, name: str, key: str, need: Need) -> list[str]:
+    where = f"ablations.{name}.needs.{key}"
+    if why := _check_dotted_key(key):
+        return [f"{where}: key {why}"]
+    ablation = study.ablations[name]
+    problems = []
+    if key in ablation.grid or key in ablation.space or any(key in p.set for p in ablation.points):
+        problems.append(f"{where}: the ablation's points set {key} too; leave it to needs")
+    others = [n for n in study.ablations if n != name]
+    upstream = study.ablations.get(need.ablation) if need.ablation != name else None
+    if upstream is None:
+        return problems + [
+            f"{where}.ablation: no such other ablation (given: {need.ablation!r}; allowed: {others})"
+        ]
+    if upstream.space:
+        return problems + [
+            f"{where}.ablation: {need.ablation!r} is sampled (space); an upstream needs grid or points"
+        ]
+    points = grid_points(upstream)
+    labels = [p["label"] for p in points]
+    if need.by is not None and any(need.by not in p["overrides"] for p in points):
+        keys = sorted({k for p in points for k in p["overrides"]})
+        problems.append(
+            f"{where}.by: not set by every point of {need.ablation!r} (given: {need.by!r}; allowed: {keys})"
+        )
+    if need.by is None and need.point is None and len(points) > 1:
+        problems.append(
+            f"{where}: {need.ablation!r} has {len(points)} points; name one with point: (allowed: {labels}) "
+            f"or map them all with by: <key>"
+        )
+    if need.point is not None and need.point not in labels:
+        problems.append(
+            f"{where}.point: no such point of {need.ablation!r} (given: {need.point!r}; allowed: {labels})"
+        )
+    upstream_seeds = study.seeds_of(need.ablation)
+    wanted = study.seeds_of(name) if need.seed == "same" else [need.seed]
+    missing = [s for s in wanted if s not in upstream_seeds]
+    if missing:
+        problems.append(
+            f"{where}.seed: {need.ablation!r} runs seeds {upstream_seeds}, not {missing}; give it those seeds "
+            f"or use one of its seeds for every trial (seed: {upstream_seeds[0]})"
+        )
+    return problems
 
 
 # --- loading and validation --------------------------------------------------------------------
@@ -288,23 +475,36 @@ def _check_dotted_key(key: str) -> str | None:
 
 
 def _check_trials(study: Study) -> list[str]:
-    """Resolve the base and every grid point, so a bad value fails now and not in trial 37."""
-    problems = _format_pydantic_or_none(lambda: resolve_trial(study, None, {}, study.seeds[0]), "base.")
+    """Resolve every grid point (and each sampled ablation's base), so a bad value fails now and not in
+    trial 37. A problem the study's base gives every trial is reported once, as ``base.<field>``; one
+    the base has but the ablations fix (e.g. a field ``needs`` fills) is not a problem."""
+    problems: list[str] = []
+    per_trial: list[tuple[str, str]] = []  # (where, rest): where + rest is the line
     for name, ablation in study.ablations.items():
         keys = list(ablation.grid) + [k for p in ablation.points for k in p.set] + list(ablation.space)
-        for key in dict.fromkeys(keys):
-            if why := _check_dotted_key(key):
-                problems.append(f"ablations.{name}: key {key!r} {why}")
-        if any(_check_dotted_key(k) for k in keys) or problems:
+        bad_keys = [k for k in dict.fromkeys(keys) if _check_dotted_key(k)]
+        problems += [f"ablations.{name}: key {k!r} {_check_dotted_key(k)}" for k in bad_keys]
+        if bad_keys:
             continue
         points = grid_points(ablation) if not ablation.space else [{"label": "space", "overrides": {}}]
+        seed = study.seeds_of(name)[0]
         for point in points:
-            where = f"ablations.{name}[{point['label']}]."
-            problems += _format_pydantic_or_none(
-                lambda point=point, name=name: resolve_trial(study, name, point["overrides"], study.seeds[0]),
-                where,
+            where = f"ablations.{name}[{point['label']}]"
+            found = _format_pydantic_or_none(
+                lambda point=point, name=name, seed=seed: resolve_trial(
+                    study, name, point["overrides"], seed
+                ),
+                f"{where}.",
             )
-    return problems
+            per_trial += [(where, p.removeprefix(where)) for p in found]
+    base = _format_pydantic_or_none(lambda: resolve_trial(study, None, {}, study.seeds[0]), "base.")
+    shared = [p.removeprefix("base") for p in base]
+    shared = [p for p in shared if any(p == rest for _, rest in per_trial)]
+    return (
+        problems
+        + [f"base{p}" for p in shared]
+        + [where + rest for where, rest in per_trial if rest not in shared]
+    )
 
 
 def _check_raw_base(raw: dict[str, Any]) -> list[str]:
@@ -396,6 +596,9 @@ def study_from_dict(
         study = Study.model_validate(raw)
     except ValidationError as err:
         raise StudyError(source, problems + _format_pydantic(err) + _check_raw_base(raw)) from None
+    problems += _check_needs(study)
+    if problems:  # the trials' needs cannot be filled, not even with placeholders
+        raise StudyError(source, problems)
     problems += _check_trials(study)
     if problems:
         raise StudyError(source, problems)

@@ -21,6 +21,7 @@ import clsr
 from clsr.study.dotted import flatten
 
 PARENT_TAG, STORAGE_TAG, TRIAL_TAG = "clsr.study", "clsr.storage", "clsr.trial_id"
+CHECKPOINT_TAG = "clsr.checkpoint"  # a finished trial's last checkpoint (local path or URI)
 MAX_PARAM_LENGTH = 6000
 
 
@@ -119,7 +120,7 @@ def open_child_run(
 
 
 def close_run(uri: str, run_id: str, status: str, error: str | None = None) -> None:
-    """``status``: finished, failed, stopped (early stopping) or interrupted."""
+    """``status``: finished, failed, stopped (early stopping), skipped or interrupted."""
     client = MlflowClient(uri)
     client.set_tag(run_id, "clsr.status", status)
     if error:
@@ -129,6 +130,32 @@ def close_run(uri: str, run_id: str, status: str, error: str | None = None) -> N
 
 
 def open_children(client: MlflowClient, parent_run_id: str) -> list:
+    running = RunStatus.to_string(RunStatus.RUNNING)
+    return [r for r in children(client, parent_run_id) if r.info.status == running]
+
+
+def children(client: MlflowClient, parent_run_id: str) -> list:
     experiment = client.get_run(parent_run_id).info.experiment_id
-    runs = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent_run_id}'")
-    return [r for r in runs if r.info.status == RunStatus.to_string(RunStatus.RUNNING)]
+    return client.search_runs(
+        [experiment], f"tags.`mlflow.parentRunId` = '{parent_run_id}'", max_results=50000
+    )
+
+
+def finished_outputs(client: MlflowClient, parent_run_id: str) -> dict[tuple[str, str, int], str]:
+    """(ablation, point label, seed) -> checkpoint of every finished trial of a study (staged studies)."""
+    outputs = {}
+    for run in children(client, parent_run_id):
+        tags = run.data.tags
+        if tags.get("clsr.status") in ("finished", "stopped") and CHECKPOINT_TAG in tags:
+            outputs[(tags["clsr.ablation"], tags["clsr.point"], int(tags["clsr.seed"]))] = tags[
+                CHECKPOINT_TAG
+            ]
+    return outputs
+
+
+def record_skipped(uri: str, parent_run_id: str, ablation: str, label: str, seed: int, reason: str) -> None:
+    """A child run for a trial that could not start (its upstream trials failed), so MLflow lists it."""
+    trial_id = f"skipped:{ablation}:{label}:{seed}"
+    tags = {"clsr.ablation": ablation, "clsr.point": label, "clsr.seed": seed}
+    run_id = open_child_run(uri, parent_run_id, trial_id, f"{ablation}/{label}/seed={seed}", tags, {})
+    close_run(uri, run_id, "skipped", reason)

@@ -122,6 +122,14 @@ class EvalConfig(Section):
     transfer_max_examples: int | None = Field(
         None, ge=1, description="transfer tasks: seeded stratified cap on every split (smoke runs)"
     )
+    faq_max_queries: int | None = Field(
+        None, ge=1, description="FAQ retrieval: seeded subsample of the queries (smoke runs)"
+    )
+    faq_max_items: int | None = Field(
+        None,
+        ge=1,
+        description="FAQ retrieval: seeded subset of the collection, relevant items kept (smoke runs)",
+    )
     batch_size: int = Field(128, ge=1)
     alignment_uniformity: bool = Field(True, description="Wang & Isola metrics on STS-B dev")
 

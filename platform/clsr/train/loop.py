@@ -111,7 +111,14 @@ class Evaluator:
             )
             metrics |= transfer_summary_metrics(scores)
         if faq_tasks:  # 5-fold CV over the queries, whole collection as the pool (methods.md §6.5)
-            metrics |= faq_summary_metrics(evaluate_faq(embed, faq_tasks, self.data_dir))
+            scores = evaluate_faq(
+                embed,
+                faq_tasks,
+                self.data_dir,
+                max_queries=self.cfg.faq_max_queries,
+                max_items=self.cfg.faq_max_items,
+            )
+            metrics |= faq_summary_metrics(scores)
         if self.cfg.alignment_uniformity:
             dev = load_sts("stsb", DEV_SPLIT, resolve_data_dir(self.data_dir))
             metrics |= alignment_uniformity(dev, embed)
