@@ -75,7 +75,6 @@ def test_rcl_smoke_study_runs_in_stages_end_to_end(tmp_path):
     four = by_point[("regulators", "4")]
     assert four.data.params["method.entropy_models.0.01"] == entropy["0.01"]
     assert four.data.params["method.entropy_models.0.02"] == entropy["0.02"]
-    assert four.data.tags["clsr.paper.test_sts_avg"] == "81.98"
     assert output.index("Trial run_trial") < output.index("rcl: embedded")  # stage 2 starts after stage 1
 
     # each entropy model embedded the training texts once, for all regulator trials

@@ -61,12 +61,17 @@ def test_selfccl_smoke_study_end_to_end(tmp_path):
         assert sum(counts) == 96
         files = {a.path for a in client.list_artifacts(run.info.run_id, "selfccl")}
         assert {"selfccl/fig4_sickr_start.png", "selfccl/fig4_sickr_final.png"} <= files
-    pretrained = {
-        tuple(run.data.metrics[f"selfccl_{c}"] for c in ("easy", "semi_hard", "hard"))
-        for run in curricula
-        if run.data.tags["clsr.ablation"] != "scored_by_simcse"
+    pretrained = [r for r in curricula if r.data.tags["clsr.ablation"] != "scored_by_simcse"]
+    counts_by_margin = {
+        (
+            r.data.params["method.margin"],
+            tuple(r.data.metrics[f"selfccl_{c}"] for c in ("easy", "semi_hard", "hard")),
+        )
+        for r in pretrained
     }
-    assert len(pretrained) == 1  # one scoring of the rows, shared by every curriculum trial
+    # one scoring of the rows, shared by every curriculum trial: one count per margin, equal hard counts
+    assert len(counts_by_margin) == len({m for m, _ in counts_by_margin}) == 2
+    assert len({counts[2] for _, counts in counts_by_margin}) == 1
 
     simcse = next(r for r in children if r.data.tags["clsr.ablation"] == "simcse_sup")
     staged = next(r for r in children if r.data.tags["clsr.ablation"] == "scored_by_simcse")
