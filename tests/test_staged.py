@@ -4,6 +4,7 @@ whose upstream failed, one shared build per entropy-model set, and loading a tra
 from __future__ import annotations
 
 import copy
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -196,9 +197,11 @@ def test_a_trained_encoder_loads_from_a_checkpoint_folder_file_or_uri(tmp_path):
 
     assert is_checkpoint(str(folder)) and is_checkpoint("s3://b/c") and not is_checkpoint("minilm")
     expected = trained.backbone.embeddings.word_embeddings.weight
+    copies_before = set(Path(tempfile.gettempdir()).glob("clsr-upstream-*"))
     for source in (str(folder), str(folder / "state.pt"), f"file://{folder}"):
         loaded = load_trained_encoder(source, cfg)
         assert torch.equal(loaded.backbone.embeddings.word_embeddings.weight, expected), source
+    assert set(Path(tempfile.gettempdir()).glob("clsr-upstream-*")) == copies_before  # URI copy removed
     assert (
         load_trained_encoder(str(folder), cfg, "best").backbone.embeddings.word_embeddings.weight.abs().sum()
         == 0

@@ -14,6 +14,7 @@ section (same ``name``; its pooling decides which heads are needed).
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Literal
@@ -52,21 +53,11 @@ def load_trained_encoder(source: str, model_cfg: ModelConfig, weights: Weights =
     if not is_checkpoint(source):
         return TransformerEncoder(model_cfg.model_copy(update={"name": source}))
     path = local_folder(source)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"trained encoder {source!r} does not exist; name the checkpoint folder of a finished trial "
-            f"(its MLflow run's tag clsr.checkpoint)"
-        )
-    if path.is_dir():
-        if not (path / WEIGHT_FILES[weights]).exists():
-            raise FileNotFoundError(
-                f"{source} has no {WEIGHT_FILES[weights]} (weights: {weights}); "
-                f"{'the trial scored no dev set, use weights: last' if weights == 'best' else 'is it a checkpoint?'}"
-            )
-        path = path / WEIGHT_FILES[weights]
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if isinstance(state, dict) and isinstance(state.get("model"), dict):  # state.pt: weights + optimiser
-        state = state["model"]
+    try:
+        state = _read_weights(source, path, weights)
+    finally:
+        if "://" in source:  # the local copy of a remote checkpoint has served its purpose
+            shutil.rmtree(path, ignore_errors=True)
     model = TransformerEncoder(model_cfg)
     missing, _ = model.load_state_dict(state, strict=False)  # a head the consumer does not pool with: unused
     if missing:
@@ -75,3 +66,24 @@ def load_trained_encoder(source: str, model_cfg: ModelConfig, weights: Weights =
             f"pooling (missing: {missing[:3]}...); train the upstream trial with the same model.name"
         )
     return model
+
+
+def _read_weights(source: str, path: Path, weights: Weights) -> dict:
+    if not path.exists():
+        raise FileNotFoundError(
+            f"trained encoder {source!r} does not exist; name the checkpoint folder of a finished trial "
+            f"(its MLflow run's tag clsr.checkpoint)"
+        )
+    if path.is_dir():
+        if not (path / WEIGHT_FILES[weights]).exists():
+            hint = (
+                "the trial scored no dev set, use weights: last"
+                if weights == "best"
+                else "is it a checkpoint?"
+            )
+            raise FileNotFoundError(f"{source} has no {WEIGHT_FILES[weights]} (weights: {weights}); {hint}")
+        path = path / WEIGHT_FILES[weights]
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):  # state.pt: weights + optimiser
+        state = state["model"]
+    return state

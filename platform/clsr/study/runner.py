@@ -189,6 +189,11 @@ def expand_trials(study: Study, points: list[dict[str, Any]]) -> list[dict[str, 
     return [{**p, "seed": seed} for p in points for seed in study.seeds_of(p["ablation"])]
 
 
+def sampled_bases(study: Study, ablation: str) -> list[dict[str, Any]]:
+    """A sampled ablation's base trial per seed: it stands for the samples when shared inputs are built."""
+    return [{"ablation": ablation, "overrides": {}, "seed": seed} for seed in study.seeds_of(ablation)]
+
+
 def ready_trials(
     study: Study, trials: list[dict[str, Any]], outputs: Outputs
 ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
@@ -424,18 +429,15 @@ def run_study(study: Study, study_text: str, resume: bool = False) -> list[dict[
     rows: list[dict[str, Any]] = []
     try:
         for name, ablation, wave in experiments(study):
-            trials = expand_trials(study, [p for p in points if p["ablation"] in wave])
             staged = any(study.ablations[a].needs for a in wave)
             outputs = finished_outputs(client, parent_run_id) if staged else {}
-            trials, blocked = ready_trials(study, trials, outputs)
+            planned = expand_trials(study, [p for p in points if p["ablation"] in wave])
+            trials, blocked = ready_trials(study, planned, outputs)
             rows += skip_blocked(uri, parent_run_id, blocked)
             if ablation is None and not trials:
-                continue
-            if ablation is not None:  # sampled: the ablation's base stands for its samples
-                trials = [
-                    {"ablation": ablation, "overrides": {}, "seed": s} for s in study.seeds_of(ablation)
-                ]
-            shared = prepare_shared(study, trials, outputs)
+                continue  # every trial of this wave lost an upstream trial
+            builds = trials if ablation is None else sampled_bases(study, ablation)
+            shared = prepare_shared(study, builds, outputs)
             ctx = StudyContext(
                 study.model_dump(by_alias=True), uri, parent_run_id, storage, trials, shared, outputs
             )
