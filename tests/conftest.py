@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))  # the tests import helpers from test_e2e
 
 # Offline and quiet by default: these machines have no hub access.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -26,3 +29,33 @@ def data_dir() -> Path:
     if not (path / "senteval").is_dir():
         pytest.skip(f"local data not found at {path}; set CLSR_DATA_DIR to the shared data folder")
     return path
+
+
+@dataclass(frozen=True)
+class FinishedStudy:
+    """A study that ran end to end: its MLflow store, working folder and the command's output."""
+
+    uri: str
+    folder: Path
+    output: str
+
+
+@pytest.fixture(scope="session")
+def smoke_study(tmp_path_factory) -> FinishedStudy:
+    """`platform study run studies/smoke.yaml` once per test session (about 3 minutes on 2 cores);
+    the end-to-end test checks it, and the report, MLflow UI and model tests read its store."""
+    from test_e2e import platform_cmd
+
+    folder = tmp_path_factory.mktemp("smoke-study")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    args = (
+        "study",
+        "run",
+        str(REPO_ROOT / "studies" / "smoke.yaml"),
+        "--set",
+        f"storage_path={folder / 'runs'}",
+    )
+    proc = platform_cmd(*args, cwd=folder, uri=uri)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    return FinishedStudy(uri, folder, output)

@@ -55,20 +55,9 @@ def runs_of(uri: str, experiment: str):
     return client, parents, children
 
 
-def test_smoke_study_end_to_end(tmp_path):
+def test_smoke_study_end_to_end(smoke_study):
     """One Ray Train worker per trial (the GCLSR and SupMPN smoke studies run trials in-process)."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = platform_cmd(
-        "study",
-        "run",
-        str(REPO_ROOT / "studies" / "smoke.yaml"),
-        "--set",
-        f"storage_path={tmp_path / 'runs'}",
-        cwd=tmp_path,
-        uri=uri,
-    )
-    output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, output[-3000:]
+    uri, output = smoke_study.uri, smoke_study.output
     assert "temperature | method.temperature=0.05" in output  # the summary table
 
     client, parents, children = runs_of(uri, "smoke")
