@@ -114,3 +114,23 @@ def test_killed_study_resumes_without_duplicate_runs(tmp_path):
     assert all(c.data.tags["clsr.status"] == "finished" and "test_stsb" in c.data.metrics for c in children)
     for run_id in finished_before:  # the finished trial was not run again
         assert len(client.get_metric_history(run_id, "loss")) == 4
+
+
+def test_report_of_the_smoke_study(smoke_study, tmp_path, capsys):
+    """`platform study report` on a study that ran: tables, files and the parent run's artifacts."""
+    from clsr.cli import main
+
+    out = tmp_path / "report"
+    study = str(REPO_ROOT / "studies" / "smoke.yaml")
+    assert main(["study", "report", study, "--out", str(out), "--tracking-uri", smoke_study.uri]) == 0
+    printed = capsys.readouterr().out
+    assert "method.temperature=0.05" in printed and "paper choice" in printed
+    assert {"report.md", "report.csv", "report.html", "temperature_main.png"} <= {
+        p.name for p in out.iterdir()
+    }
+    client, parents, children = runs_of(smoke_study.uri, "smoke")
+    logged = {a.path for a in client.list_artifacts(parents[0].info.run_id, "report")}
+    assert "report/report.html" in logged
+    # every trial's cost reached MLflow and the report sums it
+    assert all(c.data.metrics["trial_wall_s"] > 0 for c in children)
+    assert "not logged" not in (out / "report.md").read_text()  # the cost table has the trials' seconds

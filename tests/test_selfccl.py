@@ -218,5 +218,9 @@ def test_local_run_logs_the_scored_table_and_figure_4(data_dir, tmp_path):
     assert len(table) == summary["rows"] == sum(counts.values()) == 48
     assert {name: sum(r["label"] == name for r in table) for name in counts} == counts
     assert sorted(int(r["position"]) for r in table) == list(range(48))
-    metrics = client.get_run(run_id).data.metrics
+    run = client.get_run(run_id)
+    metrics = run.data.metrics
     assert {k: int(metrics[f"selfccl_{k}"]) for k in counts} == counts
+    # the trial's cost: wall and CPU seconds, no GPU here; the device it ran on
+    assert 0 < metrics["trial_wall_s"] < 600 and metrics["trial_cpu_s"] > 0 and metrics["trial_gpu_s"] == 0
+    assert run.data.tags["clsr.device"] == "1 x cpu"

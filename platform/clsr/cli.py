@@ -13,10 +13,13 @@ EXAMPLES = """examples:
   platform study run studies/gclsr_ablations.yaml --smoke
   platform study resume studies/smoke.yaml
   platform study validate studies/*.yaml
+  platform study report studies/smoke.yaml
+  platform study report --name supmpn_ablations --out reports/supmpn
   platform eval --model minilm --pooling mean --tasks sts
   platform eval --model minilm --tasks sts,transfer
   platform eval --model minilm --tasks mr,trec --transfer-mode fast --max-examples 1000
   platform eval --model minilm --pooling mean --tasks faq
+  platform eval --model runs:/<run_id>/model --tasks sts
 """
 
 
@@ -47,13 +50,39 @@ def _parser() -> argparse.ArgumentParser:
     validate = study.add_parser("validate", help="check study files without running anything")
     validate.add_argument("studies", nargs="+")
     validate.add_argument("--smoke", action="store_true", help="validate with the smoke: section applied")
+    report = study.add_parser(
+        "report",
+        help="the study's tables from MLflow: mean ± std, 95%% CI and n over seeds beside the paper's numbers, "
+        "paired t-tests against a reference row, plots; terminal, Markdown, CSV, HTML",
+    )
+    report.add_argument("study", nargs="?", help="study YAML file (or give --name)")
+    report.add_argument(
+        "--name", help="study name instead of a file: reads the study its parent run recorded"
+    )
+    report.add_argument("--smoke", action="store_true", help="the report of the study's --smoke run")
+    report.add_argument("--out", default=None, help="output folder (default: reports/<study name>/)")
+    report.add_argument(
+        "--tracking-uri", default=None, help="MLflow (default: the study's, $MLFLOW_TRACKING_URI)"
+    )
+    report.add_argument(
+        "--no-log", action="store_true", help="do not log the files on the study's parent run"
+    )
 
     ev = commands.add_parser(
         "eval",
         help="evaluate an encoder on STS (SentEval 'all' setting), the SentEval transfer tasks and/or FAQ retrieval",
     )
-    ev.add_argument("--model", required=True, help="hub id, local folder, or 'minilm'")
-    ev.add_argument("--pooling", default="mean", help="cls, cls_before_pooler, avg/mean, avg_first_last, ...")
+    ev.add_argument(
+        "--model",
+        required=True,
+        help="a trial's model: runs:/<run_id>/model, models:/..., a run id or an exported folder; "
+        "or a hub id, local folder, or 'minilm'",
+    )
+    ev.add_argument(
+        "--pooling",
+        default=None,
+        help="cls, cls_before_pooler, avg/mean, avg_first_last, ... (default: an exported model's own, else mean)",
+    )
     ev.add_argument(
         "--tasks",
         default="sts",
@@ -116,6 +145,8 @@ def cmd_study(args: argparse.Namespace) -> int:
                 failed += 1
                 print(err, file=sys.stderr)
         return 1 if failed else 0
+    if args.action == "report":
+        return cmd_study_report(args)
 
     from clsr.study.runner import format_rows, run_study
 
@@ -131,9 +162,39 @@ def cmd_study(args: argparse.Namespace) -> int:
     return 1 if any(r["status"] != "ok" for r in rows) else 0
 
 
+def cmd_study_report(args: argparse.Namespace) -> int:
+    """``platform study report``: 0 when the report was written, 2 for a bad file or no runs found."""
+    import tempfile
+
+    from clsr.study.report import NoStudyRuns, render_text, report_study, study_by_name
+    from clsr.study.schema import StudyError
+    from clsr.tracking.study_runs import resolve_tracking_uri
+
+    if (args.study is None) == (args.name is None):
+        print("error: give a study file or --name, not both", file=sys.stderr)
+        return 2
+    uri = args.tracking_uri
+    try:
+        if args.study is not None:
+            study = _load(args.study, [], smoke=args.smoke)
+        else:  # the store the run was found in, not the tracking_uri its study recorded
+            uri = resolve_tracking_uri(uri)
+            with tempfile.TemporaryDirectory() as tmp:
+                name = f"{args.name}-smoke" if args.smoke else args.name
+                study = study_by_name(name, uri, Path(tmp))
+        out = Path(args.out) if args.out else None
+        report, files = report_study(study, out, uri, log=not args.no_log)
+    except (StudyError, NoStudyRuns) as err:
+        print(f"error: {err}" if isinstance(err, NoStudyRuns) else err, file=sys.stderr)
+        return 2
+    print(render_text(report))
+    where = "" if args.no_log else f"; logged on run {report.parent_run_id} under report/"
+    print(f"\nwrote {len(files)} file(s) to {files[0].parent}{where}")
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
-    from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
-    from clsr.eval.embed import transformer_embedder
+    from clsr.encoders.export import load_model, make_embedder, pooling_of
     from clsr.eval.sts import evaluate_sts, format_table, summary_metrics
     from clsr.eval.transfer import (
         evaluate_transfer,
@@ -152,8 +213,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             print(f"error: {flag} must be at least 1", file=sys.stderr)
             return 2
     started = time.perf_counter()
-    encoder = TransformerEncoder(ModelConfig(name=args.model, pooling=args.pooling))
-    embed = transformer_embedder(encoder, load_tokenizer(args.model), batch_size=args.batch_size)
+    encoder, pipeline = load_model(args.model, pooling=args.pooling)
+    args.pooling = pooling_of(encoder)  # an exported model's own pooling when --pooling is left out
+    embed = make_embedder(encoder, pipeline, batch_size=args.batch_size)
     metrics: dict[str, float] = {}
     tables: dict[str, str] = {}
     if sts_tasks:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -127,6 +128,13 @@ class Method(ABC):
         trial's ``RunLogger`` (``log``, ``log_text``, ``log_artifact``).
         """
         return None  # most methods log nothing beyond the loop's metrics
+
+    def export_model(self, model: nn.Module, pipeline: Any, trial: Any, folder: Path) -> None:
+        """Save the trained encoder in ``folder`` in a format users load without clsr: a
+        sentence-transformers model for transformer encoders (see ``clsr.encoders.export``)."""
+        from clsr.encoders.export import save_sentence_transformer
+
+        save_sentence_transformer(model, pipeline, trial.model, folder)
 
     def make_embedder(
         self, model: nn.Module, pipeline: Any, batch_size: int = 128

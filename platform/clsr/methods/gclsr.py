@@ -30,6 +30,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -374,6 +375,14 @@ class GCLSR(Method):
         """``embeddings``: (rows, 4, dim) holding p1, p2, z1, z2 of every row of the global batch."""
         p1, p2, z1, z2 = embeddings.unbind(dim=1)
         return grouped_simsiam_loss(p1, p2, z1, z2, self.cfg.group_size)
+
+    def export_model(self, model: nn.Module, pipeline: GCLSRShared, trial: Any, folder: Path) -> None:
+        """Save the TextCNN backbone (conv banks, the trial's word table, its config) in ``folder``; no
+        sentence-transformers equivalent exists, ``clsr.encoders.export.load_textcnn`` loads it."""
+        from clsr.encoders.export import save_textcnn
+
+        encoder = model.encoder if hasattr(model, "encoder") else model
+        save_textcnn(encoder, pipeline.table, trial.model, folder, method=self.name)
 
     def make_embedder(
         self, model: nn.Module, pipeline: GCLSRShared, batch_size: int = 128

@@ -106,7 +106,8 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         trial_id,
         f"{point['ablation']}/{label}/seed={seed}",
         tags,
-        trial.model_dump(),
+        # study.* params: what the MLflow compare view and parallel-coordinates plot group and sort by
+        trial.model_dump() | {"study": {"ablation": point["ablation"], "point": label, "seed": seed}},
     )
     res = study.resources
     in_process = res.workers_per_trial == 0
@@ -117,6 +118,7 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
             "tracking": {"uri": ctx.tracking_uri, "run_id": run_id},
             "shared": shared,
             "in_process": in_process,
+            "gpus_per_worker": res.gpus_per_worker,
         },
         scaling_config=ray.train.ScalingConfig(
             num_workers=res.workers_per_trial,

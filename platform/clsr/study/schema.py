@@ -115,6 +115,11 @@ class Ablation(Strict):
     paper_metric: str = Field("dev_stsb", description="the metric the published numbers are")
     paper: dict[str, float] = Field(default_factory=dict, description="published number per grid point label")
     paper_choice: str | None = Field(None, description="label of the row the paper chose")
+    reference: str | None = Field(
+        None,
+        description="label of the row the report tests the others against (paired t-test over seeds); "
+        "default: paper_choice, else the first point",
+    )
     seeds: list[int] | None = Field(
         None, min_length=1, description="this ablation's seeds (default: the study's)"
     )
@@ -283,6 +288,20 @@ def grid_points(ablation: Ablation) -> list[dict[str, Any]]:
         paper = ablation.paper.get(label, ablation.paper.get(short))
         points.append({"label": label, "overrides": overrides, "paper": _paper_value(paper, ablation)})
     return points
+
+
+def find_point(points: list[dict[str, Any]], name: str | None) -> dict[str, Any] | None:
+    """The point ``name`` (a ``paper_choice`` or ``reference``) means: its label, the bare value of a
+    one-key grid (``'256'``), or its ``key=value`` parts in any order, as study files write them."""
+    if name is None:
+        return None
+    parts = set(name.split(", "))
+    for point in points:
+        values = list(point["overrides"].values())
+        short = str(values[0]) if len(values) == 1 else None
+        if name in (point["label"], short) or parts == set(point["label"].split(", ")):
+            return point
+    return None
 
 
 def _paper_value(value: float | dict[str, float] | None, ablation: Ablation) -> dict[str, float]:
@@ -478,7 +497,7 @@ def _check_trials(study: Study) -> list[str]:
     """Resolve every grid point (and each sampled ablation's base), so a bad value fails now and not in
     trial 37. A problem the study's base gives every trial is reported once, as ``base.<field>``; one
     the base has but the ablations fix (e.g. a field ``needs`` fills) is not a problem."""
-    problems: list[str] = []
+    problems: list[str] = _check_references(study)
     per_trial: list[tuple[str, str]] = []  # (where, rest): where + rest is the line
     for name, ablation in study.ablations.items():
         keys = list(ablation.grid) + [k for p in ablation.points for k in p.set] + list(ablation.space)
@@ -505,6 +524,25 @@ def _check_trials(study: Study) -> list[str]:
         + [f"base{p}" for p in shared]
         + [where + rest for where, rest in per_trial if rest not in shared]
     )
+
+
+def _check_references(study: Study) -> list[str]:
+    """Every ``reference`` names a point of its ablation, so the report's paired tests have a baseline."""
+    problems = []
+    for name, ablation in study.ablations.items():
+        if ablation.reference is None:
+            continue
+        where = f"ablations.{name}.reference"
+        if ablation.space:
+            problems.append(
+                f"{where}: a sampled ablation (space) has no points to name (given: {ablation.reference!r})"
+            )
+            continue
+        points = grid_points(ablation)
+        if find_point(points, ablation.reference) is None:
+            labels = [p["label"] for p in points]
+            problems.append(f"{where}: no such point (given: {ablation.reference!r}; allowed: {labels})")
+    return problems
 
 
 def _check_raw_base(raw: dict[str, Any]) -> list[str]:

@@ -50,3 +50,8 @@ class RunLogger:
         """Copy a local file into the run's artifacts (under ``artifact_path``)."""
         if self.client is not None:
             self.client.log_artifact(self.run_id, str(local_path), artifact_path)
+
+    def log_artifacts(self, local_dir: str | os.PathLike[str], artifact_path: str | None = None) -> None:
+        """Copy a local folder into the run's artifacts (under ``artifact_path``)."""
+        if self.client is not None:
+            self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)

@@ -132,6 +132,11 @@ class EvalConfig(Section):
     )
     batch_size: int = Field(128, ge=1)
     alignment_uniformity: bool = Field(True, description="Wang & Isola metrics on STS-B dev")
+    log_model: bool = Field(
+        True,
+        description="log the best model to the trial's MLflow run as 'model/' (sentence-transformers "
+        "format for transformer encoders) so users can load it without clsr",
+    )
 
     @model_validator(mode="after")
     def _known_tasks(self) -> EvalConfig:

@@ -13,6 +13,7 @@ import math
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,16 @@ class Evaluator:
         scores = evaluate_sts(self.embedder(model), self.cfg.dev_tasks, DEV_SPLIT, self.data_dir)
         return {f"dev_{task}": s.all for task, s in scores.items()}
 
+    def log_model(self, model: nn.Module, logger: RunLogger) -> None:
+        """The best model as the run's ``model/`` artifacts, in a format users load without clsr."""
+        with tempfile.TemporaryDirectory(prefix="clsr-model-") as folder:
+            try:
+                self.method.export_model(unwrap(model), self.pipeline, self.trial, Path(folder) / "model")
+                logger.log_artifacts(Path(folder) / "model", "model")
+            except Exception as err:  # the scores stand; a trial is not lost over its export
+                warnings.warn(f"the trained model could not be logged: {err!r}", stacklevel=2)
+                logger.set_tags({"clsr.model_error": repr(err)[:5000]})
+
     def final(self, model: nn.Module) -> dict[str, float]:
         embed = self.embedder(model)
         sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks(self.cfg.tasks)
@@ -159,6 +170,7 @@ def fit(
     ``shared``: the method's ``prepare_shared`` result when the study runner built it once for many
     trials; built here when None and the method needs one.
     """
+    clock = TrialClock()
     t = trial.trainer
     torch.manual_seed(t.seed + session.rank)  # same init everywhere (DDP broadcasts), own dropout per rank
     np.random.seed(t.seed + session.rank)
@@ -281,7 +293,7 @@ def fit(
             shutil.rmtree(checkpoint, ignore_errors=True)
         model.train()
 
-    return finish(model, state, best_weights, evaluator, logger, session)
+    return finish(model, state, best_weights, evaluator, logger, session, clock)
 
 
 def loss_stalled(state: dict, loss: float, patience: int | None) -> bool:
@@ -296,9 +308,11 @@ def loss_stalled(state: dict, loss: float, patience: int | None) -> bool:
     return state["stalled_steps"] >= patience
 
 
-def finish(model, state, best_weights, evaluator, logger, session) -> dict[str, float]:
-    """Reload the best dev checkpoint, score it on the test sets, and report the final metrics."""
+def finish(model, state, best_weights, evaluator, logger, session, clock: TrialClock) -> dict[str, float]:
+    """Reload the best dev checkpoint, score it on the test sets, log the model and the trial's cost,
+    and report the final metrics."""
     final: dict[str, float] = {"step": state["step"], "finished": 1}  # not "done": Tune would end the trial
+    clock.stop_training(session)  # every rank, before rank 0 evaluates alone
     if evaluator is not None:
         if best_weights is not None:
             unwrap(model).load_state_dict(best_weights)
@@ -309,7 +323,47 @@ def finish(model, state, best_weights, evaluator, logger, session) -> dict[str, 
                 "best_step": state["best_step"],
                 f"best_dev_{evaluator.cfg.select_on}": state["best_score"],
             }
+        if evaluator.cfg.log_model and logger.active:
+            evaluator.log_model(model, logger)
+        final |= clock.cost(session)
+        logger.set_tags({"clsr.device": clock.device(session)})
         logger.log({k: v for k, v in final.items() if k not in ("step", "finished")}, state["step"])
         logger.flush()
     session.report(final, None)
     return final if evaluator is not None else {}
+
+
+class TrialClock:
+    """What a trial cost: wall seconds, CPU seconds of every worker, and GPU seconds (GPUs held × wall)."""
+
+    def __init__(self) -> None:
+        self.wall_started = time.perf_counter()
+        self.cpu_started = time.process_time()
+        self.training_cpu_s = 0.0
+        self.eval_cpu_started = 0.0
+
+    def stop_training(self, session) -> None:
+        """Sum the workers' CPU seconds so far (a collective: every rank calls it)."""
+        mine = torch.tensor([time.process_time() - self.cpu_started], dtype=torch.float64)
+        if session.world_size > 1 and torch.distributed.is_initialized():
+            backend = torch.distributed.get_backend()
+            device = session.device if backend == "nccl" else torch.device("cpu")
+            mine = mine.to(device)
+            torch.distributed.all_reduce(mine)
+        self.training_cpu_s = float(mine.item())
+        self.eval_cpu_started = time.process_time()
+
+    def cost(self, session) -> dict[str, float]:
+        wall = time.perf_counter() - self.wall_started
+        gpus = session.world_size * session.gpu_share if session.device.type == "cuda" else 0.0
+        return {
+            "trial_wall_s": wall,
+            "trial_cpu_s": self.training_cpu_s + time.process_time() - self.eval_cpu_started,
+            "trial_gpu_s": wall * gpus,
+        }
+
+    @staticmethod
+    def device(session) -> str:
+        if session.device.type == "cuda":
+            return f"{session.world_size} x {torch.cuda.get_device_name(session.device)}"
+        return f"{session.world_size} x cpu"

@@ -18,6 +18,7 @@ class _OneDevice:
 
     rank = property(lambda self: 0)
     world_size = property(lambda self: 1)
+    gpu_share = 1.0  # the fraction of its GPU a worker holds (cost accounting)
 
     @property
     def device(self) -> torch.device:
@@ -55,6 +56,7 @@ class RayTrainSession:
 
     rank = property(lambda self: rank())
     world_size = property(lambda self: world_size())
+    gpu_share = 1.0
 
     @property
     def device(self) -> torch.device:

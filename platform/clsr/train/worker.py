@@ -17,4 +17,5 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
         shared = ray.get(config["shared"][0])
     session = TuneTrialSession() if config.get("in_process") else RayTrainSession()
+    session.gpu_share = min(1.0, config.get("gpus_per_worker") or 1.0)
     fit(trial, session, tracking=config.get("tracking"), shared=shared)

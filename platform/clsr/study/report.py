@@ -1,0 +1,879 @@
+"""Study reports: the papers' tables rebuilt from a study's MLflow runs.
+
+``platform study report <study.yaml>`` reads the child runs of the study's latest parent run and, per
+ablation, puts each point's mean over seeds (std, Student-t 95 % CI, n) beside the number the paper
+published, tests every point against a reference point with a paired t-test over the seeds both ran,
+and shows every planned trial that did not finish instead of averaging it away. The same tables go to
+the terminal, Markdown, CSV and a self-contained HTML page, with plots; the files are also logged on
+the parent run under ``report/``, so the report travels with the runs it was built from.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import math
+import time
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from mlflow.tracking import MlflowClient
+from scipy import stats as sps
+
+from clsr.data.faq import FAQ_TASKS
+from clsr.data.sts import STS_TASKS
+from clsr.data.transfer import TRANSFER_TASKS
+from clsr.study.schema import Ablation, Study, find_point, grid_points
+from clsr.tracking.study_runs import check_reachable, children, find_parent_run, resolve_tracking_uri
+
+CONFIDENCE = 0.95
+ALPHA = 0.05  # rows whose paired test against the reference gives p below this are flagged
+OK = "finished"  # the only status whose metrics are averaged (stopped trials never reached their tests)
+TEST_NAME = "paired t-test (scipy.stats.ttest_rel, two-sided)"
+COST_METRICS = ("trial_wall_s", "trial_cpu_s", "trial_gpu_s")
+FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("STS test, Spearman x 100", (*(f"test_{t}" for t in STS_TASKS), "test_sts_avg", "test_sts12_15_avg")),
+    (
+        "SentEval transfer test, accuracy x 100",
+        (*(f"test_{t}" for t in TRANSFER_TASKS), "test_mrpc_f1", "test_transfer_avg"),
+    ),
+    (
+        "FAQ retrieval test, x 100",
+        tuple(f"test_{s}_{k}" for s in FAQ_TASKS for k in ("top1", "top3", "top5", "map")),
+    ),
+)
+KNOWN_TESTS = tuple(m for _, family in FAMILIES for m in family)
+
+
+class NoStudyRuns(LookupError):
+    """MLflow holds no run of the study at the tracking URI searched."""
+
+
+# --- the runs ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One child run of the study: a (point, seed) trial and how it ended."""
+
+    run_id: str
+    ablation: str
+    point: str
+    seed: int | None
+    status: str
+    metrics: dict[str, float]
+    tags: dict[str, str]
+    start_time: int
+
+    @classmethod
+    def from_run(cls, run: Any) -> Trial:
+        tags = run.data.tags
+        seed = tags.get("clsr.seed")
+        return cls(
+            run_id=run.info.run_id,
+            ablation=tags["clsr.ablation"],
+            point=tags.get("clsr.point", run.info.run_name or run.info.run_id),
+            seed=int(seed) if seed not in (None, "") else None,
+            status=tags.get("clsr.status", "unknown"),
+            metrics=dict(run.data.metrics),
+            tags=dict(tags),
+            start_time=run.info.start_time or 0,
+        )
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def error_line(self) -> str:
+        """The last line of the trial's error (the exception), short enough for a table."""
+        lines = [line.strip() for line in self.tags.get("clsr.error", "").splitlines() if line.strip()]
+        return lines[-1][:200] if lines else ""
+
+
+def open_study_runs(study_name: str, uri: str) -> tuple[MlflowClient, Any]:
+    """The client and the study's latest parent run; a clear error when there is none at ``uri``."""
+    hint = (
+        "set MLFLOW_TRACKING_URI (or tracking_uri: in the study file, or --tracking-uri) to the store "
+        "the study logged to, e.g. `export MLFLOW_TRACKING_URI=sqlite:////path/to/mlflow.db` or "
+        "http://<host>:5000; a --smoke run is a study of its own, '<name>-smoke'"
+    )
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise NoStudyRuns(
+            f"no MLflow store at {uri} (no such file), so no run of study {study_name!r}; {hint}"
+        )
+    check_reachable(uri)
+    client = MlflowClient(uri)
+    parent = find_parent_run(client, study_name)
+    if parent is None:
+        raise NoStudyRuns(
+            f"no MLflow run of study {study_name!r} at {uri} (searched experiment {study_name!r} for a run "
+            f"tagged clsr.study={study_name}); {hint}"
+        )
+    return client, parent
+
+
+def load_trials(client: MlflowClient, parent_run_id: str) -> list[Trial]:
+    """Every child run that belongs to an ablation (skipped ones too: they are planned trials)."""
+    return [Trial.from_run(r) for r in children(client, parent_run_id) if "clsr.ablation" in r.data.tags]
+
+
+def pick_trials(trials: Iterable[Trial]) -> dict[tuple[str, int | None], Trial]:
+    """One trial per (point, seed): a resumed study can leave several runs; the finished one counts,
+    else the latest, so an early failure that a resume fixed is not shown as a failure."""
+    chosen: dict[tuple[str, int | None], Trial] = {}
+    for trial in sorted(trials, key=lambda t: (t.ok, t.start_time)):
+        chosen[(trial.point, trial.seed)] = trial
+    return chosen
+
+
+def study_from_run(client: MlflowClient, parent_run_id: str, dst: Path) -> Study:
+    """The study as its run recorded it (``resolved.yaml``: ``from:`` files merged, smoke applied), for
+    ``--name`` reports that have no study file at hand."""
+    try:
+        local = client.download_artifacts(parent_run_id, "resolved.yaml", str(dst))
+    except Exception as err:  # MLflow raises its own exception types per artifact store
+        raise NoStudyRuns(
+            f"the parent run {parent_run_id} has no resolved.yaml artifact ({err}); give the study file"
+        ) from err
+    return Study.model_validate(yaml.safe_load(Path(local).read_text())["study"])
+
+
+# --- statistics --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A cell: mean over seeds, sample std (ddof 1) and the Student-t CI; std and CI are nan below n = 2."""
+
+    mean: float
+    std: float
+    ci_low: float
+    ci_high: float
+    n: int
+
+
+def seed_stats(values: Sequence[float]) -> Stats:
+    """Seeds are few (3-5), so the interval uses Student's t with n - 1 degrees of freedom, not z."""
+    v = np.asarray(values, dtype=float)
+    n = len(v)
+    if n == 0:
+        return Stats(math.nan, math.nan, math.nan, math.nan, 0)
+    mean = float(v.mean())
+    if n < 2:
+        return Stats(mean, math.nan, math.nan, math.nan, 1)
+    std = float(v.std(ddof=1))
+    half = float(sps.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * std / math.sqrt(n)
+    return Stats(mean, std, mean - half, mean + half, n)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A row against the reference row on the main metric, over the seeds both finished."""
+
+    p_value: float  # nan: fewer than 2 paired seeds (or no spread at all in the differences)
+    n: int
+    mean_diff: float  # row - reference, mean over the paired seeds
+
+
+def paired_test(row: dict[int | None, float], reference: dict[int | None, float]) -> Paired:
+    """Same seed = same data order and initialisation, so the paired test removes the seed's share of
+    the variance that an unpaired test would count against the difference."""
+    seeds = sorted((s for s in set(row) & set(reference) if s is not None), key=int)
+    diffs = [row[s] - reference[s] for s in seeds]
+    mean_diff = float(np.mean(diffs)) if diffs else math.nan
+    if len(seeds) < 2:
+        return Paired(math.nan, len(seeds), mean_diff)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # constant differences: SciPy warns and returns nan or 0
+        p = float(sps.ttest_rel([row[s] for s in seeds], [reference[s] for s in seeds]).pvalue)
+    return Paired(p, len(seeds), mean_diff)
+
+
+# --- one ablation ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One point of an ablation: its planned seeds, the trials found, and the cells built from them."""
+
+    label: str
+    overrides: dict[str, Any]
+    paper: dict[str, float]
+    seeds: list[int]
+    trials: dict[int | None, Trial] = field(default_factory=dict)
+    in_study: bool = True
+    paper_choice: bool = False
+    reference: bool = False
+    stats: dict[str, Stats] = field(default_factory=dict)
+    test: Paired | None = None  # None for the reference row itself
+
+    def values(self, metric: str) -> dict[int | None, float]:
+        """Seed -> value of the finished trials that logged ``metric``."""
+        return {s: t.metrics[metric] for s, t in self.trials.items() if t.ok and metric in t.metrics}
+
+    def paper_value(self, metric: str) -> float | None:
+        """The published number of ``metric``; a ``best_dev_*`` column shows a ``dev_*`` paper number
+        (papers report the dev score of the checkpoint they kept)."""
+        if metric in self.paper:
+            return self.paper[metric]
+        return self.paper.get(metric.removeprefix("best_")) if metric.startswith("best_") else None
+
+    def missing(self) -> list[int]:
+        return [s for s in self.seeds if s not in self.trials]
+
+    def trials_text(self) -> str:
+        """``2/3 ok, 1 failed``: every planned trial is accounted for."""
+        planned = len(set(self.seeds) | set(self.trials))
+        ok = sum(t.ok for t in self.trials.values())
+        others = Counter(t.status for t in self.trials.values() if not t.ok)
+        parts = [f"{ok}/{planned} ok", *(f"{n} {status}" for status, n in sorted(others.items()))]
+        if self.missing():
+            parts.append(f"{len(self.missing())} missing")
+        return ", ".join(parts)
+
+    def marks(self) -> str:
+        return ", ".join(
+            m for m, on in (("paper choice", self.paper_choice), ("reference", self.reference)) if on
+        )
+
+
+@dataclass
+class Cost:
+    """Compute spent: sums of the trials' cost metrics (runs without them are counted, not summed)."""
+
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    gpu_s: float = 0.0
+    runs: int = 0
+    measured: int = 0
+    devices: Counter = field(default_factory=Counter)
+
+    def add(self, trial: Trial) -> None:
+        self.runs += 1
+        if any(m in trial.metrics for m in COST_METRICS):
+            self.measured += 1
+            self.wall_s += trial.metrics.get("trial_wall_s", 0.0)
+            self.cpu_s += trial.metrics.get("trial_cpu_s", 0.0)
+            self.gpu_s += trial.metrics.get("trial_gpu_s", 0.0)
+        if "clsr.device" in trial.tags:
+            self.devices[trial.tags["clsr.device"]] += 1
+
+    def merge(self, other: Cost) -> None:
+        self.wall_s, self.cpu_s, self.gpu_s = (
+            self.wall_s + other.wall_s,
+            self.cpu_s + other.cpu_s,
+            self.gpu_s + other.gpu_s,
+        )
+        self.runs, self.measured = self.runs + other.runs, self.measured + other.measured
+        self.devices.update(other.devices)
+
+
+@dataclass
+class AblationReport:
+    """One paper table: rows (points), metric columns, the main metric and the reference row."""
+
+    name: str
+    spec: Ablation
+    main_metric: str
+    metrics: list[str]
+    rows: list[Row]
+    cost: Cost
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reference(self) -> Row | None:
+        return next((r for r in self.rows if r.reference), None)
+
+    @property
+    def trials(self) -> list[Trial]:
+        return [t for r in self.rows for t in r.trials.values()]
+
+
+def plan_rows(study: Study, name: str, trials: list[Trial]) -> list[Row]:
+    """The points in study order with their planned seeds and paper numbers (from the study file), and
+    the trials found for them; rows of runs the file no longer plans come last (sampled ablations: one
+    row per sampled point, in running order)."""
+    spec = study.ablations[name]
+    points = [] if spec.space else grid_points(spec)
+    seeds = [] if spec.space else study.seeds_of(name)
+    rows = {p["label"]: Row(p["label"], p["overrides"], dict(p["paper"]), list(seeds)) for p in points}
+    for (label, seed), trial in sorted(pick_trials(trials).items(), key=lambda kv: kv[1].start_time):
+        if label not in rows:
+            rows[label] = Row(label, {}, {}, [], in_study=bool(spec.space))
+        rows[label].trials[seed] = trial
+    for row in rows.values():
+        row.paper = row.paper or paper_from_tags(row.trials.values())
+    return list(rows.values())
+
+
+def paper_from_tags(trials: Iterable[Trial]) -> dict[str, float]:
+    """The fallback when the study file gives none: the ``clsr.paper.<metric>`` tags the trials carry."""
+    paper: dict[str, float] = {}
+    for trial in trials:
+        for key, value in trial.tags.items():
+            if key.startswith("clsr.paper."):
+                paper.setdefault(key.removeprefix("clsr.paper."), float(value))
+    return paper
+
+
+def main_metric(spec: Ablation, study: Study, present: set[str]) -> str:
+    """The metric the paper's numbers are, if measured (``dev_*`` as its best-checkpoint ``best_dev_*``),
+    else the STS test average, else the study's selection metric."""
+    pm = spec.paper_metric
+    candidates = [f"best_{pm}", pm] if pm.startswith("dev_") else [pm]
+    return next((m for m in [*candidates, "test_sts_avg"] if m in present), study.metric)
+
+
+def metric_columns(present: set[str], main: str) -> list[str]:
+    """Test metrics in the papers' order (STS, then transfer, then FAQ), the main metric first when it
+    is not a test metric (a dev score)."""
+    known = [m for m in KNOWN_TESTS if m in present]
+    others = sorted(m for m in present if m.startswith("test_") and m not in KNOWN_TESTS)
+    columns = known + others
+    return columns if main in columns else [main, *columns]
+
+
+def ablation_report(study: Study, name: str, trials: list[Trial]) -> AblationReport:
+    """Rows, cells and tests of one ablation; ``trials`` are all its child runs (cost counts each)."""
+    spec = study.ablations[name]
+    rows = plan_rows(study, name, trials)
+    present = {k for r in rows for t in r.trials.values() if t.ok for k in t.metrics}
+    main = main_metric(spec, study, present)
+    cost = Cost()
+    for trial in trials:
+        cost.add(trial)
+    report = AblationReport(name, spec, main, metric_columns(present, main), rows, cost)
+    mark_rows(report)
+    for row in rows:
+        row.stats = {m: seed_stats(list(row.values(m).values())) for m in report.metrics}
+    reference = report.reference
+    for row in rows:
+        if reference is not None and row is not reference:
+            row.test = paired_test(row.values(main), reference.values(main))
+    return report
+
+
+def mark_rows(report: AblationReport) -> None:
+    """The paper's choice, and the reference: ``reference:``, else the paper's choice, else row one."""
+    spec, rows = report.spec, report.rows
+    points = [{"label": r.label, "overrides": r.overrides} for r in rows]
+    choice = find_point(points, spec.paper_choice)
+    if choice is not None:
+        rows[points.index(choice)].paper_choice = True
+    elif spec.paper_choice:
+        report.notes.append(f"paper_choice {spec.paper_choice!r} names no row")
+    reference = find_point(points, spec.reference) or choice or (points[0] if points else None)
+    if reference is not None:
+        rows[points.index(reference)].reference = True
+
+
+@dataclass
+class StudyReport:
+    """Everything one report shows, before it is rendered."""
+
+    study: Study
+    tracking_uri: str
+    parent_run_id: str
+    ablations: list[AblationReport]
+    cost: Cost
+    notes: list[str]
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+
+
+def build_report(study: Study, client: MlflowClient, parent_run_id: str, uri: str) -> StudyReport:
+    """All ablations of the study from the parent run's children."""
+    trials = load_trials(client, parent_run_id)
+    ablations = [
+        ablation_report(study, name, [t for t in trials if t.ablation == name]) for name in study.ablations
+    ]
+    total = Cost()
+    for ablation in ablations:
+        total.merge(ablation.cost)
+    unknown = sorted({t.ablation for t in trials} - set(study.ablations))
+    notes = [f"runs of ablations the study file does not have (not shown): {unknown}"] if unknown else []
+    return StudyReport(study, uri, parent_run_id, ablations, total, notes)
+
+
+# --- tables ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    """A rendered-anywhere table: each cell a list of lines; ``classes`` style the HTML rows."""
+
+    title: str
+    header: list[str]
+    rows: list[list[list[str]]]
+    classes: list[str] = field(default_factory=list)
+
+
+def fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def fmt_p(p: float | None) -> str:
+    if p is None or math.isnan(p):
+        return "n/a"
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
+def fmt_seconds(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.2f} h"
+
+
+def mean_std(s: Stats | None) -> str:
+    if s is None or s.n == 0:
+        return "-"
+    return fmt(s.mean) if s.n < 2 else f"{s.mean:.2f} ± {s.std:.2f}"
+
+
+def ci_text(s: Stats | None) -> str:
+    return "-" if s is None or s.n < 2 else f"[{s.ci_low:.2f}, {s.ci_high:.2f}]"
+
+
+def row_class(row: Row) -> str:
+    classes = ["paper-choice" if row.paper_choice else "", "reference" if row.reference else ""]
+    if row.test is not None and row.test.p_value < ALPHA:
+        classes.append("significant")
+    if any(not t.ok for t in row.trials.values()) or row.missing():
+        classes.append("incomplete")
+    return " ".join(c for c in classes if c)
+
+
+def summary_table(ab: AblationReport) -> Table:
+    """The ablation at a glance: the main metric, the paper, and the test against the reference."""
+    m = ab.main_metric
+    header = ["point", "row", "trials", f"{m} mean ± std", "95% CI", "n", "paper", "ours − paper"]
+    header += ["ours − ref", "p (paired t)", "sig."]
+    rows = []
+    for row in ab.rows:
+        s, paper = row.stats.get(m), row.paper_value(m)
+        diff = s.mean - paper if s is not None and s.n and paper is not None else None
+        test = row.test
+        cells = [row.label, row.marks(), row.trials_text(), mean_std(s), ci_text(s), str(s.n if s else 0)]
+        cells += [fmt(paper), fmt(diff, "+.2f")]
+        if test is None:
+            cells += ["(reference)" if row.reference else "-", "", ""]
+        else:
+            sig = "*" if test.p_value < ALPHA else ""
+            cells += [fmt(test.mean_diff, "+.2f"), fmt_p(test.p_value), sig]
+        rows.append([[c] for c in cells])
+    return Table(f"{ab.name}: {m}", header, rows, [row_class(r) for r in ab.rows])
+
+
+def column_groups(ab: AblationReport) -> list[tuple[str, list[str]]]:
+    """The metric columns split by family, so no terminal table is wider than one family."""
+    groups = [(title, [m for m in family if m in ab.metrics]) for title, family in FAMILIES]
+    other = [m for m in ab.metrics if m not in KNOWN_TESTS and m.startswith("test_")]
+    selection = [m for m in ab.metrics if not m.startswith("test_")]
+    groups = [("selection / dev", selection), *groups, ("other test metrics", other)]
+    return [(title, cols) for title, cols in groups if cols]
+
+
+def cell_lines(row: Row, metric: str) -> list[str]:
+    """mean ± std, then CI and n, then the paper's number and ours − paper when it has one."""
+    s, paper = row.stats.get(metric), row.paper_value(metric)
+    lines = [mean_std(s), f"{ci_text(s)} n={s.n if s else 0}"]
+    if paper is not None:
+        diff = fmt(s.mean - paper, "+.2f") if s is not None and s.n else "-"
+        lines += [f"paper {paper:.2f}", f"Δ {diff}"]
+    return lines
+
+
+def detail_tables(ab: AblationReport) -> list[Table]:
+    """Every metric column: mean ± std, 95% CI, n, paper and ours − paper per cell."""
+    tables = []
+    for title, cols in column_groups(ab):
+        rows = []
+        for row in ab.rows:
+            label = [row.label] + ([f"({row.marks()})"] if row.marks() else [])
+            rows.append([label, [row.trials_text()], *(cell_lines(row, m) for m in cols)])
+        tables.append(
+            Table(f"{ab.name}: {title}", ["point", "trials", *cols], rows, [row_class(r) for r in ab.rows])
+        )
+    return tables
+
+
+def problems(ab: AblationReport) -> list[str]:
+    """Every planned trial without a finished run, with why, so nothing disappears from the means."""
+    lines = []
+    for row in ab.rows:
+        for seed, trial in sorted(row.trials.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+            if not trial.ok:
+                why = f": {trial.error_line()}" if trial.error_line() else ""
+                lines.append(f"{row.label} seed {seed}: {trial.status}{why} (run {trial.run_id})")
+        lines += [f"{row.label} seed {seed}: missing (no run)" for seed in row.missing()]
+        if not row.in_study:
+            lines.append(f"{row.label}: runs of a point the study file does not have")
+    return lines
+
+
+def cost_table(report: StudyReport) -> Table:
+    """Compute per ablation and for the study, from the trials' trial_wall_s / _cpu_s / _gpu_s."""
+    header = ["ablation", "runs", "with cost", "wall", "CPU", "GPU", "devices"]
+    items = [(a.name, a.cost) for a in report.ablations] + [("study", report.cost)]
+    rows = []
+    for name, c in items:
+        devices = "; ".join(f"{d} ({n})" for d, n in sorted(c.devices.items())) or "-"
+        times = [fmt_seconds(x) for x in (c.wall_s, c.cpu_s, c.gpu_s)] if c.measured else ["not logged"] * 3
+        rows.append([[name], [str(c.runs)], [str(c.measured)], *([t] for t in times), [devices]])
+    return Table("cost", header, rows, [""] * (len(rows) - 1) + ["total"])
+
+
+def ablation_notes(ab: AblationReport) -> list[str]:
+    ref = ab.reference
+    why = "reference:" if ab.spec.reference else "paper_choice" if ab.spec.paper_choice else "first point"
+    lines = [f"{ab.spec.table or ab.name}" + (f" — {ab.spec.description}" if ab.spec.description else "")]
+    lines.append(
+        f"main metric {ab.main_metric}; reference row {ref.label!r} ({why}); cells: mean ± std over "
+        f"seeds, {CONFIDENCE:.0%} CI (Student t), n seeds; rows vs reference: {TEST_NAME} on "
+        f"{ab.main_metric} across the seeds both finished, * p < {ALPHA}, n/a below 2 paired seeds"
+        if ref is not None
+        else "no rows: no point planned and no run found"
+    )
+    return lines + ab.notes
+
+
+def text_table(table: Table) -> str:
+    """Columns padded to their widest line; a rule between rows when cells span several lines."""
+    widths = [
+        max(len(h), *(len(line) for r in table.rows for line in r[i])) for i, h in enumerate(table.header)
+    ]
+    multi = any(len(cell) > 1 for r in table.rows for cell in r)
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [c.ljust(w) for c, w in zip(cells, widths, strict=True)]
+        while len(padded) > 1 and not padded[-1].strip():  # no dangling separators after the last value
+            padded.pop()
+        return " | ".join(padded).rstrip()
+
+    out = [line(table.header), "-+-".join("-" * w for w in widths)]
+    for i, row in enumerate(table.rows):
+        if multi and i:
+            out.append("-+-".join("-" * w for w in widths))
+        height = max(len(c) for c in row)
+        out += [line([c[k] if k < len(c) else "" for c in row]) for k in range(height)]
+    return "\n".join(out)
+
+
+# --- renderers ---------------------------------------------------------------------------------------
+
+
+def render_text(report: StudyReport) -> str:
+    """What the terminal shows: per ablation the summary and the detail tables, then cost."""
+    out = [
+        f"study {report.study.name!r}: parent run {report.parent_run_id} at {report.tracking_uri}",
+        *report.notes,
+    ]
+    for ab in report.ablations:
+        out += ["", f"== {ab.name} ==", *ablation_notes(ab), "", text_table(summary_table(ab))]
+        for table in detail_tables(ab):
+            out += ["", table.title, text_table(table)]
+        if lines := problems(ab):
+            out += ["", "not averaged:", *(f"  {p}" for p in lines)]
+    out += ["", "== cost ==", text_table(cost_table(report))]
+    return "\n".join(out)
+
+
+def md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown_table(table: Table) -> str:
+    rows = ["| " + " | ".join(md_escape(h) for h in table.header) + " |"]
+    rows.append("|" + "|".join("---" for _ in table.header) + "|")
+    rows += ["| " + " | ".join("<br>".join(md_escape(x) for x in c) for c in r) + " |" for r in table.rows]
+    return "\n".join(rows)
+
+
+def render_markdown(report: StudyReport, images: dict[str, list[Path]]) -> str:
+    out = [
+        f"# Study report: {report.study.name}",
+        "",
+        f"Parent run `{report.parent_run_id}` at `{report.tracking_uri}`; built {report.created}.",
+        *report.notes,
+    ]
+    for ab in report.ablations:
+        out += [
+            "",
+            f"## {ab.name}",
+            "",
+            *(f"{n}  " for n in ablation_notes(ab)),
+            "",
+            markdown_table(summary_table(ab)),
+        ]
+        for table in detail_tables(ab):
+            out += ["", f"### {table.title}", "", markdown_table(table)]
+        if lines := problems(ab):
+            out += ["", "Not averaged:", "", *(f"* {md_escape(p)}" for p in lines)]
+        out += ["", *(f"![{p.stem}]({p.name})" for p in images.get(ab.name, []))]
+    out += ["", "## Cost", "", markdown_table(cost_table(report)), ""]
+    return "\n".join(out)
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em;color:#222;max-width:1600px}
+table{border-collapse:collapse;margin:.6em 0 1.4em;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;vertical-align:top;white-space:nowrap}
+th{background:#f0f0f0} td:first-child,th:first-child{text-align:left}
+tr.paper-choice td{background:#fff8dc} tr.reference td:first-child{font-weight:bold}
+tr.significant td{color:#a00000} tr.incomplete td:nth-child(3){background:#fde2e2}
+tr.total td{font-weight:bold} .notes{color:#555;font-size:13px} img{max-width:100%;margin:.5em 0}
+"""
+
+
+def html_table(table: Table) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in table.header)
+    body = []
+    for i, row in enumerate(table.rows):
+        cls = table.classes[i] if i < len(table.classes) else ""
+        cells = "".join("<td>" + "<br>".join(html.escape(x) for x in c) + "</td>" for c in row)
+        body.append(f'<tr class="{cls}">{cells}</tr>')
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def render_html(report: StudyReport, images: dict[str, list[Path]]) -> str:
+    """One page, no outside files: inline CSS, PNGs embedded as base64."""
+    esc = html.escape
+    parts = [
+        f"<h1>Study report: {esc(report.study.name)}</h1>",
+        f'<p class="notes">Parent run <code>{esc(report.parent_run_id)}</code> at '
+        f"<code>{esc(report.tracking_uri)}</code>; built {esc(report.created)}.</p>",
+        *(f'<p class="notes">{esc(n)}</p>' for n in report.notes),
+    ]
+    for ab in report.ablations:
+        parts += [f"<h2>{esc(ab.name)}</h2>", *(f'<p class="notes">{esc(n)}</p>' for n in ablation_notes(ab))]
+        parts.append(html_table(summary_table(ab)))
+        for table in detail_tables(ab):
+            parts += [f"<h3>{esc(table.title)}</h3>", html_table(table)]
+        if lines := problems(ab):
+            parts.append("<p>Not averaged:</p><ul>" + "".join(f"<li>{esc(p)}</li>" for p in lines) + "</ul>")
+        for png in images.get(ab.name, []):
+            data = base64.b64encode(png.read_bytes()).decode()
+            parts.append(f'<img alt="{esc(png.stem)}" src="data:image/png;base64,{data}">')
+    parts += ["<h2>Cost</h2>", html_table(cost_table(report))]
+    title = esc(f"Study report: {report.study.name}")
+    return (
+        f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{title}</title><style>{CSS}</style>'
+        f"</head><body>\n" + "\n".join(parts) + "\n</body></html>\n"
+    )
+
+
+CSV_FIELDS = (
+    "ablation", "table", "point", "paper_choice", "reference", "trials", "metric", "main_metric",
+    "mean", "std", "ci_low", "ci_high", "n", "paper", "diff", "p_value", "test",
+)  # fmt: skip
+
+
+def csv_rows(report: StudyReport) -> list[dict[str, Any]]:
+    """One row per ablation x point x metric; p_value on the main metric's rows (blank for the reference)."""
+    out = []
+    for ab in report.ablations:
+        for row in ab.rows:
+            for metric in ab.metrics:
+                s, paper = row.stats[metric], row.paper_value(metric)
+                main = metric == ab.main_metric
+                test = row.test if main else None
+                out.append(
+                    {
+                        "ablation": ab.name, "table": ab.spec.table or "", "point": row.label,
+                        "paper_choice": row.paper_choice, "reference": row.reference,
+                        "trials": row.trials_text(), "metric": metric, "main_metric": main,
+                        "mean": _num(s.mean), "std": _num(s.std), "ci_low": _num(s.ci_low),
+                        "ci_high": _num(s.ci_high), "n": s.n, "paper": _num(paper),
+                        "diff": _num(s.mean - paper) if paper is not None and s.n else "",
+                        "p_value": _num(test.p_value) if test else "", "test": TEST_NAME if test else "",
+                    }
+                )  # fmt: skip
+    return out
+
+
+def _num(value: float | None) -> float | str:
+    return "" if value is None or math.isnan(value) else value
+
+
+# --- plots -------------------------------------------------------------------------------------------
+
+
+def _figure(width: float, height: float, panels: int = 1):
+    """A Figure on the Agg canvas, without pyplot's global state (safe in threads and on servers)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
+
+
+def _x_axis(rows: list[Row]) -> tuple[list[float], str | None]:
+    """Numbers when every row sets the same single key to a number (a 1-D grid), else positions."""
+    keys = {tuple(r.overrides) for r in rows}
+    values = [next(iter(r.overrides.values()), None) for r in rows]
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    if len(keys) == 1 and len(next(iter(keys))) == 1 and numeric and len(set(values)) == len(values):
+        return [float(v) for v in values], next(iter(keys))[0]
+    return [float(i) for i in range(len(rows))], None
+
+
+def plot_main_metric(ab: AblationReport, path: Path) -> Path | None:
+    """The main metric against the ablated value: seeds as dots, mean with its 95% CI, paper as diamonds."""
+    rows = ab.rows
+    if not rows:
+        return None
+    m = ab.main_metric
+    x, key = _x_axis(rows)
+    fig, (ax,) = _figure(max(5.0, 0.8 * len(rows) + 2.5), 4.0)
+    for xi, row in zip(x, rows, strict=True):
+        seeds = list(row.values(m).values())
+        ax.scatter([xi] * len(seeds), seeds, s=12, color="0.6", zorder=2)
+    stats = [(xi, row.stats[m]) for xi, row in zip(x, rows, strict=True) if row.stats[m].n]
+    if stats:
+        xs, ss = [p[0] for p in stats], [p[1] for p in stats]
+        low = [0.0 if math.isnan(s.ci_low) else s.mean - s.ci_low for s in ss]
+        high = [0.0 if math.isnan(s.ci_high) else s.ci_high - s.mean for s in ss]
+        ax.errorbar(xs, [s.mean for s in ss], yerr=[low, high], fmt="o-" if key else "o", capsize=4,
+                    color="tab:blue", label=f"ours: mean, {CONFIDENCE:.0%} CI", zorder=3)  # fmt: skip
+    paper = [
+        (xi, row.paper_value(m)) for xi, row in zip(x, rows, strict=True) if row.paper_value(m) is not None
+    ]
+    if paper:
+        ax.scatter([p[0] for p in paper], [p[1] for p in paper], marker="D", s=40, color="tab:red",
+                   label="paper", zorder=4)  # fmt: skip
+    if key:
+        ax.set_xlabel(key)
+        for xi in (xi for xi, row in zip(x, rows, strict=True) if row.paper_choice):
+            ax.axvline(xi, ls=":", color="0.4", label="paper's choice", zorder=1)
+        if min(x) > 0 and max(x) / min(x) >= 16:
+            ax.set_xscale("log")
+    else:
+        ax.set_xticks(x, [r.label + (" (paper)" if r.paper_choice else "") for r in rows],
+                      rotation=30 if len(rows) > 3 else 0, ha="right" if len(rows) > 3 else "center")  # fmt: skip
+    ax.set_ylabel(m)
+    ax.set_title(f"{ab.name}: {m} over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def dev_metric(ab: AblationReport, study: Study) -> str | None:
+    """The dev score the trials selected on (``dev_stsb``/``dev_sickr``), for the learning curves."""
+    present = {k for t in ab.trials for k in t.metrics}
+    wanted = [m.removeprefix("best_") for m in (ab.main_metric, study.metric) if m.startswith("best_dev_")]
+    return next((m for m in [*wanted, *sorted(present)] if m in present and m.startswith("dev_")), None)
+
+
+def histories(client: MlflowClient, trials: list[Trial], keys: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """run id -> metric -> (steps, values), sorted by step, for the metrics each run logged."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for trial in trials:
+        for key in keys:
+            if key in trial.metrics:
+                points = sorted((m.step, m.value) for m in client.get_metric_history(trial.run_id, key))
+                out.setdefault(trial.run_id, {})[key] = np.array(points, dtype=float).reshape(-1, 2)
+    return out
+
+
+def _smooth(values: np.ndarray) -> tuple[np.ndarray, int]:
+    window = max(1, len(values) // 100)
+    if window == 1:
+        return values, 1
+    return np.convolve(values, np.ones(window) / window, mode="valid"), window
+
+
+def plot_curves(ab: AblationReport, study: Study, client: MlflowClient, path: Path) -> Path | None:
+    """Training loss and the dev score against the step for every trial; a colour per point, dashed
+    lines for trials that did not finish."""
+    from matplotlib import colormaps
+
+    dev = dev_metric(ab, study)
+    keys = ["loss"] + ([dev] if dev else [])
+    curves = histories(client, ab.trials, keys)
+    if not curves:
+        return None
+    fig, axes = _figure(12.0, 4.2, len(keys))
+    colours = colormaps["tab10" if len(ab.rows) <= 10 else "tab20"]
+    windows = {1}
+    for i, row in enumerate(ab.rows):
+        colour, labelled = colours(i % colours.N), False
+        for trial in row.trials.values():
+            for ax, key in zip(axes, keys, strict=True):
+                data = curves.get(trial.run_id, {}).get(key)
+                if data is None or not len(data):
+                    continue
+                values, window = _smooth(data[:, 1]) if key == "loss" else (data[:, 1], 1)
+                windows.add(window)
+                steps = data[window - 1 :, 0]
+                ax.plot(steps, values, color=colour, lw=1.0, ls="-" if trial.ok else "--",
+                        marker="o" if key != "loss" and len(steps) < 30 else None, ms=3,
+                        label=None if labelled else row.label)  # fmt: skip
+                labelled = True
+    smoothed = f" (running mean of {max(windows)} steps)" if max(windows) > 1 else ""
+    for ax, key in zip(axes, keys, strict=True):
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.set_title(f"{key}{smoothed if key == 'loss' else ''}")
+        ax.grid(alpha=0.3)
+    handles = [h for ax in axes for h in ax.get_legend_handles_labels()[0]]
+    fig.legend(handles=handles, loc="outside right upper", fontsize=7, ncol=1 + len(handles) // 25)
+    fig.suptitle(f"{ab.name}: learning curves (dashed: trial did not finish)")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+# --- the whole report --------------------------------------------------------------------------------
+
+
+def write_report(report: StudyReport, client: MlflowClient, out: Path) -> list[Path]:
+    """report.md, report.csv, report.html and the PNGs under ``out``; returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    images: dict[str, list[Path]] = {}
+    for ab in report.ablations:
+        made = [
+            plot_main_metric(ab, out / f"{ab.name}_main.png"),
+            plot_curves(ab, report.study, client, out / f"{ab.name}_curves.png"),
+        ]
+        images[ab.name] = [p for p in made if p is not None]
+    md, html_path, csv_path = out / "report.md", out / "report.html", out / "report.csv"
+    md.write_text(render_markdown(report, images))
+    html_path.write_text(render_html(report, images))
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(csv_rows(report))
+    return [md, csv_path, html_path, *(p for paths in images.values() for p in paths)]
+
+
+def log_report(client: MlflowClient, parent_run_id: str, files: list[Path]) -> None:
+    """The files as artifacts of the parent run under ``report/``, next to study.yaml and resolved.yaml."""
+    for path in files:
+        client.log_artifact(parent_run_id, str(path), "report")
+
+
+def report_study(
+    study: Study, out: Path | None = None, tracking_uri: str | None = None, log: bool = True
+) -> tuple[StudyReport, list[Path]]:
+    """Build, write and (unless ``log`` is False) log the report of a study's latest parent run."""
+    uri = resolve_tracking_uri(tracking_uri or study.tracking_uri)
+    client, parent = open_study_runs(study.name, uri)
+    report = build_report(study, client, parent.info.run_id, uri)
+    files = write_report(report, client, out or Path("reports") / study.name)
+    if log:
+        log_report(client, parent.info.run_id, files)
+    return report, files
+
+
+def study_by_name(name: str, tracking_uri: str | None, dst: Path) -> Study:
+    """The study a parent run recorded, for a report by study name (no study file)."""
+    uri = resolve_tracking_uri(tracking_uri)
+    client, parent = open_study_runs(name, uri)
+    return study_from_run(client, parent.info.run_id, dst)

@@ -1,0 +1,354 @@
+"""Study reports from a hand-made MLflow store: cells, tests and paper numbers against SciPy, failed
+and missing trials shown, the files written and logged, the command line, and the reference check."""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+
+import numpy as np
+import pytest
+import yaml
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+from scipy import stats
+
+from clsr.cli import main
+from clsr.study.report import (
+    TEST_NAME,
+    build_report,
+    histories,
+    paired_test,
+    render_text,
+    report_study,
+    seed_stats,
+)
+from clsr.study.runner import resolved_summary
+from clsr.study.schema import StudyError, load_study
+from clsr.tracking.study_runs import close_run, open_child_run, record_skipped, start_parent_run
+
+NAME = "report_t"
+STUDY = {
+    "name": NAME,
+    "method": "simcse_unsup",
+    "base": {"model": {"name": "minilm"}, "trainer": {"batch_size": 16}},
+    "seeds": [1, 2, 3],
+    "ablations": {
+        "temperature": {
+            "table": "SimCSE Table D.1",
+            "description": "temperature of the contrastive loss",
+            "paper_metric": "test_sts_avg",
+            "grid": {"method.temperature": [0.05, 0.1, 0.2, 0.3]},
+            "paper": {"0.05": 76.0, "0.1": 75.0},
+            "paper_choice": "0.05",
+        },
+        "pooling": {
+            "table": "SimCSE Table 6",
+            "paper_metric": "dev_stsb",
+            "points": [
+                {
+                    "label": "cls",
+                    "set": {"model.pooling": "cls"},
+                    "paper": {"dev_stsb": 81.7, "test_stsb": 80.0},
+                },
+                {"label": "avg", "set": {"model.pooling": "avg"}},
+            ],
+            "paper_choice": "cls",
+            "reference": "avg",
+        },
+    },
+}
+# (ablation, label) -> seed -> test_sts_avg (temperature) or best_dev_stsb (pooling) of finished trials
+MAIN = {
+    ("temperature", "method.temperature=0.05"): {1: 76.1, 2: 75.5, 3: 76.6},
+    ("temperature", "method.temperature=0.1"): {1: 74.0, 2: 74.9},  # seed 3 fails
+    ("temperature", "method.temperature=0.2"): {1: 73.0, 2: 73.4, 3: 72.1},
+    ("temperature", "method.temperature=0.3"): {1: 70.0},  # seed 2 skipped, seed 3 never ran
+    ("pooling", "cls"): {1: 81.0, 2: 81.5, 3: 80.9},
+    ("pooling", "avg"): {1: 82.0, 2: 82.2, 3: 82.5},
+}
+T05, T01, T02, T03 = (f"method.temperature={t}" for t in ("0.05", "0.1", "0.2", "0.3"))
+COST = {"trial_wall_s": 100.0, "trial_cpu_s": 50.0, "trial_gpu_s": 100.0}
+
+
+def trial_metrics(ablation: str, seed: int, main_value: float) -> dict[str, float]:
+    """Known values per trial: the main metric, and test metrics derived from it."""
+    if ablation == "pooling":
+        return {"best_dev_stsb": main_value, "test_stsb": main_value - 1.0 + 0.1 * seed, "test_sts_avg": 75.0}
+    return {
+        "test_sts_avg": main_value,
+        "test_stsb": main_value + 2.0 + 0.3 * seed,
+        "test_sts16": 78.0 - 0.2 * seed,
+        "test_mr": 80.0 + seed,
+        "test_transfer_avg": 85.0 + 0.5 * seed,
+        "best_dev_stsb": 80.0 + seed,
+        **COST,
+    }
+
+
+def add_trial(client: MlflowClient, uri: str, parent: str, ablation: str, label: str, seed: int, **kw) -> str:
+    """One child run as the runner makes it: tags, final metrics, per-step loss and dev histories."""
+    tags = {"clsr.method": "simcse_unsup", "clsr.ablation": ablation, "clsr.point": label, "clsr.seed": seed}
+    tags |= kw.get("tags", {})
+    status = kw.get("status", "finished")
+    trial_id = f"{ablation}:{label}:{seed}:{status}"
+    run_id = open_child_run(uri, parent, trial_id, f"{ablation}/{label}/seed={seed}", tags, {"x": 1})
+    now = int(time.time() * 1000)
+    steps = kw.get("steps", 4)
+    metrics = [Metric("loss", 2.0 / s + 0.01 * seed, now, s) for s in range(1, steps + 1)]
+    metrics += [Metric("dev_stsb", 70.0 + s + seed, now, s) for s in range(2, steps + 1, 2)]
+    metrics += [Metric(k, v, now, steps) for k, v in kw.get("metrics", {}).items()]
+    client.log_batch(run_id, metrics=metrics)
+    close_run(uri, run_id, status, kw.get("error"))
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A real MLflow sqlite store with one parent run, the trials of MAIN, a failed trial (and a failed
+    first attempt that a resume fixed), a skipped and a missing seed; the study file beside it."""
+    folder = tmp_path_factory.mktemp("report")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    study_file = folder / "study.yaml"
+    study_file.write_text(yaml.safe_dump({**STUDY, "tracking_uri": uri}, sort_keys=False))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(folder)  # the experiment's artifact root lands in the tmp folder
+        client = MlflowClient(uri)
+        parent = start_parent_run(client, NAME, str(folder / "runs"), "report test")
+        study = load_study(study_file)
+        client.log_text(parent, yaml.safe_dump(resolved_summary(study), sort_keys=False), "resolved.yaml")
+        add_trial(client, uri, parent, "temperature", T05, 1, status="failed", steps=2, error="early crash")
+        for (ablation, label), seeds in MAIN.items():
+            for seed, value in seeds.items():
+                device = "1 x NVIDIA H200" if ablation == "temperature" else "cpu"
+                tags = {"clsr.device": device}
+                if label in (T05, T02):  # the study file's 76.0 wins over the tag; 0.2 has only the tag
+                    tags["clsr.paper.test_sts_avg"] = 99.0 if label == T05 else 73.5
+                add_trial(client, uri, parent, ablation, label, seed, metrics=trial_metrics(ablation, seed, value), tags=tags)  # fmt: skip
+        add_trial(client, uri, parent, "temperature", T01, 3, status="failed", steps=2, error="Traceback ...\nRuntimeError: CUDA out of memory")  # fmt: skip
+        record_skipped(uri, parent, "temperature", T03, 2, "upstream trials without a checkpoint")
+    return {"uri": uri, "folder": folder, "study_file": study_file, "parent": parent, "client": client}
+
+
+@pytest.fixture(scope="module")
+def report(store):
+    study = load_study(store["study_file"])
+    return build_report(study, store["client"], store["parent"], store["uri"])
+
+
+def rows_of(report, ablation: str) -> dict:
+    return {r.label: r for r in next(a for a in report.ablations if a.name == ablation).rows}
+
+
+def ablation_of(report, name: str):
+    return next(a for a in report.ablations if a.name == name)
+
+
+def scipy_cell(values: list[float]) -> tuple[float, float, float, float]:
+    mean = float(np.mean(values))
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=mean, scale=stats.sem(values))
+    return mean, float(np.std(values, ddof=1)), float(low), float(high)
+
+
+def test_cells_are_mean_std_and_student_t_interval_over_seeds(report):
+    rows = rows_of(report, "temperature")
+    for label in (T05, T01, T02):
+        values = list(MAIN[("temperature", label)].values())
+        cell = rows[label].stats["test_sts_avg"]
+        assert cell.n == len(values)
+        assert (cell.mean, cell.std, cell.ci_low, cell.ci_high) == pytest.approx(scipy_cell(values))
+    stsb = [MAIN[("temperature", T02)][s] + 2.0 + 0.3 * s for s in (1, 2, 3)]
+    cell = rows[T02].stats["test_stsb"]
+    assert (cell.mean, cell.std, cell.ci_low, cell.ci_high) == pytest.approx(scipy_cell(stsb))
+    lone = rows[T03].stats["test_sts_avg"]
+    assert (lone.n, lone.mean) == (1, 70.0) and math.isnan(lone.std) and math.isnan(lone.ci_low)
+
+
+def test_rows_are_tested_against_the_reference_with_a_paired_t_test(report):
+    temperature, pooling = ablation_of(report, "temperature"), ablation_of(report, "pooling")
+    assert temperature.main_metric == "test_sts_avg" and pooling.main_metric == "best_dev_stsb"
+    assert temperature.reference.label == T05 and pooling.reference.label == "avg"  # paper_choice; reference:
+    rows = rows_of(report, "temperature")
+    ref = MAIN[("temperature", T05)]
+    for label in (T01, T02):
+        mine = MAIN[("temperature", label)]
+        seeds = sorted(set(mine) & set(ref))
+        expected = stats.ttest_rel([mine[s] for s in seeds], [ref[s] for s in seeds]).pvalue
+        assert rows[label].test.p_value == pytest.approx(expected)
+        assert rows[label].test.n == len(seeds)
+        assert rows[label].test.mean_diff == pytest.approx(np.mean([mine[s] - ref[s] for s in seeds]))
+    assert rows[T03].test.n == 1 and math.isnan(rows[T03].test.p_value)  # < 2 paired seeds
+    assert rows[T05].test is None
+    cls, avg = MAIN[("pooling", "cls")], MAIN[("pooling", "avg")]
+    expected = stats.ttest_rel([cls[s] for s in (1, 2, 3)], [avg[s] for s in (1, 2, 3)]).pvalue
+    assert rows_of(report, "pooling")["cls"].test.p_value == pytest.approx(expected)
+
+
+def test_paper_numbers_come_from_the_study_file_then_the_tags(report):
+    rows = rows_of(report, "temperature")
+    assert rows[T05].paper_value("test_sts_avg") == 76.0  # the file, not the tag's 99
+    assert rows[T01].paper_value("test_sts_avg") == 75.0
+    assert rows[T02].paper_value("test_sts_avg") == 73.5  # the tag: the file has none
+    assert rows[T03].paper_value("test_sts_avg") is None
+    cls = rows_of(report, "pooling")["cls"]
+    assert cls.paper_value("best_dev_stsb") == 81.7  # paper_metric dev_stsb = the kept checkpoint's dev
+    assert cls.paper_value("test_stsb") == 80.0
+    text = render_text(report)
+    diff = np.mean(list(MAIN[("temperature", T05)].values())) - 76.0
+    assert f"76.00 | {diff:+.2f}" in text
+
+
+def test_failed_skipped_and_missing_trials_are_shown_not_averaged(report):
+    rows = rows_of(report, "temperature")
+    assert rows[T05].trials_text() == "3/3 ok"  # the failed first attempt of seed 1 was re-run
+    assert rows[T01].trials_text() == "2/3 ok, 1 failed"
+    assert rows[T03].trials_text() == "1/3 ok, 1 skipped, 1 missing"
+    text = render_text(report)
+    assert "2/3 ok, 1 failed" in text and "1/3 ok, 1 skipped, 1 missing" in text
+    assert f"{T01} seed 3: failed: RuntimeError: CUDA out of memory" in text
+    assert f"{T03} seed 3: missing (no run)" in text
+    assert f"{T03} seed 2: skipped: upstream trials without a checkpoint" in text
+    line = next(x for x in text.splitlines() if x.startswith(T03) and "missing" in x)
+    assert line.rstrip().endswith("n/a")
+
+
+def test_columns_follow_the_papers_order_and_rows_the_study(report):
+    temperature, pooling = ablation_of(report, "temperature"), ablation_of(report, "pooling")
+    assert temperature.metrics == ["test_sts16", "test_stsb", "test_sts_avg", "test_mr", "test_transfer_avg"]
+    assert pooling.metrics == ["best_dev_stsb", "test_stsb", "test_sts_avg"]
+    assert [r.label for r in temperature.rows] == [T05, T01, T02, T03]
+    marks = {r.label: r.marks() for r in temperature.rows + pooling.rows}
+    assert marks[T05] == "paper choice, reference" and marks["cls"] == "paper choice"
+    assert marks["avg"] == "reference" and marks[T01] == ""
+    text = render_text(report)
+    assert TEST_NAME in text and "reference row 'avg' (reference:)" in text
+
+
+def test_cost_is_summed_per_ablation_and_study(report):
+    temperature, pooling = ablation_of(report, "temperature"), ablation_of(report, "pooling")
+    finished = sum(len(v) for (a, _), v in MAIN.items() if a == "temperature")
+    assert (
+        temperature.cost.measured == finished and temperature.cost.runs == finished + 3
+    )  # 2 failed, skipped
+    assert temperature.cost.wall_s == pytest.approx(100.0 * finished)
+    assert temperature.cost.gpu_s == pytest.approx(100.0 * finished)
+    assert pooling.cost.measured == 0 and pooling.cost.devices == {"cpu": 6}
+    assert report.cost.wall_s == pytest.approx(100.0 * finished) and report.cost.runs == finished + 3 + 6
+    text = render_text(report)
+    assert "1 x NVIDIA H200 (9)" in text and "not logged" in text
+
+
+def test_learning_curves_read_the_metric_histories(store, report):
+    temperature = ablation_of(report, "temperature")
+    trial = temperature.rows[0].trials[1]
+    curves = histories(store["client"], [trial], ["loss", "dev_stsb"])[trial.run_id]
+    assert curves["loss"][:, 0].tolist() == [1, 2, 3, 4]
+    assert curves["dev_stsb"].tolist() == [[2, 73.0], [4, 75.0]]
+
+
+def test_report_files_and_parent_run_artifacts(store, tmp_path, monkeypatch):
+    monkeypatch.chdir(store["folder"])
+    study = load_study(store["study_file"])
+    out = tmp_path / "out"
+    report, files = report_study(study, out)
+    names = {p.name for p in files}
+    assert names == {
+        "report.md", "report.csv", "report.html", "temperature_main.png", "temperature_curves.png",
+        "pooling_main.png", "pooling_curves.png",
+    }  # fmt: skip
+    assert all((out / n).is_file() for n in names)
+    assert (out / "temperature_main.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 4 and "<style>" in page
+    assert 'src="http' not in page and "<link" not in page
+    md = (out / "report.md").read_text()
+    assert "| point | row | trials | test_sts_avg mean ± std |" in md and "![temperature_main]" in md
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    assert len(rows) == 4 * 5 + 2 * 3  # ablation x point x metric
+    cell = next(r for r in rows if r["point"] == T01 and r["metric"] == "test_sts_avg")
+    mean, std, low, high = scipy_cell(list(MAIN[("temperature", T01)].values()))
+    assert float(cell["mean"]) == pytest.approx(mean) and float(cell["ci_high"]) == pytest.approx(high)
+    assert float(cell["std"]) == pytest.approx(std) and cell["n"] == "2" and cell["paper"] == "75.0"
+    assert float(cell["diff"]) == pytest.approx(mean - 75.0) and cell["test"] == TEST_NAME
+    assert cell["trials"] == "2/3 ok, 1 failed" and float(cell["p_value"]) > 0
+    missing = next(r for r in rows if r["point"] == T03 and r["metric"] == "test_sts_avg")
+    assert missing["n"] == "1" and missing["std"] == "" and missing["p_value"] == ""
+    logged = {a.path for a in store["client"].list_artifacts(store["parent"], "report")}
+    assert {f"report/{n}" for n in names} <= logged
+
+
+def test_cli_report_by_file_and_by_name(store, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(store["folder"])
+    out = tmp_path / "cli"
+    assert main(["study", "report", str(store["study_file"]), "--out", str(out), "--no-log"]) == 0
+    printed = capsys.readouterr().out
+    assert "== temperature ==" in printed and "2/3 ok, 1 failed" in printed and "== cost ==" in printed
+    assert (out / "report.html").is_file() and f"wrote 7 file(s) to {out}" in printed
+    args = ["study", "report", "--name", NAME, "--tracking-uri", store["uri"], "--out", str(tmp_path / "n")]
+    assert main([*args, "--no-log"]) == 0
+    assert "1/3 ok, 1 skipped, 1 missing" in capsys.readouterr().out
+
+
+def test_cli_says_where_it_looked_when_there_are_no_runs(store, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({**STUDY, "name": "never_ran", "tracking_uri": store["uri"]}))
+    assert main(["study", "report", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "no MLflow run of study 'never_ran'" in err and store["uri"] in err and "MLFLOW_TRACKING_URI" in err
+    )
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["study", "report", "--name", NAME]) == 2
+    assert "no MLflow store at sqlite:///" in capsys.readouterr().err
+    assert not (tmp_path / "mlflow.db").exists()  # a report never creates an empty store
+    assert main(["study", "report", str(other), "--name", NAME]) == 2
+
+
+def test_statistics_edge_cases():
+    assert seed_stats([]).n == 0 and math.isnan(seed_stats([]).mean)
+    assert math.isnan(paired_test({1: 1.0}, {1: 2.0, 2: 3.0}).p_value)
+    assert paired_test({1: 1.0, 2: 2.0}, {3: 1.0}).n == 0
+    same = paired_test({1: 1.0, 2: 2.0}, {1: 1.0, 2: 2.0})
+    assert same.mean_diff == 0.0 and math.isnan(same.p_value)
+
+
+def test_reference_must_name_a_point(tmp_path):
+    path = tmp_path / "study.yaml"
+    doc = {**STUDY, "ablations": {**STUDY["ablations"]}}
+    doc["ablations"]["temperature"] = {**STUDY["ablations"]["temperature"], "reference": "0.5"}
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(StudyError) as caught:
+        load_study(path)
+    (problem,) = caught.value.problems
+    assert problem.startswith("ablations.temperature.reference: no such point (given: '0.5'; allowed: [")
+    assert T05 in problem
+    for ok in ("0.2", T02):  # a one-key grid's bare value, or the full label
+        doc["ablations"]["temperature"]["reference"] = ok
+        path.write_text(yaml.safe_dump(doc))
+        assert load_study(path).ablations["temperature"].reference == ok
+    doc["ablations"]["pooling"] = {**STUDY["ablations"]["pooling"], "reference": "mean"}
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(StudyError, match=r"ablations\.pooling\.reference: no such point \(given: 'mean'; allowed: \['cls', 'avg'\]\)"):  # fmt: skip
+        load_study(path)
+
+
+def test_a_sampled_ablation_gets_one_row_per_sampled_point(store, tmp_path):
+    doc = {
+        "name": "report_sampled",
+        "method": "simcse_unsup",
+        "base": {"model": {"name": "minilm"}},
+        "search": {"algorithm": "random", "num_samples": 2},
+        "ablations": {"lr": {"space": {"trainer.lr": {"loguniform": [1e-5, 1e-4]}}}},
+    }
+    path = tmp_path / "sampled.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    client, uri = store["client"], store["uri"]
+    parent = start_parent_run(client, "report_sampled", "x", None)
+    for i, lr in enumerate([2e-5, 8e-5]):
+        add_trial(client, uri, parent, "lr", f"trainer.lr={lr}", 42, metrics={"best_dev_stsb": 75.0 + i})
+    (lr,) = build_report(load_study(path), client, parent, uri).ablations
+    assert [r.label for r in lr.rows] == ["trainer.lr=2e-05", "trainer.lr=8e-05"]
+    assert lr.main_metric == "best_dev_stsb" and [r.trials_text() for r in lr.rows] == ["1/1 ok"] * 2
+    assert lr.rows[1].test.mean_diff == 1.0 and math.isnan(lr.rows[1].test.p_value)
