@@ -170,14 +170,16 @@ def test_platform_eval_scores_an_exported_folder_like_the_in_memory_model(
 ):
     cfg = ModelConfig(name="minilm", pooling="cls")
     encoder = _trained(cfg)
-    in_memory = summary_metrics(evaluate_sts(transformer_embedder(encoder, tokenizer), ["sts16"], "test"))
+    # SICK-R dev: 500 pairs, the cheapest STS split
+    in_memory = summary_metrics(evaluate_sts(transformer_embedder(encoder, tokenizer), ["sickr"], "dev"))
     save_sentence_transformer(encoder, tokenizer, cfg, tmp_path / "model")
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    assert main(["eval", "--model", str(tmp_path / "model"), "--tasks", "sts16", "--mlflow"]) == 0
+    args = ["eval", "--model", str(tmp_path / "model"), "--tasks", "sickr", "--split", "dev", "--mlflow"]
+    assert main(args) == 0
     assert "(cls + MLP pooling)" in capsys.readouterr().out
     client = MlflowClient(uri)
     run = client.search_runs([client.get_experiment_by_name("eval").experiment_id])[0]
-    assert run.data.metrics["test_sts16"] == pytest.approx(in_memory["test_sts16"], abs=1e-6)
+    assert run.data.metrics["dev_sickr"] == pytest.approx(in_memory["test_sickr"], abs=1e-6)
     assert run.data.params["pooling"] == "cls + MLP"

@@ -222,7 +222,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         scores = evaluate_sts(embed, sts_tasks, args.split, args.data_dir)
         elapsed = time.perf_counter() - started
         tables["sts_table.txt"] = format_table(scores)
-        metrics |= summary_metrics(scores)
+        metrics |= summary_metrics(scores, prefix=f"{args.split}_")  # dev scores are not test scores
         print(f"\n{args.model} ({args.pooling} pooling), Spearman × 100, {args.split} split, 'all' setting\n")
         print(tables["sts_table.txt"])
         print(f"\n{sum(s.pairs for s in scores.values())} pairs in {elapsed:.1f} s")

@@ -134,7 +134,7 @@ class Method(ABC):
         sentence-transformers model for transformer encoders (see ``clsr.encoders.export``)."""
         from clsr.encoders.export import save_sentence_transformer
 
-        save_sentence_transformer(model, pipeline, trial.model, folder)
+        save_sentence_transformer(model, pipeline, trial.model, folder, method=self.name)
 
     def make_embedder(
         self, model: nn.Module, pipeline: Any, batch_size: int = 128
