@@ -208,11 +208,21 @@ def test_runs_table_shows_trials_and_metrics(mlflow_ui, study, page, tmp_path):
         # search box: the list of columns scrolls), and some attribute columns off to make room.
         page.get_by_role("button", name="Columns").click()
         search = page.get_by_placeholder("Search columns")
-        for title in (*METRICS, "method.temperature", "Dataset", "Source", "Models"):
-            search.fill(title)
-            page.get_by_title(title, exact=True).click()
+        tree = page.get_by_test_id("column-selector-tree")
+        for column in (*METRICS, "method.temperature", "Dataset", "Source", "Models"):
+            search.fill(column)
+            tree.get_by_text(column, exact=True).click()
         search.fill("")
         page.keyboard.press("Escape")
+        # Wider run names, for the screenshot: drag the column's resize handle (by its left half; its right
+        # half lies under the next header).
+        handle = page.locator(f".ag-header-cell{run_name_col} .ag-header-cell-resize")
+        if box := handle.bounding_box():
+            x, y = box["x"] + 1, box["y"] + box["height"] / 2
+            page.mouse.move(x, y)
+            page.mouse.down()
+            page.mouse.move(x + 200, y, steps=20)
+            page.mouse.up()
         header = page.locator(".ag-header")
         for metric in METRICS:
             expect(header.get_by_text(metric, exact=True).first).to_be_visible()
@@ -227,7 +237,7 @@ def test_runs_table_shows_trials_and_metrics(mlflow_ui, study, page, tmp_path):
 
 
 def test_trial_run_pages_show_metrics(mlflow_ui, study, page, tmp_path):
-    """Each trial's run page: its name, its parent, and every metric with its value."""
+    """Each trial's run page: its name, its metric count, the checked metrics' values, its parameter, its parent."""
     experiment, parent, children = study
     for child in children:
         name = f"run_page_{_safe(child.info.run_name.replace('/', '__'))}"
@@ -235,9 +245,14 @@ def test_trial_run_pages_show_metrics(mlflow_ui, study, page, tmp_path):
             page.goto(f"{mlflow_ui}/#/experiments/{experiment.experiment_id}/runs/{child.info.run_id}")
             expect(page.get_by_role("heading", name=child.info.run_name)).to_be_visible()
             expect(page.get_by_text(f"Metrics ({len(child.data.metrics)})", exact=True)).to_be_visible()
+            # The metrics and parameters tables scroll: each name is looked up through the table's search box.
+            search_metrics = page.get_by_placeholder("Search metrics")
             for metric in METRICS:
+                search_metrics.fill(metric)
                 row = page.get_by_role("row").filter(has=page.get_by_role("cell", name=metric, exact=True))
                 expect(row.get_by_role("cell").nth(1)).to_have_text(js_number(child.data.metrics[metric]))
+            search_metrics.fill("")
+            page.get_by_placeholder("Search parameters").fill("method.temperature")
             param = page.get_by_role("row").filter(has=page.get_by_role("cell", name="method.temperature"))
             expect(param.get_by_role("cell").nth(1)).to_have_text(child.data.params["method.temperature"])
             parent_link = page.locator(f'a[href$="/runs/{parent.info.run_id}"]')  # "Parent run: smoke"
@@ -291,7 +306,8 @@ def test_compare_view_shows_both_trials(mlflow_ui, study, page, tmp_path):
         for metric in METRICS:
             expected = [mlflow_format_metric(c.data.metrics[metric]) for c in children]
             assert _compare_metric_values(page, metric) == expected, metric
-        # The screenshot: from the run names down to the metrics.
+        # The screenshot: the run names, the parameter that differs, the metrics.
+        page.get_by_role("switch", name="Parameters - Show diff only").click()
         page.get_by_text("Run details", exact=True).evaluate("e => e.scrollIntoView({block: 'start'})")
 
 
@@ -301,9 +317,8 @@ def test_parent_run_artifacts(mlflow_ui, smoke_study, study, page, tmp_path):
     study_yaml = MlflowClient(smoke_study.uri).download_artifacts(
         parent.info.run_id, "study.yaml", str(tmp_path)
     )
-    line = next(
-        line.strip() for line in Path(study_yaml).read_text().splitlines() if line.strip()[:1].isalpha()
-    )
+    lines = [line.strip() for line in Path(study_yaml).read_text().splitlines()]
+    line = max((line for line in lines if line[:1].isalpha()), key=len)  # a long line that is not a comment
     with screenshot(page, "parent_run_artifacts", tmp_path):
         page.goto(f"{mlflow_ui}/#/experiments/{experiment.experiment_id}/runs/{parent.info.run_id}/artifacts")
         expect(page.get_by_role("heading", name=parent.info.run_name, exact=True)).to_be_visible()
