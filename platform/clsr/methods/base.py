@@ -3,7 +3,8 @@
 * ``Config``: its hyperparameters (pydantic, paper defaults written once);
 * ``paper_defaults``: the paper's values for the other sections (model, data, trainer, eval);
 * ``views``: which data columns each row contributes to the forward pass, in order;
-* ``loss_from_embeddings``: its loss on the pooled embeddings ``(rows, views, dim)``.
+* ``loss_from_embeddings``: its loss on the pooled embeddings ``(rows, views, dim)`` (or
+  ``embeddings_loss`` when the loss also needs the batch, e.g. RCL's row indices).
 
 The trainer never branches on the method: it asks the method for a text pipeline (a tokenizer, or a
 word-vector table), a model, a batch order, and a loss. Methods whose model is not a transformer
@@ -109,13 +110,34 @@ class Method(ABC):
 
     def training_loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Encode all views of all rows in one forward pass, gather across workers, apply the loss."""
+        return self.embeddings_loss(gather_with_grad(self.encode_rows(model, batch)).float(), batch)
+
+    def encode_rows(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        """This worker's pooled embeddings ``(rows, views, dim)`` of a batch from ``collate``: every view
+        of every row in one forward pass (GradCache calls it once per chunk of rows)."""
         pooled = model(batch["input_ids"], batch["attention_mask"])
-        local = pooled.view(batch["num_rows"], len(self.views()), -1)
-        return self.loss_from_embeddings(gather_with_grad(local).float())
+        return pooled.view(batch["num_rows"], len(self.views()), -1)
+
+    def embeddings_loss(self, embeddings: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+        """Loss on the global batch's embeddings ``(rows, views, dim)`` (gathered across workers, float32);
+        ``batch``: this worker's batch, for methods whose loss needs more than the embeddings (RCL's row
+        indices). GradCache computes it on cached, detached embeddings."""
+        return self.loss_from_embeddings(embeddings)
 
     @abstractmethod
     def loss_from_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
         """Loss on ``(rows, views, dim)`` embeddings of the global batch."""
+
+    # GradCache (``trainer.gradcache_chunk_rows``) needs a loss that is a function of the embeddings
+    # only, built from ``encode_rows`` and ``embeddings_loss``. None: yes exactly when the method keeps
+    # the base ``training_loss`` (a method that overrides it, e.g. GCLSR, is refused unless it says True).
+    supports_gradcache: ClassVar[bool | None] = None
+
+    @classmethod
+    def gradcache_supported(cls) -> bool:
+        if cls.supports_gradcache is not None:
+            return cls.supports_gradcache
+        return cls.training_loss is Method.training_loss
 
     # --- evaluation ------------------------------------------------------------------------------
     def log_artifacts(

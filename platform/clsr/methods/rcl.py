@@ -28,7 +28,7 @@ hard negatives never enter the regulators, and every regulator has weight 1 [unv
 Input contract: rows ``anchor`` (query), ``positive`` (index), ``negative`` (hard negative, unless
 ``hard_negatives: false``). Stage 2 (``rcl``) embeds every query and index of the training rows with each
 entropy model once per study (``prepare_shared``, shared through Ray's object store); its batches carry
-the row indices so that ``training_loss`` can pick the rows' stored embeddings.
+the row indices so that ``embeddings_loss`` can pick the rows' stored embeddings.
 """
 
 from __future__ import annotations
@@ -353,13 +353,10 @@ class RCL(_RCLMethod):
         )
 
     # --- loss ------------------------------------------------------------------------------------
-    def training_loss(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        """Encode all views in one pass, gather embeddings and row indices, apply Eq. 3."""
+    def embeddings_loss(self, embeddings: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+        """Eq. 3 on the global batch: gather the row indices too, to pick the rows' stored embeddings."""
         if not self.cfg.phis:
-            return super().training_loss(model, batch)
-        pooled = model(batch["input_ids"], batch["attention_mask"])
-        local = pooled.view(batch["num_rows"], len(self.views()), -1)
-        embeddings = gather_with_grad(local).float()
+            return self.loss_from_embeddings(embeddings)
         q_reg, ind_reg = self.stored(gather_with_grad(batch["rows"]), embeddings.device)
         return self.loss_from_embeddings(embeddings, q_reg, ind_reg)
 

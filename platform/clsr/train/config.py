@@ -51,6 +51,12 @@ class TrainerConfig(Section):
     )
     batch_size: int = Field(64, ge=2, description="global batch: rows per optimiser step over all workers")
     grad_accum_steps: int = Field(1, ge=1)
+    gradcache_chunk_rows: int | None = Field(
+        None,
+        ge=1,
+        description="GradCache (Gao et al. 2021): encode each worker's micro-batch in chunks of N rows "
+        "(activations of one chunk in memory at a time), same loss and gradients; None: off",
+    )
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(3e-5, gt=0)
     lr_reference_batch: int | None = Field(
@@ -170,6 +176,20 @@ class TrialConfig(Section):
         from clsr.methods import get_method
 
         return get_method(method.get("name", "")).Config(**method).model_dump()
+
+    @model_validator(mode="after")
+    def _gradcache_fits_method(self) -> TrialConfig:
+        """Refuse GradCache when the study is validated, not when the trial starts."""
+        from clsr.methods import get_method
+
+        chunk = self.trainer.gradcache_chunk_rows
+        method = get_method(self.method["name"])
+        if chunk is not None and not method.gradcache_supported():
+            raise ValueError(
+                f"trainer.gradcache_chunk_rows={chunk}: method {method.name!r} has no in-batch-negative "
+                f"loss over one encoder pass, so GradCache does not apply; unset it for this method"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

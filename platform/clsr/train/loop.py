@@ -32,6 +32,7 @@ from clsr.methods import get_method
 from clsr.methods.base import Method
 from clsr.tracking.run_logger import RunLogger
 from clsr.train.config import TrialConfig
+from clsr.train.gradcache import check_gradcache, gradcache_backward
 from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, warmup_steps
 
 DEV_SPLIT = "dev"
@@ -176,6 +177,7 @@ def fit(
     np.random.seed(t.seed + session.rank)
 
     method = build_method(trial)
+    check_gradcache(method, t.gradcache_chunk_rows)
     if shared is None and method.shared_key(trial) is not None:
         shared = method.prepare_shared(trial)
     pipeline = method.text_pipeline(trial, shared)
@@ -236,6 +238,21 @@ def fit(
             mine = micro[session.rank * local_rows : (session.rank + 1) * local_rows]
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batcher.collate(mine).items()}
             last_micro = start + micro_rows >= t.batch_size
+            if t.gradcache_chunk_rows:  # the same loss and step, encoded a chunk of rows at a time
+                loss_value = gradcache_backward(
+                    method,
+                    model,
+                    batcher,
+                    mine,
+                    batch,
+                    t.gradcache_chunk_rows,
+                    device=device,
+                    scale=session.world_size / t.grad_accum_steps,
+                    autocast=autocast,
+                    sync=last_micro,
+                )
+                step_loss += loss_value / t.grad_accum_steps
+                continue
             sync = (
                 contextlib.nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
             )
