@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from clsr.bench.cli import add_bench_parser, cmd_bench
+
 EXAMPLES = """examples:
   platform study run studies/smoke.yaml
   platform study run studies/simcse_ablations.yaml --set trainer.max_steps=500 --set concurrency=4
@@ -20,6 +22,10 @@ EXAMPLES = """examples:
   platform eval --model minilm --tasks mr,trec --transfer-mode fast --max-examples 1000
   platform eval --model minilm --pooling mean --tasks faq
   platform eval --model runs:/<run_id>/model --tasks sts
+  platform bench train --method simcse_sup --batch 64 --length 32 --steps 50
+  platform bench memory --batches 64,256,512 --chunk 16
+  platform bench sts-eval --model minilm --tasks sts
+  platform bench study --study studies/smoke.yaml
 """
 
 
@@ -122,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     commands.add_parser("env", help="print versions for bug reports")
+    add_bench_parser(commands)
     return parser
 
 
@@ -309,7 +316,9 @@ def cmd_env(_: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"study": cmd_study, "eval": cmd_eval, "data": cmd_data, "env": cmd_env}[args.command]
+    handler = {"study": cmd_study, "eval": cmd_eval, "data": cmd_data, "env": cmd_env, "bench": cmd_bench}[
+        args.command
+    ]
     try:
         return handler(args)
     except KeyboardInterrupt:

@@ -1,0 +1,135 @@
+"""``platform bench <name>``: the benchmark subcommands (arguments here, figures in the modules)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from err
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
+    return value
+
+
+def add_bench_parser(commands: Any) -> None:
+    """Add ``bench train|memory|sts-eval|study`` to the ``platform`` subcommands."""
+    bench = commands.add_parser(
+        "bench", help="benchmarks that print figures: training throughput, memory, STS eval, a study"
+    ).add_subparsers(dest="bench", required=True)
+
+    def add(name: str, text: str) -> argparse.ArgumentParser:
+        p = bench.add_parser(name, help=text, description=text)
+        p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
+        return p
+
+    train = add(
+        "train",
+        "training throughput of the platform's trainer step vs sentence-transformers' MNRL training "
+        "(same model, rows, batch, length, precision, AdamW), in this process one after the other",
+    )
+    train.add_argument("--method", default="simcse_sup", choices=["simcse_sup", "supmpn"])
+    train.add_argument("--model", default="minilm")
+    train.add_argument("--batch", type=_positive, default=64, help="rows per step")
+    train.add_argument("--length", type=_positive, default=32, help="max tokens per sentence")
+    train.add_argument("--steps", type=_positive, default=20, help="timed optimiser steps")
+    train.add_argument("--warmup", type=_count, default=3, help="untimed steps first")
+    train.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
+    train.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    train.add_argument("--lr", type=float, default=5e-5)
+
+    memory = add(
+        "memory",
+        "peak memory of one training step with and without GradCache (each in a fresh process)",
+    )
+    memory.add_argument("--batches", type=_ints, default=[64, 256, 512], help="e.g. 64,256,512")
+    memory.add_argument("--chunk", type=_positive, default=16, help="GradCache rows per chunk")
+    memory.add_argument("--method", default="simcse_sup", choices=["simcse_sup", "simcse_unsup"])
+    memory.add_argument("--model", default="minilm")
+    memory.add_argument("--length", type=_positive, default=32)
+    memory.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
+    memory.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+
+    sts = add(
+        "sts-eval",
+        "the platform's STS evaluation vs sentence-transformers' encode + scipy spearmanr: time and scores",
+    )
+    sts.add_argument("--model", default="minilm")
+    sts.add_argument("--tasks", default="sts", help="sts or comma-separated tasks: sts12,...,stsb,sickr")
+    sts.add_argument("--max-pairs", type=_positive, default=None, help="only the first N pairs of each task")
+    sts.add_argument("--batch-size", type=_positive, default=128)
+    sts.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+
+    study = add(
+        "study",
+        "run a study on a temporary MLflow store: wall time, trials/hour, time outside training steps",
+    )
+    study.add_argument("--study", default="studies/smoke.yaml", help="study YAML file")
+    study.add_argument("--smoke", action="store_true", help="apply the file's smoke: section")
+    study.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="as `study run`"
+    )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the chosen benchmark, print the machine and the figures, and write ``--json``."""
+    from clsr.bench import format_machine, machine, write_json
+
+    if args.bench == "train":
+        from clsr.bench.train import format_train as show
+        from clsr.bench.train import run_train
+
+        figures = run_train(
+            args.method,
+            args.model,
+            args.batch,
+            args.length,
+            args.steps,
+            args.warmup,
+            args.precision,
+            args.device,
+            args.lr,
+        )
+    elif args.bench == "memory":
+        from clsr.bench.memory import format_memory as show
+        from clsr.bench.memory import run_memory
+
+        figures = run_memory(
+            args.batches, args.chunk, args.method, args.model, args.length, args.precision, args.device
+        )
+    elif args.bench == "sts-eval":
+        from clsr.bench.sts_eval import format_sts_eval as show
+        from clsr.bench.sts_eval import run_sts_eval
+
+        figures = run_sts_eval(args.model, args.tasks, args.max_pairs, args.batch_size, args.device)
+    else:
+        from clsr.bench.study import format_study as show
+        from clsr.bench.study import run_study_bench
+
+        figures = run_study_bench(args.study, args.smoke, args.overrides)
+    figures["machine"] = machine()
+    print(format_machine(figures["machine"]))
+    print()
+    print(show(figures))
+    if args.json:
+        write_json(args.json, figures)
+        print(f"\nwrote {args.json}")
+    return 0

@@ -1,0 +1,81 @@
+"""``platform bench``: the benchmarks run end to end on tiny settings and print their figures.
+
+Wiring checks only (a few steps, a few sentences, on the CPU); the real figures are measured by hand.
+``bench study`` runs a whole study, too slow here: only its command line is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from clsr.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> str:
+    """A 2-layer, 16-d BERT with MiniLM's tokenizer, saved locally (random weights): a fast child."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from clsr.encoders.transformer import load_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = load_tokenizer("minilm")
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def test_bench_train_prints_both_trainers_and_a_ratio(data_dir, tiny_bert, tmp_path, capsys):
+    out = tmp_path / "train.json"
+    args = ["bench", "train", "--steps", "2", "--warmup", "0", "--batch", "8", "--length", "16"]
+    args += ["--model", tiny_bert]
+    assert main([*args, "--device", "cpu", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "clsr simcse_sup" in text and "sentence-transformers MNRL" in text
+    assert re.search(r"ratio clsr / sentence-transformers \(sentences/s\): \d+\.\d\d", text)
+    assert "machine:" in text and "torch" in text
+    figures = json.loads(out.read_text())
+    assert figures["ratio_clsr_over_st"] > 0 and figures["machine"]["cpu_cores"] >= 1
+    # the same rows, columns and truncation on both sides: the same real tokens
+    assert figures["clsr"]["tokens"] == figures["sentence_transformers"]["tokens"]
+
+
+def test_bench_sts_eval_scores_match_sentence_transformers(data_dir, capsys):
+    args = ["bench", "sts-eval", "--tasks", "sts16", "--max-pairs", "100", "--device", "cpu"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    row = next(line.split() for line in text.splitlines() if line.startswith("STS16"))
+    assert abs(float(row[1]) - float(row[2])) <= 1e-4
+    difference = float(re.search(r"max \|difference\|: (\S+)", text).group(1))
+    assert difference <= 1e-4
+    assert "first 100 pairs" in text and "ratio clsr / ST" in text
+
+
+def test_bench_memory_runs_each_configuration_in_a_child(data_dir, tiny_bert, capsys):
+    args = ["bench", "memory", "--batches", "8", "--chunk", "4", "--length", "16", "--device", "cpu"]
+    args += ["--model", tiny_bert]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    rows = [line.split() for line in text.splitlines() if line.startswith("8 ")]
+    assert [r[1] for r in rows] == ["off", "4"]
+    assert all(float(r[2]) > 0 and r[-1] == "-" for r in rows)  # a peak, and no error
+
+
+def test_bench_study_has_a_command_line(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "study", "--help"])
+    assert exited.value.code == 0
+    assert "--study" in capsys.readouterr().out
