@@ -14,30 +14,6 @@ import pytest
 from clsr.cli import main
 
 
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory) -> str:
-    """A 2-layer, 16-d BERT with MiniLM's tokenizer, saved locally (random weights): a fast child."""
-    import torch
-    from transformers import BertConfig, BertModel
-
-    from clsr.encoders.transformer import load_tokenizer
-
-    torch.manual_seed(0)
-    tokenizer = load_tokenizer("minilm")
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=32,
-        max_position_embeddings=64,
-    )
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    BertModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
 def test_bench_train_prints_both_trainers_and_a_ratio(data_dir, tiny_bert, tmp_path, capsys):
     out = tmp_path / "train.json"
     args = ["bench", "train", "--steps", "2", "--warmup", "0", "--batch", "8", "--length", "16"]

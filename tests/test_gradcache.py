@@ -20,7 +20,6 @@ import random
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertModel
 
 import clsr.train.gradcache as gradcache
 from clsr.data.batching import TextViewBatcher
@@ -41,25 +40,6 @@ METHODS = {
     "rcl_entropy": {"name": "rcl_entropy", "phi": 0.05},
     "rcl": {"name": "rcl", "phis": [0.01, 0.02], "entropy_models": {0.01: "m1", 0.02: "m2"}},
 }
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory) -> str:
-    """A 2-layer, 4-head, 16-d BERT with MiniLM's tokenizer, saved locally (random weights)."""
-    torch.manual_seed(0)
-    tokenizer = load_tokenizer("minilm")
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=32,
-        max_position_embeddings=64,
-    )
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    BertModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
 
 
 def fake_rows(count: int) -> list[dict[str, str]]:

@@ -8,7 +8,6 @@ from collections import Counter
 
 import pytest
 import torch
-from transformers import BertConfig, BertModel
 
 from clsr.encoders.transformer import DropHead, ModelConfig, TransformerEncoder
 from clsr.methods.mnrl import mnrl_loss
@@ -22,6 +21,7 @@ from clsr.methods.rcl import (
     regulator_loss,
 )
 from clsr.train.loop import loss_stalled
+from conftest import save_tiny_bert
 
 R = 1 / math.sqrt(2)
 E = math.exp
@@ -173,25 +173,8 @@ def test_prepare_shared_embeds_each_training_text_once_per_entropy_model(data_di
 
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory) -> str:
-    """A 2-layer, 4-head, 16-d BERT with MiniLM's tokenizer, saved locally (random weights; no download)."""
-    from clsr.encoders.transformer import load_tokenizer
-
-    torch.manual_seed(0)
-    tokenizer = load_tokenizer("minilm")
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=32,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    BertModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    """The shared tiny BERT without dropout."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), dropout=0.0)
 
 
 def test_attention_dropout_reaches_the_backbone(tiny_bert):

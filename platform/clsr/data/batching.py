@@ -79,3 +79,18 @@ def no_duplicate_batches(
             batch.append(index)
         batches.append(batch)
     return batches
+
+
+def text_batches(
+    rows: Sequence[dict[str, str]],
+    columns: Sequence[str],
+    batch_size: int,
+    epoch: int,
+    seed: int,
+    no_duplicates: bool,
+) -> list[list[int]]:
+    """The batch order of the in-batch-negative methods: NoDuplicates batches over ``columns`` (a text
+    seen twice in a batch would be its own negative), or plain shuffled batches."""
+    if not no_duplicates:
+        return shuffled_batches(len(rows), batch_size, epoch, seed)
+    return no_duplicate_batches(rows, columns, batch_size, epoch, seed)

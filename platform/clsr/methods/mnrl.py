@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 from pydantic import Field
 
-from clsr.data.batching import no_duplicate_batches, shuffled_batches
+from clsr.data.batching import text_batches
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.losses import cos_sim, in_batch_cross_entropy
 
@@ -62,9 +62,7 @@ class MNRL(Method):
     def batch_order(
         self, rows: Sequence[dict[str, str]], batch_size: int, epoch: int, seed: int
     ) -> list[list[int]]:
-        if not self.cfg.no_duplicates:
-            return shuffled_batches(len(rows), batch_size, epoch, seed)
-        return no_duplicate_batches(rows, self.required_columns(), batch_size, epoch, seed)
+        return text_batches(rows, self.required_columns(), batch_size, epoch, seed, self.cfg.no_duplicates)
 
     def loss_from_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
         return mnrl_loss(embeddings, self.cfg.scale)

@@ -45,7 +45,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from clsr.data.batching import TextViewBatcher, no_duplicate_batches, shuffled_batches
+from clsr.data.batching import TextViewBatcher, text_batches
 from clsr.encoders.trained import load_trained_encoder
 from clsr.encoders.transformer import ModelConfig, load_tokenizer
 from clsr.methods.base import Method, MethodConfig
@@ -144,9 +144,7 @@ class _RCLMethod(Method):
     def batch_order(
         self, rows: Sequence[dict[str, str]], batch_size: int, epoch: int, seed: int
     ) -> list[list[int]]:
-        if not self.cfg.no_duplicates:
-            return shuffled_batches(len(rows), batch_size, epoch, seed)
-        return no_duplicate_batches(rows, self.required_columns(), batch_size, epoch, seed)
+        return text_batches(rows, self.required_columns(), batch_size, epoch, seed, self.cfg.no_duplicates)
 
     @staticmethod
     def split(embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -29,7 +29,7 @@ from clsr.augment.positives import (
     make_positive_augmenter,
     positive_augmentation_available,
 )
-from clsr.data.batching import TextViewBatcher, no_duplicate_batches, shuffled_batches
+from clsr.data.batching import TextViewBatcher, text_batches
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.losses import cos_sim
 
@@ -153,10 +153,8 @@ class SupMPN(Method):
         return filled
 
     def batch_order(self, rows, batch_size: int, epoch: int, seed: int) -> list[list[int]]:
-        if not self.cfg.no_duplicates:
-            return shuffled_batches(len(rows), batch_size, epoch, seed)
         # the same text twice within a row (anchor copies) is allowed; across rows of a batch it is not
-        return no_duplicate_batches(rows, self.required_columns(), batch_size, epoch, seed)
+        return text_batches(rows, self.required_columns(), batch_size, epoch, seed, self.cfg.no_duplicates)
 
     def loss_from_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
         return supmpn_loss(embeddings, self.cfg.positives, self.cfg.temperature, self.cfg.loss_variant)
