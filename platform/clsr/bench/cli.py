@@ -30,6 +30,12 @@ def _count(text: str) -> int:
     return value
 
 
+def _length_group(text: str) -> int | str | None:
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    return _positive(text)
+
+
 def add_bench_parser(commands: Any) -> None:
     """Add ``bench train|memory|sts-eval|study`` to the ``platform`` subcommands."""
     bench = commands.add_parser(
@@ -55,6 +61,12 @@ def add_bench_parser(commands: Any) -> None:
     train.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
     train.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     train.add_argument("--lr", type=float, default=5e-5)
+    train.add_argument(
+        "--length-group",
+        type=_length_group,
+        default="auto",
+        help="clsr's trainer.length_group_size: auto, none (one pass padded to the longest) or N",
+    )
 
     memory = add(
         "memory",
@@ -107,6 +119,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             args.precision,
             args.device,
             args.lr,
+            length_group=args.length_group,
         )
     elif args.bench == "memory":
         from clsr.bench.memory import format_memory as show

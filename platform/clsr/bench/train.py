@@ -36,6 +36,7 @@ def trial_config(
     lr: float = 5e-5,
     chunk_rows: int | None = None,
     data: str | None = None,
+    length_group: int | str | None = "auto",
 ):
     """A trial of ``method`` with mean pooling (as the sentence-transformers model) and no evaluation."""
     from clsr.train.config import TrialConfig
@@ -43,7 +44,13 @@ def trial_config(
     return TrialConfig(
         model={"name": model, "pooling": "avg", "mlp_only_train": False, "max_seq_length": length},
         data={"train": data or DATASETS.get(method, "nli_triplets")},
-        trainer={"batch_size": batch, "lr": lr, "precision": precision, "gradcache_chunk_rows": chunk_rows},
+        trainer={
+            "batch_size": batch,
+            "lr": lr,
+            "precision": precision,
+            "gradcache_chunk_rows": chunk_rows,
+            "length_group_size": length_group,
+        },
         method={"name": method},
         eval={"dev_tasks": [], "tasks": ["sts"]},
     )
@@ -81,13 +88,15 @@ class PlatformStep:
             epoch += 1
         return out[:count]
 
-    def __call__(self, indices: Sequence[int]) -> int:
-        """Train on the rows ``indices``; returns the batch's real (non-padding) tokens."""
+    def __call__(self, indices: Sequence[int]) -> tuple[int, int]:
+        """Train on the rows ``indices``; returns the batch's real tokens and the tokens the encoder ran
+        (padding included)."""
         from clsr.train.gradcache import gradcache_backward
 
         t = self.trial.trainer
         cpu_batch = self.batcher.collate(indices)
-        tokens = int(cpu_batch["attention_mask"].sum())
+        mask = cpu_batch["attention_mask"]
+        tokens = (int(mask.sum()), grouped_width_tokens(mask, cpu_batch.get("length_group_size")))
         batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in cpu_batch.items()}
         if t.gradcache_chunk_rows:
             loss = gradcache_backward(
@@ -137,7 +146,7 @@ class SentenceTransformersStep:
         self.autocast = autocast(precision, device)
         self.model.train()
 
-    def __call__(self, rows: Sequence[dict[str, str]]) -> int:
+    def __call__(self, rows: Sequence[dict[str, str]]) -> tuple[int, int]:
         features, tokens = [], 0
         for column in self.columns:  # the data collator: one preprocess call per column, every step
             part = self.model.preprocess([row[column] for row in rows])
@@ -152,19 +161,31 @@ class SentenceTransformersStep:
         self.optimizer.zero_grad(set_to_none=True)
         if loss.item() != loss.item():
             raise FloatingPointError("the sentence-transformers loss became NaN")
-        return tokens
+        # its embed_columns: the anchors alone, the other columns merged at their widest
+        widths = [f["input_ids"].shape[1] for f in features]
+        return tokens, len(rows) * (widths[0] + (len(widths) - 1) * max(widths[1:], default=0))
 
 
-def timed(step: Callable[[Any], int], batches: Sequence[Any], warmup: int, device) -> tuple[float, int]:
-    """(seconds, real tokens) of the steps after the first ``warmup`` ones."""
+def grouped_width_tokens(mask: torch.Tensor, group: int | None) -> int:
+    """Tokens the encoder runs (padding included) for ``mask`` cut into length groups of ``group``."""
+    extent = (mask * torch.arange(1, mask.size(1) + 1)).amax(dim=1).sort().values.tolist()
+    size = group or len(extent)
+    return sum(len(extent[i : i + size]) * extent[i : i + size][-1] for i in range(0, len(extent), size))
+
+
+def timed(
+    step: Callable[[Any], tuple[int, int]], batches: Sequence[Any], warmup: int, device
+) -> tuple[float, int, int]:
+    """(seconds, real tokens, encoder tokens with padding) of the steps after the first ``warmup`` ones."""
     for batch in batches[:warmup]:
         step(batch)
     synchronize(device)
-    started, tokens = time.perf_counter(), 0
+    started, tokens, padded = time.perf_counter(), 0, 0
     for batch in batches[warmup:]:
-        tokens += step(batch)
+        real, ran = step(batch)
+        tokens, padded = tokens + real, padded + ran
     synchronize(device)
-    return time.perf_counter() - started, tokens
+    return time.perf_counter() - started, tokens, padded
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -175,7 +196,7 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 def side_figures(
-    seconds: float, tokens: int, steps: int, sentences: int, params: int, peak: float | None
+    seconds: float, tokens: int, padded: int, steps: int, sentences: int, params: int, peak: float | None
 ) -> dict[str, float | None]:
     return {
         "seconds": seconds,
@@ -183,6 +204,8 @@ def side_figures(
         "sentences_per_s": sentences / seconds,
         "tokens_per_s": tokens / seconds,
         "tokens": tokens,
+        "encoder_tokens": padded,
+        "padding_share": 1 - tokens / padded,
         "mfu": 6 * params * tokens / (seconds * peak) if peak else None,
     }
 
@@ -198,6 +221,7 @@ def run_train(
     device: str = "auto",
     lr: float = 5e-5,
     data_dir: str | None = None,
+    length_group: int | str | None = "auto",
 ) -> dict[str, Any]:
     """Time ``steps`` optimiser steps (after ``warmup`` untimed ones) of clsr, then of sentence-transformers."""
     from clsr.data.catalog import load_rows
@@ -208,7 +232,7 @@ def run_train(
     precision = resolve_precision(precision, dev)
     total = warmup + steps
     rows = load_rows(DATASETS[method], data_dir, max_rows=batch * total, seed=0)
-    trial = trial_config(method, model, batch, length, precision, lr)
+    trial = trial_config(method, model, batch, length, precision, lr, length_group=length_group)
 
     torch.manual_seed(0)
     clsr_step = PlatformStep(trial, rows, dev, total)
@@ -217,7 +241,8 @@ def run_train(
     params = sum(p.numel() for p in clsr_step.model.parameters())
     dense = sum(p.numel() for n, p in clsr_step.model.named_parameters() if "embeddings" not in n)
     peak = peak_flops(dev)
-    clsr_seconds, clsr_tokens = timed(clsr_step, batches, warmup, dev)
+    clsr_seconds, clsr_tokens, clsr_padded = timed(clsr_step, batches, warmup, dev)
+    group = clsr_step.trial.trainer.resolved_length_group_size()
     tokenise_s = clsr_step.tokenise_s
     del clsr_step
     gc.collect()
@@ -226,13 +251,13 @@ def run_train(
 
     torch.manual_seed(0)
     st_step = SentenceTransformersStep(model, columns, length, precision, lr, dev, total)
-    st_seconds, st_tokens = timed(st_step, [[rows[i] for i in b] for b in batches], warmup, dev)
+    st_seconds, st_tokens, st_padded = timed(st_step, [[rows[i] for i in b] for b in batches], warmup, dev)
     del st_step
     gc.collect()
 
     sentences = steps * batch * len(columns)
-    clsr = side_figures(clsr_seconds, clsr_tokens, steps, sentences, dense, peak)
-    st = side_figures(st_seconds, st_tokens, steps, sentences, dense, peak)
+    clsr = side_figures(clsr_seconds, clsr_tokens, clsr_padded, steps, sentences, dense, peak)
+    st = side_figures(st_seconds, st_tokens, st_padded, steps, sentences, dense, peak)
     return {
         "benchmark": "train",
         "method": method,
@@ -246,6 +271,7 @@ def run_train(
         "precision": precision,
         "device": str(dev),
         "lr": lr,
+        "length_group_size": group,
         "params": params,
         "params_non_embedding": dense,
         "peak_bf16_flops": peak,
@@ -260,9 +286,16 @@ def run_train(
 def format_train(f: dict[str, Any]) -> str:
     sides = (("clsr " + f["method"], f["clsr"]), ("sentence-transformers MNRL", f["sentence_transformers"]))
     table = format_table(
-        ["trainer", "s/step", "sentences/s", "tokens/s", "MFU"],
+        ["trainer", "s/step", "sentences/s", "tokens/s", "padding", "MFU"],
         [
-            [name, s["s_per_step"], s["sentences_per_s"], s["tokens_per_s"], s["mfu"] and f"{s['mfu']:.1%}"]
+            [
+                name,
+                s["s_per_step"],
+                s["sentences_per_s"],
+                s["tokens_per_s"],
+                f"{s['padding_share']:.0%}",
+                s["mfu"] and f"{s['mfu']:.1%}",
+            ]
             for name, s in sides
         ],
     )
@@ -285,8 +318,10 @@ def format_train(f: dict[str, Any]) -> str:
             f"note: sentence-transformers tokenises every batch in the timed step (its data collator); clsr "
             f"tokenises every row once per trial, outside the step ({f['clsr_tokenised_rows']} rows in "
             f"{f['clsr_tokenise_once_s']:.2f} s, not in the figures above).",
-            "note: clsr encodes all columns in one forward pass; MNRL encodes the anchors, then the other "
-            "columns together.",
+            "note: clsr encodes all columns in one forward pass, sorted by length in groups of "
+            f"{f['length_group_size'] or 'all'} sentences, each padded to its own longest "
+            "(trainer.length_group_size); MNRL encodes the anchors, then the other columns together, "
+            "each padded to its longest. padding = share of the tokens the encoder ran that were padding.",
             mfu,
         ]
     )

@@ -20,11 +20,20 @@ class TextViewBatcher:
     """Holds token ids of every column a method reads; ``collate`` builds one forward pass.
 
     Sentences of a batch are laid out row-major: row 0 view 0, row 0 view 1, ..., so that the pooled
-    output reshapes to ``(rows, views, dim)``.
+    output reshapes to ``(rows, views, dim)``. With ``length_group_size`` the batch tells the encoder to
+    run its sentences in groups of similar length (``TransformerEncoder.forward``).
     """
 
-    def __init__(self, rows: Sequence[dict[str, str]], views: Sequence[str], tokenizer: Any, max_length: int):
+    def __init__(
+        self,
+        rows: Sequence[dict[str, str]],
+        views: Sequence[str],
+        tokenizer: Any,
+        max_length: int,
+        length_group_size: int | None = None,
+    ):
         self.views = tuple(views)
+        self.length_group_size = length_group_size  # the encoder's length groups (trainer.length_group_size)
         self.num_rows = len(rows)
         self.pad_id = tokenizer.pad_token_id or 0
         self.ids: dict[str, list[list[int]]] = {}
@@ -44,7 +53,8 @@ class TextViewBatcher:
         for row, seq in enumerate(sequences):
             input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             attention_mask[row, : len(seq)] = 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "num_rows": len(indices)}
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "num_rows": len(indices)}
+        return batch | ({"length_group_size": self.length_group_size} if self.length_group_size else {})
 
 
 def no_duplicate_batches(

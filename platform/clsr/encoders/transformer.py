@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -164,7 +165,16 @@ class TransformerEncoder(nn.Module):
     def dim(self) -> int:
         return self.backbone.config.hidden_size
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, length_group_size: int | None = None
+    ) -> torch.Tensor:
+        """Pooled embeddings; with ``length_group_size`` the sentences are encoded in groups of that many
+        of similar length, each cut to its own longest sentence (same embeddings, less padding)."""
+        if not length_group_size or input_ids.size(0) <= length_group_size:
+            return self.encode(input_ids, attention_mask)
+        return encode_in_length_groups(self.encode, input_ids, attention_mask, length_group_size)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         out = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -172,3 +182,29 @@ class TransformerEncoder(nn.Module):
         )
         hidden_states = out.hidden_states if self.pooler.needs_all_layers else (out.last_hidden_state,)
         return self.pooler(hidden_states, attention_mask)
+
+
+def encode_in_length_groups(
+    encode: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    group_size: int,
+) -> torch.Tensor:
+    """``encode`` the rows sorted by length, ``group_size`` at a time, each group cut to the last real
+    token of its longest row; the pooled rows come back in input order.
+
+    A forward pass of SimCSE-sup triplets padded to its longest sentence is about half padding (NLI
+    premises are ~2× longer than hypotheses); groups of similar length cut that to ~10 %, and every
+    layer's cost with it. Cutting at the last real token (not the count of real tokens) keeps this exact
+    whichever side the padding is on.
+    """
+    positions = torch.arange(1, attention_mask.size(1) + 1, device=attention_mask.device)
+    extent = (attention_mask * positions).amax(dim=1)  # index of the last real token + 1
+    order = torch.argsort(extent, stable=True)
+    sorted_extent = extent[order].tolist()  # one host sync per forward pass
+    pooled = []
+    for start in range(0, len(sorted_extent), group_size):
+        rows = order[start : start + group_size]
+        width = max(sorted_extent[min(start + group_size, len(sorted_extent)) - 1], 1)
+        pooled.append(encode(input_ids[rows, :width], attention_mask[rows, :width]))
+    return torch.cat(pooled)[torch.argsort(order)]

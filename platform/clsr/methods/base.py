@@ -75,7 +75,18 @@ class Method(ABC):
     def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> Any:
         """Tokenise once; the returned object's ``collate(indices)`` builds one forward pass."""
         self.check_columns(rows)
-        return TextViewBatcher(rows, self.views(), pipeline, trial.model.max_seq_length)
+        return self.text_view_batcher(rows, pipeline, trial)
+
+    def text_view_batcher(
+        self,
+        rows: list[dict[str, str]],
+        pipeline: Any,
+        trial: Any,
+        kind: type[TextViewBatcher] = TextViewBatcher,
+    ) -> TextViewBatcher:
+        """The rows' token ids for this method's views, batched as ``trial.trainer`` says."""
+        group = trial.trainer.resolved_length_group_size()
+        return kind(rows, self.views(), pipeline, trial.model.max_seq_length, length_group_size=group)
 
     def check_columns(self, rows: list[dict[str, str]]) -> None:
         missing = [c for c in self.required_columns() if rows and c not in rows[0]]
@@ -115,7 +126,8 @@ class Method(ABC):
     def encode_rows(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
         """This worker's pooled embeddings ``(rows, views, dim)`` of a batch from ``collate``: every view
         of every row in one forward pass (GradCache calls it once per chunk of rows)."""
-        pooled = model(batch["input_ids"], batch["attention_mask"])
+        groups = {"length_group_size": batch["length_group_size"]} if batch.get("length_group_size") else {}
+        pooled = model(batch["input_ids"], batch["attention_mask"], **groups)
         return pooled.view(batch["num_rows"], len(self.views()), -1)
 
     def embeddings_loss(self, embeddings: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:

@@ -336,7 +336,7 @@ class RCL(_RCLMethod):
         if missing:
             raise RuntimeError(f"the stored embeddings have no entropy model for φ = {missing}")
         self._models = [shared.phis.index(phi) for phi in self.cfg.phis]
-        return RowIndexBatcher(rows, self.views(), pipeline, trial.model.max_seq_length)
+        return self.text_view_batcher(rows, pipeline, trial, kind=RowIndexBatcher)
 
     def stored(self, rows: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows' stored query and index embeddings, each (N models, rows, d), float32 on ``device``."""

@@ -122,7 +122,7 @@ class SupMPN(Method):
     def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> TextViewBatcher:
         self.check_columns(rows)
         rows = getattr(self, "_filled_rows", None) or self.fill_positives(rows, seed=trial.trainer.seed)
-        return TextViewBatcher(rows, self.views(), pipeline, trial.model.max_seq_length)
+        return self.text_view_batcher(rows, pipeline, trial)
 
     def fill_positives(self, rows: list[dict[str, str]], seed: int) -> list[dict[str, str]]:
         """Table A1: slots that hold a copy of the anchor get an augmented entailment of the row instead.

@@ -14,6 +14,9 @@ from clsr.encoders.textcnn import TextCNNConfig
 from clsr.encoders.transformer import ModelConfig
 
 MODEL_TYPES = ("transformer", "textcnn")
+# trainer.length_group_size: auto. CPU: best of 16/32/48/64/96 for MiniLM on NLI triplets (bench train);
+# GPU: large enough to keep the matrix units fed, not measured yet.
+AUTO_LENGTH_GROUP = {"cpu": 32, "cuda": 256}
 
 
 def _model_type(value: Any) -> str:
@@ -57,6 +60,12 @@ class TrainerConfig(Section):
         description="GradCache (Gao et al. 2021): encode each worker's micro-batch in chunks of N rows "
         "(activations of one chunk in memory at a time), same loss and gradients; None: off",
     )
+    length_group_size: int | Literal["auto"] | None = Field(
+        "auto",
+        description="encode a forward pass's sentences sorted by length in groups of N, each padded to its "
+        "own longest sentence: the same embeddings with ~10 % padding instead of ~50 % on NLI triplets; "
+        "auto: 32 on CPU (measured best), 256 on a GPU; None: one pass padded to the batch's longest",
+    )
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(3e-5, gt=0)
     lr_reference_batch: int | None = Field(
@@ -98,6 +107,23 @@ class TrainerConfig(Section):
         if self.momentum_after_warmup is not None and self.optimizer != "sgd":
             raise ValueError("momentum_after_warmup needs optimizer: sgd")
         return self
+
+    @field_validator("length_group_size")
+    @classmethod
+    def _positive_group(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(
+                f"trainer.length_group_size is 'auto', null or a positive integer (given: {value})"
+            )
+        return value
+
+    def resolved_length_group_size(self) -> int | None:
+        """``length_group_size`` with ``auto`` resolved for the device this process trains on."""
+        if self.length_group_size != "auto":
+            return self.length_group_size
+        import torch
+
+        return AUTO_LENGTH_GROUP["cuda" if torch.cuda.is_available() else "cpu"]
 
     def scaled_lr(self) -> float:
         """The base LR actually used: ``lr``, or ``lr × batch_size / lr_reference_batch``."""
