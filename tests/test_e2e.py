@@ -77,6 +77,9 @@ def test_smoke_study_end_to_end(smoke_study):
         assert metrics["test_sts_avg"] == pytest.approx((metrics["test_sts16"] + metrics["test_stsb"]) / 2)
         losses = client.get_metric_history(child.info.run_id, "loss")
         assert sorted(m.step for m in losses) == list(range(1, 9))  # one training loss per step
+        # MLflow system metrics sampled on the trial's machine every 10 s, and the trial's mean
+        assert client.get_metric_history(child.info.run_id, "system/cpu_utilization_percentage")
+        assert 0 < metrics["trial_cpu_utilization_mean"] <= 100
     paper = {c.data.params["method.temperature"]: c.data.tags.get("clsr.paper.dev_stsb") for c in children}
     assert paper == {"0.05": "82.5", "0.1": "80.9"}
 

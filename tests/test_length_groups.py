@@ -93,3 +93,26 @@ def test_methods_batch_with_the_trainer_group_size(encoder):
     batch = batcher.collate(range(len(rows)))
     assert batch["length_group_size"] == 6
     assert method.encode_rows(encoder, batch).shape == (len(rows), 3, encoder.dim)
+
+
+def test_compiled_training_forward_matches_eager_and_keeps_the_state_dict(tmp_path):
+    """``trainer.compile``: widths padded to the next bucket, the same pooled output and gradients as eager,
+    evaluation on the plain backbone, and state-dict keys without ``_orig_mod``."""
+    folder = save_tiny_bert(tmp_path / "tiny-bert", dropout=0.0)
+    eager = TransformerEncoder(ModelConfig(name=folder, pooling="avg"))
+    compiled = TransformerEncoder(ModelConfig(name=folder, pooling="avg"))
+    compiled.compile_for_training(width_multiple=8)
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    batch = batch_of(eager, None)  # widths up to 16 tokens: one bucket of 16
+    ids, mask = batch["input_ids"][:, :13], batch["attention_mask"][:, :13]
+    outputs = []
+    for model in (eager, compiled):
+        model.train()
+        pooled = model(ids, mask)
+        pooled.sin().sum().backward()
+        outputs.append((pooled.detach(), model.backbone.embeddings.word_embeddings.weight.grad))
+    torch.testing.assert_close(outputs[1][0], outputs[0][0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(outputs[1][1], outputs[0][1], atol=1e-5, rtol=1e-4)
+    compiled.eval()
+    with torch.no_grad():  # eval mode: the plain backbone at any width
+        torch.testing.assert_close(compiled(ids, mask), eager.eval()(ids, mask), atol=1e-5, rtol=1e-4)

@@ -67,6 +67,9 @@ def add_bench_parser(commands: Any) -> None:
         default="auto",
         help="clsr's trainer.length_group_size: auto, none (one pass padded to the longest) or N",
     )
+    train.add_argument(
+        "--compile", action="store_true", help="clsr with trainer.compile (give --warmup steps to compile)"
+    )
 
     memory = add(
         "memory",
@@ -120,6 +123,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             args.device,
             args.lr,
             length_group=args.length_group,
+            compile=args.compile,
         )
     elif args.bench == "memory":
         from clsr.bench.memory import format_memory as show

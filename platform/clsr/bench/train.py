@@ -37,6 +37,7 @@ def trial_config(
     chunk_rows: int | None = None,
     data: str | None = None,
     length_group: int | str | None = "auto",
+    compile: bool = False,
 ):
     """A trial of ``method`` with mean pooling (as the sentence-transformers model) and no evaluation."""
     from clsr.train.config import TrialConfig
@@ -50,6 +51,7 @@ def trial_config(
             "precision": precision,
             "gradcache_chunk_rows": chunk_rows,
             "length_group_size": length_group,
+            "compile": compile,
         },
         method={"name": method},
         eval={"dev_tasks": [], "tasks": ["sts"]},
@@ -61,7 +63,7 @@ class PlatformStep:
 
     def __init__(self, trial, rows: list[dict[str, str]], device: torch.device, total_steps: int = 1):
         from clsr.train.gradcache import check_gradcache
-        from clsr.train.loop import build_method
+        from clsr.train.loop import build_method, compiled
         from clsr.train.optim import build_optimizer, build_scheduler
 
         t = trial.trainer
@@ -72,7 +74,7 @@ class PlatformStep:
         started = time.perf_counter()
         self.batcher = self.method.prepare_rows(rows, pipeline, trial)  # tokenised once per trial
         self.tokenise_s = time.perf_counter() - started
-        self.model = self.method.build_model(trial.model, pipeline).to(device)
+        self.model = compiled(self.method.build_model(trial.model, pipeline), t).to(device)
         self.optimizer = build_optimizer(
             self.model, t, self.method.param_group_lrs(), self.method.fixed_lr_prefixes()
         )
@@ -222,6 +224,7 @@ def run_train(
     lr: float = 5e-5,
     data_dir: str | None = None,
     length_group: int | str | None = "auto",
+    compile: bool = False,
 ) -> dict[str, Any]:
     """Time ``steps`` optimiser steps (after ``warmup`` untimed ones) of clsr, then of sentence-transformers."""
     from clsr.data.catalog import load_rows
@@ -232,7 +235,9 @@ def run_train(
     precision = resolve_precision(precision, dev)
     total = warmup + steps
     rows = load_rows(DATASETS[method], data_dir, max_rows=batch * total, seed=0)
-    trial = trial_config(method, model, batch, length, precision, lr, length_group=length_group)
+    trial = trial_config(
+        method, model, batch, length, precision, lr, length_group=length_group, compile=compile
+    )
 
     torch.manual_seed(0)
     clsr_step = PlatformStep(trial, rows, dev, total)
@@ -272,6 +277,7 @@ def run_train(
         "device": str(dev),
         "lr": lr,
         "length_group_size": group,
+        "compile": compile,
         "params": params,
         "params_non_embedding": dense,
         "peak_bf16_flops": peak,
@@ -309,7 +315,7 @@ def format_train(f: dict[str, Any]) -> str:
         [
             f"training throughput: {f['model']} (mean pooling), {f['data']} columns {', '.join(f['columns'])}; "
             f"batch {f['batch']} rows = {f['batch'] * len(f['columns'])} sentences, length {f['length']}, "
-            f"{f['precision']} on {f['device']}, AdamW lr {f['lr']:g}; "
+            f"{f['precision']} on {f['device']}, AdamW lr {f['lr']:g}{', torch.compile' if f['compile'] else ''}; "
             f"{f['steps']} timed steps after {f['warmup']} warm-up steps",
             "",
             table,
@@ -318,10 +324,15 @@ def format_train(f: dict[str, Any]) -> str:
             f"note: sentence-transformers tokenises every batch in the timed step (its data collator); clsr "
             f"tokenises every row once per trial, outside the step ({f['clsr_tokenised_rows']} rows in "
             f"{f['clsr_tokenise_once_s']:.2f} s, not in the figures above).",
-            "note: clsr encodes all columns in one forward pass, sorted by length in groups of "
-            f"{f['length_group_size'] or 'all'} sentences, each padded to its own longest "
-            "(trainer.length_group_size); MNRL encodes the anchors, then the other columns together, "
-            "each padded to its longest. padding = share of the tokens the encoder ran that were padding.",
+            "note: clsr encodes all columns in one forward pass, "
+            + (
+                f"sorted by length in groups of {f['length_group_size']} sentences, each padded to its own "
+                "longest (trainer.length_group_size)"
+                if f["length_group_size"]
+                else "padded to the batch's longest (length groups off)"
+            )
+            + "; MNRL encodes the anchors, then the other columns together, each padded to its longest. "
+            "padding = share of the tokens the encoder ran that were padding.",
             mfu,
         ]
     )

@@ -16,6 +16,8 @@ from clsr.encoders.registry import describe_load_failure, resolve_model_path
 
 # Config attributes that hold dropout rates in the common architectures (BERT, RoBERTa, MPNet, DistilBERT).
 _DROPOUT_ATTRS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
+# trainer.compile: sequence widths are padded up to a multiple of this (shape buckets, few recompiles)
+COMPILE_WIDTH_MULTIPLE = 8
 # The subset that holds the attention-probability dropout (BERT/RoBERTa/MPNet, DistilBERT).
 _ATTENTION_DROPOUT_ATTRS = ("attention_probs_dropout_prob", "attention_dropout")
 
@@ -160,6 +162,21 @@ class TransformerEncoder(nn.Module):
         hidden = self.backbone.config.hidden_size
         init_std = getattr(self.backbone.config, "initializer_range", 0.02)
         self.pooler = Pooler(cfg.pooling, hidden, mlp_only_train=cfg.mlp_only_train, init_std=init_std)
+        self._compiled: Callable[..., Any] | None = None  # set by compile_for_training
+
+    def compile_for_training(
+        self, mode: str = "default", width_multiple: int = COMPILE_WIDTH_MULTIPLE
+    ) -> None:
+        """``torch.compile`` the backbone for training steps. Widths are padded up to a multiple of
+        ``width_multiple`` (shape buckets) and shapes are static, so each (rows, width) bucket compiles
+        once instead of every step. Evaluation (eval mode: any width up to 512) runs the plain backbone,
+        and the state dict keeps its keys (the compiled wrapper is not a submodule)."""
+        import torch._dynamo
+
+        # buckets: ceil(max_seq_length / width_multiple) widths × a few group sizes per run
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        self._width_multiple = width_multiple
+        object.__setattr__(self, "_compiled", torch.compile(self.backbone, mode=mode, dynamic=False))
 
     @property
     def dim(self) -> int:
@@ -175,7 +192,14 @@ class TransformerEncoder(nn.Module):
         return encode_in_length_groups(self.encode, input_ids, attention_mask, length_group_size)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.backbone(
+        backbone = self.backbone
+        if self._compiled is not None and self.training:
+            backbone = self._compiled
+            extra = -input_ids.size(1) % self._width_multiple
+            if extra:  # the next shape bucket: padding id 0 under a zero mask changes nothing
+                input_ids = nn.functional.pad(input_ids, (0, extra))
+                attention_mask = nn.functional.pad(attention_mask, (0, extra))
+        out = backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
             output_hidden_states=self.pooler.needs_all_layers,

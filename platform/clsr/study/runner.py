@@ -115,7 +115,11 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         train_loop_per_worker,
         train_loop_config={
             "trial": trial.model_dump(),
-            "tracking": {"uri": ctx.tracking_uri, "run_id": run_id},
+            "tracking": {
+                "uri": ctx.tracking_uri,
+                "run_id": run_id,
+                "system_metrics_interval_s": study.system_metrics_interval_s,
+            },
             "shared": shared,
             "in_process": in_process,
             "gpus_per_worker": res.gpus_per_worker,

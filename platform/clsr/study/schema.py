@@ -208,6 +208,12 @@ class Study(Strict):
     tracking_uri: str | None = Field(
         None, description="MLflow; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db"
     )
+    system_metrics_interval_s: float | None = Field(
+        10.0,
+        gt=0,
+        description="sample CPU, memory and GPU utilisation into each trial's MLflow run every N seconds "
+        "(MLflow system metrics; GPUs need nvidia-ml-py); null: off",
+    )
     smoke: dict[str, Any] | None = Field(
         None, description="overrides that --smoke applies: one seed, few steps, small dimensions"
     )

@@ -9,14 +9,28 @@ from typing import Any
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+from clsr.tracking.system_metrics import SystemMetrics
+
 
 class RunLogger:
     """Buffers per-step metrics and sends them in batches (one request per flush, not per step)."""
 
-    def __init__(self, tracking: dict[str, str] | None):
+    def __init__(self, tracking: dict[str, Any] | None):
         self.run_id = (tracking or {}).get("run_id")
         self.client = MlflowClient(tracking["uri"]) if self.run_id else None
         self.buffer: list[Metric] = []
+        interval = (tracking or {}).get("system_metrics_interval_s")
+        self.system = (
+            SystemMetrics(tracking["uri"], self.run_id, interval) if self.run_id and interval else None
+        )
+        if self.system is not None:
+            self.system.start()
+
+    def stop_system_metrics(self) -> dict[str, float]:
+        """Stop sampling the machine; the trial's utilisation means (empty without system metrics)."""
+        summary = self.system.stop() if self.system is not None else {}
+        self.system = None
+        return summary
 
     @property
     def active(self) -> bool:

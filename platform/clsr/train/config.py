@@ -66,6 +66,14 @@ class TrainerConfig(Section):
         "own longest sentence: the same embeddings with ~10 % padding instead of ~50 % on NLI triplets; "
         "auto: 32 on CPU (measured best), 256 on a GPU; None: one pass padded to the batch's longest",
     )
+    compile: bool = Field(
+        False,
+        description="torch.compile the transformer backbone for training steps, with widths padded to a "
+        "multiple of 8 (shape buckets) so it compiles once per bucket, not every step; evaluation stays eager",
+    )
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = (
+        "default"
+    )
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(3e-5, gt=0)
     lr_reference_batch: int | None = Field(
@@ -214,6 +222,15 @@ class TrialConfig(Section):
             raise ValueError(
                 f"trainer.gradcache_chunk_rows={chunk}: method {method.name!r} has no in-batch-negative "
                 f"loss over one encoder pass, so GradCache does not apply; unset it for this method"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _compile_needs_a_transformer(self) -> TrialConfig:
+        if self.trainer.compile and self.model.type != "transformer":
+            raise ValueError(
+                f"trainer.compile applies to transformer encoders; model.type is {self.model.type!r}: "
+                f"set trainer.compile: false"
             )
         return self
 

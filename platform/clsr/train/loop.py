@@ -31,7 +31,7 @@ from clsr.eval.transfer import evaluate_transfer, split_eval_tasks, transfer_sum
 from clsr.methods import get_method
 from clsr.methods.base import Method
 from clsr.tracking.run_logger import RunLogger
-from clsr.train.config import TrialConfig
+from clsr.train.config import TrainerConfig, TrialConfig
 from clsr.train.gradcache import check_gradcache, gradcache_backward
 from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, warmup_steps
 
@@ -68,6 +68,13 @@ def plan_steps(num_rows: int, trial: TrialConfig, world: int) -> tuple[int, int]
         )
     total = math.ceil(t.epochs * steps_per_epoch)
     return steps_per_epoch, min(total, t.max_steps or total)
+
+
+def compiled(model: nn.Module, t: TrainerConfig) -> nn.Module:
+    """The model with ``trainer.compile`` applied (its training forward compiled in place)."""
+    if t.compile:
+        model.compile_for_training(t.compile_mode)
+    return model
 
 
 def build_method(trial: TrialConfig) -> Method:
@@ -188,7 +195,7 @@ def fit(
     local_rows = micro_rows // session.world_size
     eval_every = max(1, round(t.eval_epochs * steps_per_epoch)) if t.eval_epochs else t.eval_steps
 
-    model = session.prepare_model(method.build_model(trial.model, pipeline))
+    model = session.prepare_model(compiled(method.build_model(trial.model, pipeline), t))
     device = session.device
     optimizer = build_optimizer(unwrap(model), t, method.param_group_lrs(), method.fixed_lr_prefixes())
     scheduler = build_scheduler(optimizer, t, total_steps, steps_per_epoch)
@@ -342,7 +349,7 @@ def finish(model, state, best_weights, evaluator, logger, session, clock: TrialC
             }
         if evaluator.cfg.log_model and logger.active:
             evaluator.log_model(model, logger)
-        final |= clock.cost(session)
+        final |= clock.cost(session) | logger.stop_system_metrics()
         logger.set_tags({"clsr.device": clock.device(session)})
         logger.log({k: v for k, v in final.items() if k not in ("step", "finished")}, state["step"])
         logger.flush()
