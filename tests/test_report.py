@@ -83,6 +83,7 @@ def trial_metrics(ablation: str, seed: int, main_value: float) -> dict[str, floa
         "test_mr": 80.0 + seed,
         "test_transfer_avg": 85.0 + 0.5 * seed,
         "best_dev_stsb": 80.0 + seed,
+        "trial_gpu_utilization_mean": 60.0 + 10 * seed,  # MLflow system metrics' mean
         **COST,
     }
 
@@ -237,6 +238,10 @@ def test_cost_is_summed_per_ablation_and_study(report):
     assert report.cost.wall_s == pytest.approx(100.0 * finished) and report.cost.runs == finished + 3 + 6
     text = render_text(report)
     assert "1 x NVIDIA H200 (9)" in text and "not logged" in text
+    # GPU utilisation weighted by GPU seconds (equal here): seeds 1, 2, 3 finished 4, 3 and 2 times
+    assert temperature.cost.gpu_utilization == pytest.approx((70 * 4 + 80 * 3 + 90 * 2) / 9)
+    assert pooling.cost.gpu_utilization is None
+    assert "78 %" in text
 
 
 def test_learning_curves_read_the_metric_histories(store, report):

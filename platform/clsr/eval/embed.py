@@ -16,10 +16,17 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
 
+def position_limit(encoder: nn.Module) -> int:
+    """The longest input the encoder's position embeddings allow (BERT: 512; RoBERTa: 514 - 2 offset)."""
+    config = getattr(getattr(encoder, "backbone", None), "config", None)
+    positions = getattr(config, "max_position_embeddings", None) or 512
+    return positions - 2 if getattr(config, "model_type", "") in ("roberta", "xlm-roberta") else positions
+
+
 def transformer_embedder(model: nn.Module, tokenizer: Any, batch_size: int = 128) -> Embedder:
     """SimCSE evaluation: no truncation below the model's limit, dynamic padding, eval-mode pooling."""
     encoder = _unwrap(model)
-    max_length = min(getattr(tokenizer, "model_max_length", 512), 512)
+    max_length = min(getattr(tokenizer, "model_max_length", 512), 512, position_limit(encoder))
 
     @torch.inference_mode()
     def embed(sentences: Sequence[str]) -> np.ndarray:

@@ -254,6 +254,13 @@ class Cost:
     runs: int = 0
     measured: int = 0
     devices: Counter = field(default_factory=Counter)
+    busy_gpu_s: float = 0.0  # Σ GPU seconds × mean utilisation, over trials that sampled their GPUs
+    sampled_gpu_s: float = 0.0
+
+    @property
+    def gpu_utilization(self) -> float | None:
+        """Mean GPU utilisation (%) weighted by GPU seconds; None when no trial sampled its GPUs."""
+        return 100 * self.busy_gpu_s / self.sampled_gpu_s if self.sampled_gpu_s else None
 
     def add(self, trial: Trial) -> None:
         self.runs += 1
@@ -262,6 +269,11 @@ class Cost:
             self.wall_s += trial.metrics.get("trial_wall_s", 0.0)
             self.cpu_s += trial.metrics.get("trial_cpu_s", 0.0)
             self.gpu_s += trial.metrics.get("trial_gpu_s", 0.0)
+        if "trial_gpu_utilization_mean" in trial.metrics and trial.metrics.get("trial_gpu_s"):
+            self.sampled_gpu_s += trial.metrics["trial_gpu_s"]
+            self.busy_gpu_s += (
+                trial.metrics["trial_gpu_s"] * trial.metrics["trial_gpu_utilization_mean"] / 100
+            )
         if "clsr.device" in trial.tags:
             self.devices[trial.tags["clsr.device"]] += 1
 
@@ -273,6 +285,8 @@ class Cost:
         )
         self.runs, self.measured = self.runs + other.runs, self.measured + other.measured
         self.devices.update(other.devices)
+        self.busy_gpu_s += other.busy_gpu_s
+        self.sampled_gpu_s += other.sampled_gpu_s
 
 
 @dataclass
@@ -518,14 +532,16 @@ def problems(ab: AblationReport) -> list[str]:
 
 
 def cost_table(report: StudyReport) -> Table:
-    """Compute per ablation and for the study, from the trials' trial_wall_s / _cpu_s / _gpu_s."""
-    header = ["ablation", "runs", "with cost", "wall", "CPU", "GPU", "devices"]
+    """Compute per ablation and for the study, from the trials' trial_wall_s / _cpu_s / _gpu_s, and the
+    GPU utilisation sampled by MLflow system metrics (weighted by GPU seconds)."""
+    header = ["ablation", "runs", "with cost", "wall", "CPU", "GPU", "GPU util", "devices"]
     items = [(a.name, a.cost) for a in report.ablations] + [("study", report.cost)]
     rows = []
     for name, c in items:
         devices = "; ".join(f"{d} ({n})" for d, n in sorted(c.devices.items())) or "-"
         times = [fmt_seconds(x) for x in (c.wall_s, c.cpu_s, c.gpu_s)] if c.measured else ["not logged"] * 3
-        rows.append([[name], [str(c.runs)], [str(c.measured)], *([t] for t in times), [devices]])
+        busy = "-" if c.gpu_utilization is None else f"{c.gpu_utilization:.0f} %"
+        rows.append([[name], [str(c.runs)], [str(c.measured)], *([t] for t in times), [busy], [devices]])
     return Table("cost", header, rows, [""] * (len(rows) - 1) + ["total"])
 
 

@@ -1,0 +1,67 @@
+"""Resilience under scale: a diverging trial fails in MLflow with its error while the study goes on,
+and a study whose MLflow server is unreachable stops before any training."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import ray
+import yaml
+
+from clsr.cli import main
+from conftest import save_tiny_bert
+from test_e2e import platform_cmd, runs_of
+
+pytestmark = pytest.mark.e2e
+
+
+def test_unreachable_mlflow_fails_before_ray_starts(monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # discard port: nothing listens
+    assert main(["study", "run", "studies/smoke.yaml"]) != 0
+    message = capsys.readouterr().err
+    assert "MLflow tracking server http://127.0.0.1:9 is unreachable" in message
+    assert "mlflow server" in message  # says what to do
+    assert not ray.is_initialized()
+
+
+def test_a_diverging_trial_fails_with_its_error_and_the_study_goes_on(tmp_path):
+    model = save_tiny_bert(tmp_path / "tiny-bert", dropout=0.0)
+    study = {
+        "name": "resilience",
+        "method": "simcse_unsup",
+        "base": {
+            "model": {"name": model, "pooling": "avg", "max_seq_length": 16},
+            "data": {"train": "wiki1m", "max_rows": 64},
+            "trainer": {"batch_size": 8, "max_steps": 4, "eval_steps": 2, "log_every": 1},
+            "eval": {"tasks": ["sts16"], "alignment_uniformity": False, "log_model": False},
+        },
+        # AdamW moves every weight by about lr at the first step: 1e30 overflows the next forward pass
+        "ablations": {"lr": {"grid": {"trainer.lr": [3.0e-5, 1.0e30]}}},
+        "seeds": [1],
+        "resources": {"workers_per_trial": 1, "cpus_per_worker": 1},
+        "max_failures": 1,
+        "concurrency": 2,
+        "storage_path": str(tmp_path / "runs"),
+    }
+    study_file = tmp_path / "resilience.yaml"
+    study_file.write_text(yaml.safe_dump(study, sort_keys=False))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
+    output, _ = proc.communicate(timeout=900)
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+    assert proc.returncode == 1, output[-3000:]  # a failed trial: non-zero exit, after the others finished
+
+    client, parents, children = runs_of(uri, "resilience")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    by_lr = {float(c.data.params["trainer.lr"]): c for c in children}
+    assert sorted(by_lr) == [3.0e-5, 1.0e30]
+    good, diverged = by_lr[3.0e-5], by_lr[1.0e30]
+    assert good.info.status == "FINISHED" and good.data.tags["clsr.status"] == "finished"
+    assert "test_sts16" in good.data.metrics
+    assert diverged.info.status == "FAILED" and diverged.data.tags["clsr.status"] == "failed"
+    assert re.search(
+        r"loss became (nan|-?inf) at step \d+; lower trainer.lr", diverged.data.tags["clsr.error"]
+    )
+    assert client.get_metric_history(diverged.info.run_id, "loss")[0].step == 1  # its first step was logged
