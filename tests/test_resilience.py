@@ -1,10 +1,13 @@
-"""Resilience under scale: a diverging trial fails in MLflow with its error while the study goes on,
-and a study whose MLflow server is unreachable stops before any training."""
+"""Resilience under scale: a diverging trial fails in MLflow with its error while the study goes on, a
+lost Ray Train worker is retried from its last checkpoint, and a study whose MLflow server is
+unreachable stops before any training."""
 
 from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import time
 
 import pytest
 import ray
@@ -65,3 +68,49 @@ def test_a_diverging_trial_fails_with_its_error_and_the_study_goes_on(tmp_path):
         r"loss became (nan|-?inf) at step \d+; lower trainer.lr", diverged.data.tags["clsr.error"]
     )
     assert client.get_metric_history(diverged.info.run_id, "loss")[0].step == 1  # its first step was logged
+
+
+def test_a_lost_worker_is_retried_from_its_last_checkpoint(tmp_path):
+    """Kill the trial's Ray Train worker after its first checkpoint: ``FailureConfig`` starts a new
+    worker group, which resumes from that checkpoint, and the trial finishes."""
+    model = save_tiny_bert(tmp_path / "tiny-bert", dropout=0.0)
+    study = {
+        "name": "lost-worker",
+        "method": "simcse_unsup",
+        "base": {
+            "model": {"name": model, "pooling": "avg", "max_seq_length": 16},
+            "data": {"train": "wiki1m", "max_rows": 480},
+            "trainer": {"batch_size": 8, "max_steps": 60, "eval_steps": 10, "log_every": 5},
+            "eval": {"dev_tasks": [], "tasks": ["sts16"], "alignment_uniformity": False, "log_model": False},
+        },
+        "ablations": {"one": {"grid": {"method.temperature": [0.05]}}},
+        "seeds": [1],
+        "metric": "loss_avg",  # no dev set: checkpoints come quickly
+        "mode": "min",
+        "resources": {"workers_per_trial": 1, "cpus_per_worker": 1},
+        "max_failures": 1,
+        "storage_path": str(tmp_path / "runs"),
+    }
+    study_file = tmp_path / "lost-worker.yaml"
+    study_file.write_text(yaml.safe_dump(study, sort_keys=False))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
+    deadline = time.time() + 600
+    while not list((tmp_path / "runs").glob("**/checkpoint_*")):  # Ray Train persisted a checkpoint
+        assert proc.poll() is None and time.time() < deadline, "the trial ended before its first checkpoint"
+        time.sleep(0.2)
+    time.sleep(3)  # Ray Train registers a reported checkpoint when it next polls the worker
+    killed = subprocess.run(["pkill", "-9", "-f", "RayTrainWorker"], check=False).returncode
+    output, _ = proc.communicate(timeout=900)
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+    assert killed == 0, "no Ray Train worker process to kill"
+    assert proc.returncode == 0, output[-3000:]
+
+    client, _, children = runs_of(uri, "lost-worker")
+    (trial,) = children
+    assert trial.info.status == "FINISHED" and trial.data.tags["clsr.status"] == "finished"
+    assert "test_sts16" in trial.data.metrics
+    resumed = client.get_metric_history(trial.info.run_id, "resumed_from_step")
+    assert len(resumed) == 1 and resumed[0].value > 0  # from the checkpoint, not from step 0
+    steps = [m.step for m in client.get_metric_history(trial.info.run_id, "loss")]
+    assert max(steps) == 60 and steps.count(1) == 1  # the first steps ran once

@@ -82,6 +82,13 @@ BAD_STUDIES = [
         "trains a transformer encoder: set model.type: transformer",
     ),
     (("base.trainer", {"momentum_after_warmup": 0.8}), "base.trainer", "needs optimizer: sgd"),
+    (
+        ("base.eval", {"dev_tasks": []}),
+        "ablations.temp[method.temperature=0.05]",
+        "metric 'best_dev_stsb' needs eval.dev_tasks to include 'stsb'",
+    ),
+    (("metric", "dev_sickr"), "ablations.temp", "needs eval.dev_tasks to include 'sickr'"),
+    (("base.trainer.length_group_size", 0), "base.trainer.length_group_size", "'auto', null or a positive"),
 ]
 
 
@@ -181,3 +188,18 @@ def test_smoke_merges_its_section_and_needs_one(tmp_path):
     assert study.skip_unavailable
     assert study.base == {"model": {"name": "minilm"}, "trainer": {"batch_size": 16, "max_steps": 2}}
     assert load_study(write(tmp_path, doc)).name == "t"
+
+
+def test_asha_needs_a_metric_of_every_evaluation_and_compile_a_transformer(tmp_path):
+    doc = with_change("scheduler", {"type": "asha"}) | {"metric": "test_sts_avg"}
+    with pytest.raises(StudyError, match="'test_sts_avg' is only known when a trial ends"):
+        load_study(write(tmp_path, doc))
+    load_study(write(tmp_path, with_change("metric", "test_sts_avg")))  # FIFO reads the last result
+    gclsr = {
+        "name": "g",
+        "method": "gclsr",
+        "base": {"model": {"type": "textcnn"}, "trainer": {"compile": True}},
+    }
+    gclsr["ablations"] = {"one": {"grid": {"trainer.lr": [0.01]}}}
+    with pytest.raises(StudyError, match="trainer.compile applies to transformer encoders"):
+        load_study(write(tmp_path, gclsr))

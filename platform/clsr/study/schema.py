@@ -21,10 +21,12 @@ from clsr.train.config import MODEL_TYPES, TrialConfig
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 SECTIONS = ("model", "data", "trainer", "method", "eval")
 KNOWN_METRICS = (
-    "best_dev_stsb", "best_dev_sickr", "dev_stsb", "dev_sickr", "loss",
+    "best_dev_stsb", "best_dev_sickr", "dev_stsb", "dev_sickr", "loss_avg",
     "test_sts12", "test_sts13", "test_sts14", "test_sts15", "test_sts16", "test_stsb", "test_sickr",
     "test_sts_avg", "test_sts12_15_avg", "align", "uniform",
 )  # fmt: skip
+# reported at every evaluation (what ASHA compares); the others only when a trial ends
+STEP_METRICS = ("best_dev_stsb", "best_dev_sickr", "dev_stsb", "dev_sickr", "loss_avg")
 Outputs = dict[
     tuple[str, str, int], str
 ]  # staged studies: (ablation, point label, seed) -> output (a checkpoint URI)
@@ -261,6 +263,11 @@ class Study(Strict):
                 raise ValueError(f"ablation {name!r} has a 'space': set search.algorithm to random or optuna")
         if sampling and len(self.seeds) > 1:
             raise ValueError("random/optuna search samples one seed per trial: give a single seed")
+        if self.scheduler.type == "asha" and self.metric not in STEP_METRICS:
+            raise ValueError(
+                f"scheduler asha stops trials on the metric at each evaluation, but {self.metric!r} is only "
+                f"known when a trial ends: use one of {', '.join(STEP_METRICS)}, or scheduler fifo"
+            )
         return self
 
     def seeds_of(self, ablation: str) -> list[int]:
@@ -522,6 +529,8 @@ def _check_trials(study: Study) -> list[str]:
                 f"{where}.",
             )
             per_trial += [(where, p.removeprefix(where)) for p in found]
+            if not found:
+                per_trial += [(where, rest) for rest in _metric_problems(study, name, point, seed)]
     base = _format_pydantic_or_none(lambda: resolve_trial(study, None, {}, study.seeds[0]), "base.")
     shared = [p.removeprefix("base") for p in base]
     shared = [p for p in shared if any(p == rest for _, rest in per_trial)]
@@ -530,6 +539,20 @@ def _check_trials(study: Study) -> list[str]:
         + [f"base{p}" for p in shared]
         + [where + rest for where, rest in per_trial if rest not in shared]
     )
+
+
+def _metric_problems(study: Study, ablation: str, point: dict[str, Any], seed: int) -> list[str]:
+    """A dev-set study metric needs that dev set scored by the trial (else no result carries it)."""
+    dev_task = study.metric.removeprefix("best_").removeprefix("dev_")
+    if not study.metric.removeprefix("best_").startswith("dev_"):
+        return []
+    dev_tasks = resolve_trial(study, ablation, point["overrides"], seed).eval.dev_tasks
+    if dev_task in dev_tasks:
+        return []
+    return [
+        f": metric {study.metric!r} needs eval.dev_tasks to include {dev_task!r} (the trial scores "
+        f"{dev_tasks or 'no dev set'}); add it, or set the study's metric to one the trial reports"
+    ]
 
 
 def _check_references(study: Study) -> list[str]:

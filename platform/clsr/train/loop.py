@@ -226,6 +226,7 @@ def fit(
             torch.manual_seed(t.seed + session.rank + 7919 * state["step"])
         if (restore / "best_model.pt").exists():
             best_weights = torch.load(restore / "best_model.pt", map_location="cpu")
+        logger.log({"resumed_from_step": state["step"]}, state["step"])  # one point per retry or resume
 
     select_key = f"dev_{trial.eval.select_on}"
     stalled = patience is not None and state["stalled_steps"] >= patience  # restored after stopping early
@@ -297,6 +298,7 @@ def fit(
         if step % eval_every and step != total_steps and not stalled:
             continue
         metrics = {"step": step, "epoch": step / steps_per_epoch, "loss_avg": float(np.mean(recent_losses))}
+        state["loss_avg"] = metrics["loss_avg"]  # the final result carries it too (a study metric)
         if stalled:
             metrics["stopped_early"] = 1
         recent_losses = []
@@ -336,6 +338,8 @@ def finish(model, state, best_weights, evaluator, logger, session, clock: TrialC
     """Reload the best dev checkpoint, score it on the test sets, log the model and the trial's cost,
     and report the final metrics."""
     final: dict[str, float] = {"step": state["step"], "finished": 1}  # not "done": Tune would end the trial
+    if "loss_avg" in state:
+        final["loss_avg"] = state["loss_avg"]
     clock.stop_training(session)  # every rank, before rank 0 evaluates alone
     if evaluator is not None:
         if best_weights is not None:
