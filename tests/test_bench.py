@@ -59,3 +59,29 @@ def test_bench_study_has_a_command_line(capsys):
         main(["bench", "study", "--help"])
     assert exited.value.code == 0
     assert "--study" in capsys.readouterr().out
+
+
+def test_bench_suite_reads_its_targets_off_the_parts():
+    from clsr.bench.suite import epoch_seconds, format_suite, target_rows
+
+    cpu = {
+        "device": "cpu",
+        "train_simcse_sup_minilm_b64": {"ratio_clsr_over_st": 1.48},
+        "sts_eval": {"ratio_clsr_over_st": 0.8},
+        "memory": {"error": "RuntimeError: out of memory"},
+    }
+    assert target_rows(cpu) == [
+        ["simcse_sup MiniLM b64 speed vs ST", "≥ 1.3", 1.48, "yes"],
+        ["STS eval time vs ST", "≤ 0.7", 0.8, "no"],
+    ]
+    text = format_suite({"device": "cpu", "memory": cpu["memory"]})
+    assert (
+        "== memory ==" in text and "failed: RuntimeError: out of memory" in text and "== targets ==" in text
+    )
+    # 3 sentences per triplet: 3,000 sentences/s = 1,000 rows/s -> 275.6 s per epoch
+    train = {"clsr": {"sentences_per_s": 3000.0}, "columns": ["anchor", "positive", "negative"]}
+    assert epoch_seconds(train) == pytest.approx(275.602)
+    gpu = {"device": "cuda", "train_simcse_sup_bert_base_b512": train | {"ratio_clsr_over_st": 1.6}}
+    rows = target_rows(gpu)
+    assert rows[0][2:] == [1.6, "yes"] and rows[1][2] == pytest.approx(275.602) and rows[1][3] == "no"
+    assert rows[2][2:] == [None, "-"]  # the GCLSR study did not run

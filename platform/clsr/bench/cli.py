@@ -37,7 +37,7 @@ def _length_group(text: str) -> int | str | None:
 
 
 def add_bench_parser(commands: Any) -> None:
-    """Add ``bench train|memory|sts-eval|study`` to the ``platform`` subcommands."""
+    """Add ``bench train|memory|sts-eval|study|suite`` to the ``platform`` subcommands."""
     bench = commands.add_parser(
         "bench", help="benchmarks that print figures: training throughput, memory, STS eval, a study"
     ).add_subparsers(dest="bench", required=True)
@@ -93,6 +93,16 @@ def add_bench_parser(commands: Any) -> None:
     sts.add_argument("--batch-size", type=_positive, default=128)
     sts.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
 
+    suite = add(
+        "suite",
+        "every Performance figure in one command: on a CPU the CPU targets, on a GPU also BERT-base in "
+        "bf16, the SimCSE-sup epoch and the GCLSR study; ends with a table of the targets",
+    )
+    suite.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    suite.add_argument("--steps", type=_positive, default=10, help="timed steps of each training benchmark")
+    suite.add_argument("--warmup", type=_count, default=3)
+    suite.add_argument("--no-study", dest="study", action="store_false", help="leave out the study runs")
+
     study = add(
         "study",
         "run a study on a temporary MLflow store: wall time, trials/hour, time outside training steps",
@@ -137,6 +147,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from clsr.bench.sts_eval import run_sts_eval
 
         figures = run_sts_eval(args.model, args.tasks, args.max_pairs, args.batch_size, args.device)
+    elif args.bench == "suite":
+        from clsr.bench.suite import format_suite as show
+        from clsr.bench.suite import run_suite
+
+        figures = run_suite(args.device, args.steps, args.warmup, args.study)
     else:
         from clsr.bench.study import format_study as show
         from clsr.bench.study import run_study_bench

@@ -1,0 +1,155 @@
+"""``platform bench suite``: every figure of the README's Performance section in one command.
+
+On a CPU it runs the CPU targets: ``simcse_sup`` and ``supmpn`` training throughput on MiniLM against
+sentence-transformers, GradCache memory, the 7-task STS evaluation and the smoke study. On a GPU it
+adds, in bf16, the same training on a BERT-base-shaped encoder at batch 64 and 512, the projected time
+of one SimCSE-sup epoch (275,602 NLI triplets) from the batch-512 throughput, and the full GCLSR study.
+Every part runs even when another fails; a failed part is printed with its error.
+
+The BERT-base-shaped encoder has bert-base-uncased's architecture and vocabulary (MiniLM's tokenizer
+is bert-base-uncased's WordPiece vocabulary) with random weights: the hub is out of reach on the
+benchmark machines, and speed does not depend on the weights.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from clsr.bench import format_table, resolve_device
+
+# rows of SimCSE's supervised training set (nli_for_simcse.csv: SNLI + MNLI entailment/contradiction)
+SIMCSE_SUP_TRIPLETS = 275_602
+TARGETS = {  # the issue's targets (README, Performance)
+    "cpu_train_ratio": 1.3,  # simcse_sup, MiniLM, batch 64, length 32: clsr / sentence-transformers
+    "cpu_sts_eval_ratio": 0.7,  # clsr / sentence-transformers wall time
+    "gpu_train_ratio": 1.5,  # bf16 on one H200
+    "gpu_epoch_s": 90.0,  # one SimCSE-sup epoch, BERT-base
+    "gpu_gclsr_study_s": 20 * 60.0,  # the full GCLSR study, 3 seeds
+}
+
+
+def bert_base_shaped(folder: Path) -> str:
+    """Save a randomly initialised bert-base-uncased-shaped encoder and its tokenizer in ``folder``."""
+    from transformers import BertConfig, BertModel
+
+    from clsr.encoders.transformer import load_tokenizer
+
+    tokenizer = load_tokenizer("minilm")  # bert-base-uncased's vocabulary
+    BertModel(BertConfig(vocab_size=tokenizer.vocab_size)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def attempt(name: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run one part; its figures, or its error (the other parts still run)."""
+    print(f"[bench suite] {name} ...", flush=True)
+    try:
+        return run()
+    except Exception as err:  # a benchmark part, not the program: record it and go on
+        return {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
+
+
+def run_suite(device: str = "auto", steps: int = 10, warmup: int = 3, study: bool = True) -> dict[str, Any]:
+    from clsr.bench.memory import run_memory
+    from clsr.bench.sts_eval import run_sts_eval
+    from clsr.bench.study import run_study_bench
+    from clsr.bench.train import run_train
+
+    gpu = resolve_device(device).type == "cuda"
+    parts: dict[str, Any] = {"device": "cuda" if gpu else "cpu"}
+    parts["train_simcse_sup_minilm_b64"] = attempt(
+        "train simcse_sup", lambda: run_train("simcse_sup", "minilm", 64, 32, steps, warmup, device=device)
+    )
+    parts["train_supmpn_minilm_b16"] = attempt(
+        "train supmpn", lambda: run_train("supmpn", "minilm", 16, 32, max(steps // 2, 2), 1, device=device)
+    )
+    with tempfile.TemporaryDirectory(prefix="clsr-bench-bert-base-") as tmp:
+        model = bert_base_shaped(Path(tmp)) if gpu else "minilm"
+        if gpu:
+            for batch in (64, 512):
+                parts[f"train_simcse_sup_bert_base_b{batch}"] = attempt(
+                    f"train simcse_sup BERT-base batch {batch}",
+                    lambda batch=batch: run_train(
+                        "simcse_sup", model, batch, 32, steps, warmup, device=device
+                    ),
+                )
+        parts["memory"] = attempt(
+            "memory", lambda: run_memory((64, 256, 512), 16, "simcse_sup", model, 32, "auto", device)
+        )
+    parts["sts_eval"] = attempt("sts-eval", lambda: run_sts_eval("minilm", "sts", None, 128, device))
+    if study:
+        overrides = ["resources.workers_per_trial=0"]
+        parts["study_smoke"] = attempt(
+            "study smoke", lambda: run_study_bench("studies/smoke.yaml", False, overrides)
+        )
+        if gpu:
+            parts["study_gclsr"] = attempt(
+                "study gclsr", lambda: run_study_bench("studies/gclsr_ablations.yaml", False, [])
+            )
+    return parts
+
+
+def epoch_seconds(train: dict[str, Any]) -> float | None:
+    """One SimCSE-sup epoch from a batch's rows per second (clsr side)."""
+    if "clsr" not in train:
+        return None
+    rows_per_s = train["clsr"]["sentences_per_s"] / len(train["columns"])
+    return SIMCSE_SUP_TRIPLETS / rows_per_s
+
+
+def target_rows(f: dict[str, Any]) -> list[list[Any]]:
+    """(target, asked, measured, met) for each target this machine can measure."""
+
+    def ratio(part: str, key: str) -> float | None:
+        return f.get(part, {}).get(key)
+
+    rows: list[list[Any]] = []
+    if f["device"] == "cpu":
+        train = ratio("train_simcse_sup_minilm_b64", "ratio_clsr_over_st")
+        sts = ratio("sts_eval", "ratio_clsr_over_st")
+        rows += [["simcse_sup MiniLM b64 speed vs ST", f"≥ {TARGETS['cpu_train_ratio']}", train]]
+        rows += [["STS eval time vs ST", f"≤ {TARGETS['cpu_sts_eval_ratio']}", sts]]
+    else:
+        train = ratio("train_simcse_sup_bert_base_b512", "ratio_clsr_over_st")
+        epoch = epoch_seconds(f.get("train_simcse_sup_bert_base_b512", {}))
+        study = f.get("study_gclsr", {}).get("wall_s")
+        rows += [["simcse_sup BERT-base b512 bf16 speed vs ST", f"≥ {TARGETS['gpu_train_ratio']}", train]]
+        rows += [
+            [
+                f"SimCSE-sup epoch ({SIMCSE_SUP_TRIPLETS:,} triplets), s",
+                f"≤ {TARGETS['gpu_epoch_s']:.0f}",
+                epoch,
+            ]
+        ]
+        rows += [["GCLSR study (all tables, 3 seeds), s", f"≤ {TARGETS['gpu_gclsr_study_s']:.0f}", study]]
+    for row in rows:
+        limit = float(row[1].split()[-1])
+        row.append(
+            "-" if row[2] is None else ("yes" if (row[2] >= limit) == row[1].startswith("≥") else "no")
+        )
+    return rows
+
+
+def format_suite(f: dict[str, Any]) -> str:
+    from clsr.bench.memory import format_memory
+    from clsr.bench.sts_eval import format_sts_eval
+    from clsr.bench.study import format_study
+    from clsr.bench.train import format_train
+
+    formats = {"train": format_train, "memory": format_memory, "sts_eval": format_sts_eval}
+    formats |= {"study": format_study}
+    out = []
+    for name, part in f.items():
+        if not isinstance(part, dict):
+            continue
+        out += [f"== {name} ==", ""]
+        if "error" in part:
+            out += [f"failed: {part['error']}", ""]
+            continue
+        out += [formats[next(k for k in formats if name.startswith(k))](part), ""]
+    out += ["== targets ==", "", format_table(["target", "asked", "measured", "met"], target_rows(f))]
+    return "\n".join(out)
