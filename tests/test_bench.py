@@ -67,14 +67,14 @@ def test_bench_suite_reads_its_targets_off_the_parts():
     cpu = {
         "device": "cpu",
         "train_simcse_sup_minilm_b64": {"ratio_clsr_over_st": 1.48},
-        "sts_eval": {"ratio_clsr_over_st": 0.8},
+        "sts_eval": {"ratio_clsr_over_st_time": 0.8},
         "memory": {"error": "RuntimeError: out of memory"},
     }
     assert target_rows(cpu) == [
         ["simcse_sup MiniLM b64 speed vs ST", "≥ 1.3", 1.48, "yes"],
         ["STS eval time vs ST", "≤ 0.7", 0.8, "no"],
     ]
-    text = format_suite({"device": "cpu", "memory": cpu["memory"]})
+    text = format_suite({"device": "cpu", "machine": {"cpu": "x"}, "memory": cpu["memory"]})
     assert (
         "== memory ==" in text and "failed: RuntimeError: out of memory" in text and "== targets ==" in text
     )

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -29,28 +30,39 @@ def test_unreachable_mlflow_fails_before_ray_starts(monkeypatch, capsys):
     assert not ray.is_initialized()
 
 
-def test_a_diverging_trial_fails_with_its_error_and_the_study_goes_on(tmp_path):
-    model = save_tiny_bert(tmp_path / "tiny-bert", dropout=0.0)
+def tiny_study(
+    tmp_path: Path, name: str, trainer: dict, ablations: dict, dev_tasks=("stsb",), **top
+) -> tuple[Path, str]:
+    """A simcse_unsup study on a tiny random BERT (1 Ray Train worker per trial) written to tmp_path;
+    returns the file and the MLflow URI to run it with."""
     study = {
-        "name": "resilience",
+        "name": name,
         "method": "simcse_unsup",
         "base": {
-            "model": {"name": model, "pooling": "avg", "max_seq_length": 16},
-            "data": {"train": "wiki1m", "max_rows": 64},
-            "trainer": {"batch_size": 8, "max_steps": 4, "eval_steps": 2, "log_every": 1},
-            "eval": {"tasks": ["sts16"], "alignment_uniformity": False, "log_model": False},
+            "model": {"name": save_tiny_bert(tmp_path / "tiny-bert", dropout=0.0), "max_seq_length": 16},
+            "data": {"train": "wiki1m", "max_rows": 8 * trainer["max_steps"]},
+            "trainer": {"batch_size": 8, **trainer},
+            "eval": {"dev_tasks": list(dev_tasks), "tasks": ["sts16"], "alignment_uniformity": False},
         },
-        # AdamW moves every weight by about lr at the first step: 1e30 overflows the next forward pass
-        "ablations": {"lr": {"grid": {"trainer.lr": [3.0e-5, 1.0e30]}}},
+        "ablations": ablations,
         "seeds": [1],
         "resources": {"workers_per_trial": 1, "cpus_per_worker": 1},
         "max_failures": 1,
-        "concurrency": 2,
         "storage_path": str(tmp_path / "runs"),
+        **top,
     }
-    study_file = tmp_path / "resilience.yaml"
-    study_file.write_text(yaml.safe_dump(study, sort_keys=False))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study["base"]["model"]["pooling"] = "avg"
+    study["base"]["eval"]["log_model"] = False
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path, f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_a_diverging_trial_fails_with_its_error_and_the_study_goes_on(tmp_path):
+    # AdamW moves every weight by about lr at the first step: 1e30 overflows the next forward pass
+    grid = {"lr": {"grid": {"trainer.lr": [3.0e-5, 1.0e30]}}}
+    trainer = {"max_steps": 4, "eval_steps": 2, "log_every": 1}
+    study_file, uri = tiny_study(tmp_path, "resilience", trainer, grid, concurrency=2)
     proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
     output, _ = proc.communicate(timeout=900)
     shutil.rmtree(tmp_path / "runs", ignore_errors=True)
@@ -73,27 +85,10 @@ def test_a_diverging_trial_fails_with_its_error_and_the_study_goes_on(tmp_path):
 def test_a_lost_worker_is_retried_from_its_last_checkpoint(tmp_path):
     """Kill the trial's Ray Train worker after its first checkpoint: ``FailureConfig`` starts a new
     worker group, which resumes from that checkpoint, and the trial finishes."""
-    model = save_tiny_bert(tmp_path / "tiny-bert", dropout=0.0)
-    study = {
-        "name": "lost-worker",
-        "method": "simcse_unsup",
-        "base": {
-            "model": {"name": model, "pooling": "avg", "max_seq_length": 16},
-            "data": {"train": "wiki1m", "max_rows": 480},
-            "trainer": {"batch_size": 8, "max_steps": 60, "eval_steps": 10, "log_every": 5},
-            "eval": {"dev_tasks": [], "tasks": ["sts16"], "alignment_uniformity": False, "log_model": False},
-        },
-        "ablations": {"one": {"grid": {"method.temperature": [0.05]}}},
-        "seeds": [1],
-        "metric": "loss_avg",  # no dev set: checkpoints come quickly
-        "mode": "min",
-        "resources": {"workers_per_trial": 1, "cpus_per_worker": 1},
-        "max_failures": 1,
-        "storage_path": str(tmp_path / "runs"),
-    }
-    study_file = tmp_path / "lost-worker.yaml"
-    study_file.write_text(yaml.safe_dump(study, sort_keys=False))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    trainer = {"max_steps": 60, "eval_steps": 10, "log_every": 5}
+    one = {"one": {"grid": {"method.temperature": [0.05]}}}
+    # no dev set (loss_avg as the metric): checkpoints come quickly
+    study_file, uri = tiny_study(tmp_path, "lost-worker", trainer, one, (), metric="loss_avg", mode="min")
     proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
     deadline = time.time() + 600
     while not list((tmp_path / "runs").glob("**/checkpoint_*")):  # Ray Train persisted a checkpoint

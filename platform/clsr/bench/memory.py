@@ -4,7 +4,9 @@ Every configuration runs in a fresh child process (``python -m clsr.bench.memory
 figures as JSON on stdout) so that peaks of one do not hide those of another. The child builds the
 trainer's model, optimiser and batch, then takes one step (``clsr.bench.train.PlatformStep``): on CUDA
 it reports ``torch.cuda.max_memory_allocated`` during the step, on the CPU the growth of the process's
-peak RSS (``ru_maxrss``) over the step. The first step also allocates the gradients and AdamW's state.
+peak RSS over the step (``VmHWM`` on Linux: ``ru_maxrss`` survives ``exec``, so a child started by a
+large process would report its parent's peak). The first step also allocates the gradients and AdamW's
+state.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from clsr.bench import format_table
@@ -22,10 +25,19 @@ DATASETS = {"simcse_unsup": "wiki1m", "simcse_sup": "nli_triplets"}
 MIB = 2**20
 
 
-def child(spec: dict[str, Any]) -> dict[str, Any]:
-    """One step of one configuration, measured in this (fresh) process."""
+def peak_rss() -> int:
+    """This process's peak resident set size in bytes."""
     import resource
 
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) * 1024
+    except (OSError, StopIteration):  # not Linux
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One step of one configuration, measured in this (fresh) process."""
     import torch
 
     from clsr.bench import resolve_device, synchronize
@@ -49,15 +61,12 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
     else:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        before = peak_rss()
     started = time.perf_counter()
     step(indices)
     synchronize(device)
     seconds = time.perf_counter() - started
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else peak_rss()
     return {
         "peak_mib": peak / MIB,
         "step_mib": (peak - before) / MIB,
@@ -118,7 +127,7 @@ def run_memory(
         "length": length,
         "precision": precision,
         "device": str(dev),
-        "measure": "torch.cuda.max_memory_allocated" if dev.type == "cuda" else "peak RSS (ru_maxrss)",
+        "measure": "torch.cuda.max_memory_allocated" if dev.type == "cuda" else "peak RSS (VmHWM)",
         "results": results,
     }
 
