@@ -17,7 +17,7 @@ from clsr.cli import main
 def test_bench_train_prints_both_trainers_and_a_ratio(data_dir, tiny_bert, tmp_path, capsys):
     out = tmp_path / "train.json"
     args = ["bench", "train", "--steps", "2", "--warmup", "0", "--batch", "8", "--length", "16"]
-    args += ["--model", tiny_bert, "--length-group", "4"]
+    args += ["--model", tiny_bert, "--length-group", "4", "--attention", "eager"]
     assert main([*args, "--device", "cpu", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "clsr simcse_sup" in text and "sentence-transformers MNRL" in text
@@ -28,6 +28,7 @@ def test_bench_train_prints_both_trainers_and_a_ratio(data_dir, tiny_bert, tmp_p
     # the same rows, columns and truncation on both sides: the same real tokens
     assert figures["clsr"]["tokens"] == figures["sentence_transformers"]["tokens"]
     assert figures["length_group_size"] == 4 and "in groups of 4 sentences" in text
+    assert figures["attention"] == "eager" and "eager attention" in text
     for side in ("clsr", "sentence_transformers"):  # the encoder ran every real token, and some padding
         assert figures[side]["encoder_tokens"] >= figures[side]["tokens"]
         assert 0 <= figures[side]["padding_share"] < 1

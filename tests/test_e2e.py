@@ -39,6 +39,8 @@ def run_smoke_study(study: Path, tmp_path: Path) -> tuple[str, str]:
     """``platform study run <study> --smoke`` in tmp_path; returns (MLflow URI, output), asserting success."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = ("study", "run", str(study), "--smoke", "--set", f"storage_path={tmp_path / 'runs'}")
+    # system metrics (tested in test_resilience.py) would cost each of the many small trials a monitor
+    args += ("--set", "system_metrics_interval_s=null")
     proc = platform_cmd(*args, cwd=tmp_path, uri=uri)
     output, _ = proc.communicate(timeout=1800)
     assert proc.returncode == 0, output[-3000:]
@@ -77,9 +79,6 @@ def test_smoke_study_end_to_end(smoke_study):
         assert metrics["test_sts_avg"] == pytest.approx((metrics["test_sts16"] + metrics["test_stsb"]) / 2)
         losses = client.get_metric_history(child.info.run_id, "loss")
         assert sorted(m.step for m in losses) == list(range(1, 9))  # one training loss per step
-        # MLflow system metrics sampled on the trial's machine every 10 s, and the trial's mean
-        assert client.get_metric_history(child.info.run_id, "system/cpu_utilization_percentage")
-        assert 0 < metrics["trial_cpu_utilization_mean"] <= 100
     paper = {c.data.params["method.temperature"]: c.data.tags.get("clsr.paper.dev_stsb") for c in children}
     assert paper == {"0.05": "82.5", "0.1": "80.9"}
 

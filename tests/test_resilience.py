@@ -62,7 +62,8 @@ def test_a_diverging_trial_fails_with_its_error_and_the_study_goes_on(tmp_path):
     # AdamW moves every weight by about lr at the first step: 1e30 overflows the next forward pass
     grid = {"lr": {"grid": {"trainer.lr": [3.0e-5, 1.0e30]}}}
     trainer = {"max_steps": 4, "eval_steps": 2, "log_every": 1}
-    study_file, uri = tiny_study(tmp_path, "resilience", trainer, grid, concurrency=2)
+    in_process = {"resources": {"workers_per_trial": 0, "cpus_per_worker": 1}, "max_failures": 0}
+    study_file, uri = tiny_study(tmp_path, "resilience", trainer, grid, concurrency=2, **in_process)
     proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
     output, _ = proc.communicate(timeout=900)
     shutil.rmtree(tmp_path / "runs", ignore_errors=True)
@@ -88,7 +89,9 @@ def test_a_lost_worker_is_retried_from_its_last_checkpoint(tmp_path):
     trainer = {"max_steps": 60, "eval_steps": 10, "log_every": 5}
     one = {"one": {"grid": {"method.temperature": [0.05]}}}
     # no dev set (loss_avg as the metric): checkpoints come quickly
-    study_file, uri = tiny_study(tmp_path, "lost-worker", trainer, one, (), metric="loss_avg", mode="min")
+    study_file, uri = tiny_study(
+        tmp_path, "lost-worker", trainer, one, (), metric="loss_avg", mode="min", system_metrics_interval_s=2
+    )
     proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
     deadline = time.time() + 600
     while not list((tmp_path / "runs").glob("**/checkpoint_*")):  # Ray Train persisted a checkpoint
@@ -109,3 +112,6 @@ def test_a_lost_worker_is_retried_from_its_last_checkpoint(tmp_path):
     assert len(resumed) == 1 and resumed[0].value > 0  # from the checkpoint, not from step 0
     steps = [m.step for m in client.get_metric_history(trial.info.run_id, "loss")]
     assert max(steps) == 60 and steps.count(1) == 1  # the first steps ran once
+    # MLflow system metrics sampled on the worker's machine every 2 s, and the trial's mean
+    assert client.get_metric_history(trial.info.run_id, "system/cpu_utilization_percentage")
+    assert 0 < trial.data.metrics["trial_cpu_utilization_mean"] <= 100

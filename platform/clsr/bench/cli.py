@@ -70,6 +70,9 @@ def add_bench_parser(commands: Any) -> None:
     train.add_argument(
         "--compile", action="store_true", help="clsr with trainer.compile (give --warmup steps to compile)"
     )
+    train.add_argument(
+        "--attention", default=None, choices=["sdpa", "eager"], help="both sides' attention kernel"
+    )
 
     memory = add(
         "memory",
@@ -134,6 +137,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             args.lr,
             length_group=args.length_group,
             compile=args.compile,
+            attention=args.attention,
         )
     elif args.bench == "memory":
         from clsr.bench.memory import format_memory as show

@@ -38,12 +38,19 @@ def trial_config(
     data: str | None = None,
     length_group: int | str | None = "auto",
     compile: bool = False,
+    attention: str | None = None,
 ):
     """A trial of ``method`` with mean pooling (as the sentence-transformers model) and no evaluation."""
     from clsr.train.config import TrialConfig
 
     return TrialConfig(
-        model={"name": model, "pooling": "avg", "mlp_only_train": False, "max_seq_length": length},
+        model={
+            "name": model,
+            "pooling": "avg",
+            "mlp_only_train": False,
+            "max_seq_length": length,
+            "attention": attention,
+        },
         data={"train": data or DATASETS.get(method, "nli_triplets")},
         trainer={
             "batch_size": batch,
@@ -131,7 +138,15 @@ class SentenceTransformersStep:
     """Plain PyTorch MNRL training of a SentenceTransformer model, tokenising each batch."""
 
     def __init__(
-        self, model: str, columns: Sequence[str], length: int, precision: str, lr: float, device, total_steps
+        self,
+        model: str,
+        columns: Sequence[str],
+        length: int,
+        precision: str,
+        lr: float,
+        device,
+        total_steps,
+        attention: str | None = None,
     ):
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
@@ -140,7 +155,8 @@ class SentenceTransformersStep:
         from clsr.encoders.registry import resolve_model_path
 
         self.columns, self.device = tuple(columns), device
-        self.model = SentenceTransformer(resolve_model_path(model), device=str(device))
+        kwargs = {"attn_implementation": attention} if attention else {}
+        self.model = SentenceTransformer(resolve_model_path(model), device=str(device), model_kwargs=kwargs)
         self.model.max_seq_length = length
         self.loss = MultipleNegativesRankingLoss(self.model)  # scale 20 = τ 0.05
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
@@ -225,6 +241,7 @@ def run_train(
     data_dir: str | None = None,
     length_group: int | str | None = "auto",
     compile: bool = False,
+    attention: str | None = None,
 ) -> dict[str, Any]:
     """Time ``steps`` optimiser steps (after ``warmup`` untimed ones) of clsr, then of sentence-transformers."""
     from clsr.data.catalog import load_rows
@@ -236,7 +253,15 @@ def run_train(
     total = warmup + steps
     rows = load_rows(DATASETS[method], data_dir, max_rows=batch * total, seed=0)
     trial = trial_config(
-        method, model, batch, length, precision, lr, length_group=length_group, compile=compile
+        method,
+        model,
+        batch,
+        length,
+        precision,
+        lr,
+        length_group=length_group,
+        compile=compile,
+        attention=attention,
     )
 
     torch.manual_seed(0)
@@ -248,6 +273,7 @@ def run_train(
     peak = peak_flops(dev)
     clsr_seconds, clsr_tokens, clsr_padded = timed(clsr_step, batches, warmup, dev)
     group = clsr_step.trial.trainer.resolved_length_group_size()
+    clsr_attention = clsr_step.model.backbone.config._attn_implementation  # what the model runs
     tokenise_s = clsr_step.tokenise_s
     del clsr_step
     gc.collect()
@@ -255,7 +281,7 @@ def run_train(
         torch.cuda.empty_cache()
 
     torch.manual_seed(0)
-    st_step = SentenceTransformersStep(model, columns, length, precision, lr, dev, total)
+    st_step = SentenceTransformersStep(model, columns, length, precision, lr, dev, total, attention)
     st_seconds, st_tokens, st_padded = timed(st_step, [[rows[i] for i in b] for b in batches], warmup, dev)
     del st_step
     gc.collect()
@@ -278,6 +304,7 @@ def run_train(
         "lr": lr,
         "length_group_size": group,
         "compile": compile,
+        "attention": clsr_attention,
         "params": params,
         "params_non_embedding": dense,
         "peak_bf16_flops": peak,
@@ -315,7 +342,8 @@ def format_train(f: dict[str, Any]) -> str:
         [
             f"training throughput: {f['model']} (mean pooling), {f['data']} columns {', '.join(f['columns'])}; "
             f"batch {f['batch']} rows = {f['batch'] * len(f['columns'])} sentences, length {f['length']}, "
-            f"{f['precision']} on {f['device']}, AdamW lr {f['lr']:g}{', torch.compile' if f['compile'] else ''}; "
+            f"{f['precision']} on {f['device']}, AdamW lr {f['lr']:g}, {f['attention']} attention"
+            f"{', torch.compile' if f['compile'] else ''}; "
             f"{f['steps']} timed steps after {f['warmup']} warm-up steps",
             "",
             table,

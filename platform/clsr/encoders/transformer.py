@@ -41,6 +41,11 @@ class ModelConfig(BaseModel):
     drophead: float | None = Field(
         None, description="DropHead (Zhou et al. 2020): drop whole attention heads in training, p per head"
     )
+    attention: Literal["sdpa", "eager"] | None = Field(
+        None,
+        description="attention kernel: PyTorch's scaled_dot_product_attention (sdpa) or the plain "
+        "matmul-softmax (eager); None: transformers' default for the model (sdpa where supported)",
+    )
 
     @field_validator("attention_dropout", "drophead")
     @classmethod
@@ -58,7 +63,9 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
         raise describe_load_failure(name, err) from err
 
 
-def _load_backbone(name: str, dropout: float | None, attention_dropout: float | None = None) -> nn.Module:
+def _load_backbone(
+    name: str, dropout: float | None, attention_dropout: float | None = None, attention: str | None = None
+) -> nn.Module:
     path = resolve_model_path(name)
     try:
         config = AutoConfig.from_pretrained(path)
@@ -78,6 +85,8 @@ def _load_backbone(name: str, dropout: float | None, attention_dropout: float | 
         for attr in attrs:
             setattr(config, attr, attention_dropout)
     kwargs: dict[str, Any] = {"config": config}
+    if attention is not None:
+        kwargs["attn_implementation"] = attention
     hf_logging.set_verbosity_error()  # the load report lists BERT's unused pretrained pooler: expected
     hf_logging.disable_progress_bar()
     # BERT's pretrained pooler is never used (SimCSE adds its own MLP); leaving it out keeps DDP from
@@ -156,7 +165,7 @@ class TransformerEncoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.backbone = _load_backbone(cfg.name, cfg.dropout, cfg.attention_dropout)
+        self.backbone = _load_backbone(cfg.name, cfg.dropout, cfg.attention_dropout, cfg.attention)
         if cfg.drophead:
             add_drophead(self.backbone, cfg.drophead)
         hidden = self.backbone.config.hidden_size
