@@ -86,3 +86,28 @@ def test_bench_suite_reads_its_targets_off_the_parts():
     rows = target_rows(gpu)
     assert rows[0][2:] == [1.6, "yes"] and rows[1][2] == pytest.approx(275.602) and rows[1][3] == "no"
     assert rows[2][2:] == [None, "-"]  # the GCLSR study did not run
+
+
+def test_shaped_random_encoder_loads_with_the_given_tokenizer(tiny_bert, tmp_path):
+    from clsr.bench.suite import shaped_encoder
+    from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+
+    shape = {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16}
+    folder = shaped_encoder(tmp_path / "shaped", tiny_bert, **shape)
+    encoder = TransformerEncoder(ModelConfig(name=folder, pooling="avg"))
+    assert encoder.dim == 8 and encoder.backbone.config.num_hidden_layers == 1
+    assert encoder.backbone.config.vocab_size == 30522  # bert-base-uncased's WordPiece vocabulary
+
+
+def test_the_benchmarked_trainer_needs_neither_ray_nor_mlflow():
+    """A GPU machine that gets only the code (and pydantic) can run bench train, memory and sts-eval."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['ray'] = sys.modules['mlflow'] = None\n"
+        "import clsr.cli, clsr.train.loop, clsr.bench.train, clsr.bench.memory, clsr.bench.sts_eval\n"
+        "from clsr.tracking.run_logger import RunLogger\n"
+        "assert not RunLogger(None).active and RunLogger(None).stop_system_metrics() == {}\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

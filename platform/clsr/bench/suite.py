@@ -8,7 +8,9 @@ Every part runs even when another fails; a failed part is printed with its error
 
 The BERT-base-shaped encoder has bert-base-uncased's architecture and vocabulary (MiniLM's tokenizer
 is bert-base-uncased's WordPiece vocabulary) with random weights: the hub is out of reach on the
-benchmark machines, and speed does not depend on the weights.
+benchmark machines, and speed does not depend on the weights. ``--random-weights TOKENIZER_DIR`` uses
+a MiniLM-shaped random encoder in place of all-MiniLM-L6-v2 too, for machines that cannot hold the
+model package (the scores then mean nothing; times and memory are the same).
 """
 
 from __future__ import annotations
@@ -32,15 +34,24 @@ TARGETS = {  # the issue's targets (README, Performance)
 }
 
 
-def bert_base_shaped(folder: Path) -> str:
-    """Save a randomly initialised bert-base-uncased-shaped encoder and its tokenizer in ``folder``."""
+# all-MiniLM-L6-v2's architecture (BertConfig's defaults are bert-base's)
+MINILM_SHAPE = {
+    "hidden_size": 384,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 12,
+    "intermediate_size": 1536,
+}
+
+
+def shaped_encoder(folder: Path, tokenizer: str = "minilm", **shape: int) -> str:
+    """Save a randomly initialised BERT of ``shape`` (default: bert-base) with ``tokenizer`` in ``folder``."""
     from transformers import BertConfig, BertModel
 
     from clsr.encoders.transformer import load_tokenizer
 
-    tokenizer = load_tokenizer("minilm")  # bert-base-uncased's vocabulary
-    BertModel(BertConfig(vocab_size=tokenizer.vocab_size)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    words = load_tokenizer(tokenizer)  # MiniLM's is bert-base-uncased's vocabulary
+    BertModel(BertConfig(vocab_size=words.vocab_size, **shape)).save_pretrained(folder)
+    words.save_pretrained(folder)
     return str(folder)
 
 
@@ -53,43 +64,67 @@ def attempt(name: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
 
 
-def run_suite(device: str = "auto", steps: int = 10, warmup: int = 3, study: bool = True) -> dict[str, Any]:
+def run_suite(
+    device: str = "auto",
+    steps: int = 10,
+    warmup: int = 3,
+    study: bool = True,
+    random_weights: str | None = None,
+) -> dict[str, Any]:
+    """Every part on ``device``; ``random_weights``: a tokenizer folder for random MiniLM-shaped weights."""
+    gpu = resolve_device(device).type == "cuda"
+    parts: dict[str, Any] = {"device": "cuda" if gpu else "cpu", "random_weights": bool(random_weights)}
+    with tempfile.TemporaryDirectory(prefix="clsr-bench-models-") as tmp:
+        small = "minilm"
+        if random_weights:
+            small = shaped_encoder(Path(tmp, "minilm"), random_weights, **MINILM_SHAPE)
+        large = shaped_encoder(Path(tmp, "bert-base"), random_weights or "minilm") if gpu else None
+        parts |= model_parts(device, steps, warmup, small, large)
+        if study:
+            parts |= study_parts(small, gpu)
+    return parts
+
+
+def model_parts(device: str, steps: int, warmup: int, small: str, large: str | None) -> dict[str, Any]:
+    """Training throughput of ``small`` (and of ``large`` at batch 64 and 512), GradCache memory of the
+    largest model here, and the STS evaluation of ``small``."""
     from clsr.bench.memory import run_memory
     from clsr.bench.sts_eval import run_sts_eval
-    from clsr.bench.study import run_study_bench
     from clsr.bench.train import run_train
 
-    gpu = resolve_device(device).type == "cuda"
-    parts: dict[str, Any] = {"device": "cuda" if gpu else "cpu"}
-    parts["train_simcse_sup_minilm_b64"] = attempt(
-        "train simcse_sup", lambda: run_train("simcse_sup", "minilm", 64, 32, steps, warmup, device=device)
-    )
-    parts["train_supmpn_minilm_b16"] = attempt(
-        "train supmpn", lambda: run_train("supmpn", "minilm", 16, 32, max(steps // 2, 2), 1, device=device)
-    )
-    with tempfile.TemporaryDirectory(prefix="clsr-bench-bert-base-") as tmp:
-        model = bert_base_shaped(Path(tmp)) if gpu else "minilm"
-        if gpu:
-            for batch in (64, 512):
-                parts[f"train_simcse_sup_bert_base_b{batch}"] = attempt(
-                    f"train simcse_sup BERT-base batch {batch}",
-                    lambda batch=batch: run_train(
-                        "simcse_sup", model, batch, 32, steps, warmup, device=device
-                    ),
-                )
-        parts["memory"] = attempt(
-            "memory", lambda: run_memory((64, 256, 512), 16, "simcse_sup", model, 32, "auto", device)
+    parts = {
+        "train_simcse_sup_minilm_b64": attempt(
+            "train simcse_sup", lambda: run_train("simcse_sup", small, 64, 32, steps, warmup, device=device)
+        ),
+        "train_supmpn_minilm_b16": attempt(
+            "train supmpn", lambda: run_train("supmpn", small, 16, 32, max(steps // 2, 2), 1, device=device)
+        ),
+    }
+    for batch in (64, 512) if large else ():
+        parts[f"train_simcse_sup_bert_base_b{batch}"] = attempt(
+            f"train simcse_sup BERT-base batch {batch}",
+            lambda batch=batch: run_train("simcse_sup", large, batch, 32, steps, warmup, device=device),
         )
-    parts["sts_eval"] = attempt("sts-eval", lambda: run_sts_eval("minilm", "sts", None, 128, device))
-    if study:
-        overrides = ["resources.workers_per_trial=0"]
-        parts["study_smoke"] = attempt(
-            "study smoke", lambda: run_study_bench("studies/smoke.yaml", False, overrides)
+    model = large or small
+    parts["memory"] = attempt(
+        "memory", lambda: run_memory((64, 256, 512), 16, "simcse_sup", model, 32, "auto", device)
+    )
+    parts["sts_eval"] = attempt("sts-eval", lambda: run_sts_eval(small, "sts", None, 128, device))
+    return parts
+
+
+def study_parts(small: str, gpu: bool) -> dict[str, Any]:
+    """The smoke study with in-process trials on ``small``; on a GPU also the full GCLSR study."""
+    from clsr.bench.study import run_study_bench
+
+    overrides = ["resources.workers_per_trial=0", f"base.model.name={small}"]
+    parts = {
+        "study_smoke": attempt("study smoke", lambda: run_study_bench("studies/smoke.yaml", False, overrides))
+    }
+    if gpu:
+        parts["study_gclsr"] = attempt(
+            "study gclsr", lambda: run_study_bench("studies/gclsr_ablations.yaml", False, [])
         )
-        if gpu:
-            parts["study_gclsr"] = attempt(
-                "study gclsr", lambda: run_study_bench("studies/gclsr_ablations.yaml", False, [])
-            )
     return parts
 
 

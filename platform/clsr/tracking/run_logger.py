@@ -1,4 +1,8 @@
-"""Metrics from inside a trial, sent to an MLflow run that the study driver opened."""
+"""Metrics from inside a trial, sent to an MLflow run that the study driver opened.
+
+MLflow is imported only when there is a run to log to: the trainer (and ``platform bench train``)
+also runs where MLflow is not installed, e.g. on a GPU machine that gets only the code and its data.
+"""
 
 from __future__ import annotations
 
@@ -6,24 +10,24 @@ import os
 import time
 from typing import Any
 
-from mlflow.entities import Metric
-from mlflow.tracking import MlflowClient
-
-from clsr.tracking.system_metrics import SystemMetrics
-
 
 class RunLogger:
     """Buffers per-step metrics and sends them in batches (one request per flush, not per step)."""
 
     def __init__(self, tracking: dict[str, Any] | None):
         self.run_id = (tracking or {}).get("run_id")
-        self.client = MlflowClient(tracking["uri"]) if self.run_id else None
-        self.buffer: list[Metric] = []
-        interval = (tracking or {}).get("system_metrics_interval_s")
-        self.system = (
-            SystemMetrics(tracking["uri"], self.run_id, interval) if self.run_id and interval else None
-        )
-        if self.system is not None:
+        self.client: Any = None
+        self.buffer: list[Any] = []  # mlflow.entities.Metric
+        self.system: Any = None
+        if not self.run_id:
+            return
+        from mlflow.tracking import MlflowClient
+
+        from clsr.tracking.system_metrics import SystemMetrics
+
+        self.client = MlflowClient(tracking["uri"])
+        if interval := tracking.get("system_metrics_interval_s"):
+            self.system = SystemMetrics(tracking["uri"], self.run_id, interval)
             self.system.start()
 
     def stop_system_metrics(self) -> dict[str, float]:
@@ -40,6 +44,8 @@ class RunLogger:
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.client is None:
             return
+        from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
         self.buffer += [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
 
