@@ -49,3 +49,20 @@ def test_every_parameter_moves_after_one_step(data_dir):
     after = torch.load(session.latest / "state.pt", weights_only=False)["model"]
     unchanged = [n for n, v in before.items() if torch.equal(v, after[n])]
     assert unchanged == []
+
+
+def test_a_restored_checkpoint_copy_is_removed_after_loading(tmp_path):
+    """Ray sessions copy the checkpoint (maybe from cloud storage) to a temporary folder for the loop to
+    load; the copy goes when the loop is done with it."""
+    import ray.train
+
+    from clsr.train.session import _local_copy
+
+    saved = tmp_path / "checkpoint"
+    saved.mkdir()
+    (saved / "state.pt").write_text("weights")
+    with _local_copy(ray.train.Checkpoint.from_directory(str(saved))) as copy:
+        assert copy != saved and (copy / "state.pt").read_text() == "weights"
+    assert not copy.exists() and (saved / "state.pt").exists()
+    with _local_copy(None) as nothing:
+        assert nothing is None

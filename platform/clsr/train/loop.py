@@ -165,6 +165,26 @@ def save_checkpoint(model: nn.Module, optimizer, scheduler, state: dict, best_we
     return folder
 
 
+def load_checkpoint(
+    folder: Path, model, optimizer, scheduler, state: dict, session, seed: int
+) -> dict | None:
+    """Restore what ``save_checkpoint`` wrote into the live objects and ``state``; the best weights."""
+    saved = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
+    unwrap(model).load_state_dict(saved.pop("model"))
+    optimizer.load_state_dict(saved.pop("optimizer"))
+    scheduler.load_state_dict(saved.pop("scheduler"))
+    state.update(saved)
+    rng = state.pop("rng")  # rank 0's dropout masks continue as if the run had never stopped
+    if session.rank == 0:
+        torch.set_rng_state(rng["cpu"])
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+    else:  # other ranks keep masks of their own
+        torch.manual_seed(seed + session.rank + 7919 * state["step"])
+    best = folder / "best_model.pt"
+    return torch.load(best, map_location="cpu") if best.exists() else None
+
+
 def training_rows(trial: TrialConfig) -> list[dict[str, str]]:
     subset_seed = trial.data.subset_seed if trial.data.subset_seed is not None else trial.trainer.seed
     return load_rows(trial.data.train, trial.data.data_dir, trial.data.max_rows, seed=subset_seed)
@@ -210,23 +230,10 @@ def fit(
     state = {"step": 0, "best_score": -math.inf, "best_step": 0, "lowest_loss": math.inf, "stalled_steps": 0}
     patience = t.stop_when_loss_stalls or method.stop_when_loss_stalls()
     best_weights: dict | None = None
-    restore = session.restore_dir()
-    if restore is not None:  # resume a retried or restored trial where its last checkpoint left it
-        saved = torch.load(restore / "state.pt", map_location="cpu", weights_only=False)
-        unwrap(model).load_state_dict(saved.pop("model"))
-        optimizer.load_state_dict(saved.pop("optimizer"))
-        scheduler.load_state_dict(saved.pop("scheduler"))
-        state.update(saved)
-        rng = state.pop("rng")  # rank 0's dropout masks continue as if the run had never stopped
-        if session.rank == 0:
-            torch.set_rng_state(rng["cpu"])
-            if rng["cuda"] and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng["cuda"])
-        else:  # other ranks keep masks of their own
-            torch.manual_seed(t.seed + session.rank + 7919 * state["step"])
-        if (restore / "best_model.pt").exists():
-            best_weights = torch.load(restore / "best_model.pt", map_location="cpu")
-        logger.log({"resumed_from_step": state["step"]}, state["step"])  # one point per retry or resume
+    with session.restored() as restore:  # a local copy of the last checkpoint, removed after loading
+        if restore is not None:  # resume a retried or restored trial where its last checkpoint left it
+            best_weights = load_checkpoint(restore, model, optimizer, scheduler, state, session, t.seed)
+            logger.log({"resumed_from_step": state["step"]}, state["step"])  # one point per retry or resume
 
     select_key = f"dev_{trial.eval.select_on}"
     stalled = patience is not None and state["stalled_steps"] >= patience  # restored after stopping early

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +42,9 @@ class LocalSession(_OneDevice):
         self.checkpoint_root.mkdir(parents=True, exist_ok=True)
         self.latest: Path | None = None
 
-    def restore_dir(self) -> Path | None:
-        return self.latest
+    def restored(self) -> contextlib.AbstractContextManager[Path | None]:
+        """The latest checkpoint folder of this session (its own: nothing to copy or remove)."""
+        return contextlib.nullcontext(self.latest)
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: Path | None = None) -> None:
         self.reports.append(dict(metrics))
@@ -69,7 +72,7 @@ class RayTrainSession:
 
         return ray.train.torch.prepare_model(model)
 
-    def restore_dir(self) -> Path | None:
+    def restored(self) -> contextlib.AbstractContextManager[Path | None]:
         import ray.train
 
         return _local_copy(ray.train.get_checkpoint())
@@ -85,7 +88,7 @@ class TuneTrialSession(_OneDevice):
     device, no DDP. Ray's Train context is not available inside a Tune function, so the model is placed
     here (Ray has set ``CUDA_VISIBLE_DEVICES`` for the trial), and reports and checkpoints go to Tune."""
 
-    def restore_dir(self) -> Path | None:
+    def restored(self) -> contextlib.AbstractContextManager[Path | None]:
         import ray.tune
 
         return _local_copy(ray.tune.get_checkpoint())
@@ -96,11 +99,18 @@ class TuneTrialSession(_OneDevice):
         ray.tune.report(metrics, checkpoint=_checkpoint(ray.tune.Checkpoint, checkpoint_dir))
 
 
-def _local_copy(checkpoint: Any) -> Path | None:
-    """A Ray checkpoint (possibly remote storage) copied to a local folder, or None."""
+@contextlib.contextmanager
+def _local_copy(checkpoint: Any) -> Iterator[Path | None]:
+    """A Ray checkpoint (possibly on remote storage) copied to a temporary local folder, or None; the
+    copy (a model, its optimiser state and the best weights: GBs for BERT-large) is removed on exit."""
     if checkpoint is None:
-        return None
-    return Path(checkpoint.to_directory(tempfile.mkdtemp(prefix="clsr-restore-")))
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="clsr-restore-")
+    try:
+        yield Path(checkpoint.to_directory(folder))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _checkpoint(kind: Any, checkpoint_dir: Path | None) -> Any:
