@@ -8,12 +8,15 @@ import time
 from pathlib import Path
 
 from clsr.bench.cli import add_bench_parser, cmd_bench
+from clsr.tracking.secrets import mask_uri
 
 EXAMPLES = """examples:
   platform study run studies/smoke.yaml
   platform study run studies/simcse_ablations.yaml --set trainer.max_steps=500 --set concurrency=4
   platform study run studies/gclsr_ablations.yaml --smoke
   platform study resume studies/smoke.yaml
+  platform study resume studies/smoke.yaml --allow-changes
+  platform study sync studies/smoke.yaml
   platform study validate studies/*.yaml
   platform study report studies/smoke.yaml
   platform study report --name supmpn_ablations --out reports/supmpn
@@ -41,7 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     study = commands.add_parser("study", help="run, resume or validate a study file").add_subparsers(
         dest="action", required=True
     )
-    for action, text in (("run", "run every trial of a study"), ("resume", "continue an interrupted study")):
+    for action, text in (
+        ("run", "run every trial of a study"),
+        ("resume", "continue an interrupted study from its trials' checkpoints"),
+        ("sync", "send what trials kept while MLflow was unreachable; close a study whose driver was killed"),
+    ):
         p = study.add_parser(action, help=text)
         p.add_argument("study", help="study YAML file (studies/<name>.yaml)")
         p.add_argument(
@@ -53,8 +60,33 @@ def _parser() -> argparse.ArgumentParser:
             help="override a study value; model./data./trainer./method./eval. keys go to base",
         )
         p.add_argument("--smoke", action="store_true", help="apply the file's smoke: section (tiny, offline)")
-    validate = study.add_parser("validate", help="check study files without running anything")
+        if action == "sync":
+            continue
+        p.add_argument("--yes", action="store_true", help="run a study of more than 2,000 trials")
+        p.add_argument(
+            "--dashboard",
+            action="store_true",
+            help="start the local Ray's dashboard (off by default: its job API runs any code it is sent)",
+        )
+        if action == "resume":
+            p.add_argument(
+                "--allow-changes",
+                action="store_true",
+                help="resume an edited study: keep finished trials that did not change, run changed and "
+                "added ones as a new wave, mark changed and removed ones superseded",
+            )
+    validate = study.add_parser(
+        "validate", help="check study files without running anything; print each one's number of trials"
+    )
     validate.add_argument("studies", nargs="+")
+    validate.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a study value, as for study run (applied to every file)",
+    )
     validate.add_argument("--smoke", action="store_true", help="validate with the smoke: section applied")
     report = study.add_parser(
         "report",
@@ -143,17 +175,29 @@ def cmd_study(args: argparse.Namespace) -> int:
     from clsr.study.schema import StudyError
 
     if args.action == "validate":
+        from clsr.study.dotted import parse_override
+        from clsr.study.schema import count_trials, load_study
+
+        try:
+            overrides = [parse_override(o) for o in args.overrides]
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         failed = 0
         for path in args.studies:
             try:
-                _load(path, [], smoke=args.smoke)
-                print(f"ok  {path}")
-            except StudyError as err:
+                study = load_study(path, overrides, smoke=args.smoke)
+            except ValueError as err:  # a StudyError, or an override that does not fit the file
                 failed += 1
                 print(err, file=sys.stderr)
+                continue
+            trials, distinct = count_trials(study)
+            print(f"ok  {path}: {trials} trial{'s' if trials != 1 else ''} ({distinct} distinct)")
         return 1 if failed else 0
     if args.action == "report":
         return cmd_study_report(args)
+    if args.action == "sync":
+        return cmd_study_sync(args)
 
     from clsr.study.runner import format_rows, run_study
 
@@ -162,11 +206,62 @@ def cmd_study(args: argparse.Namespace) -> int:
     except (StudyError, ValueError) as err:
         print(err, file=sys.stderr)
         return 2
+    from clsr.study.schema import CONFIRM_TRIALS, planned_trials
+
+    if (trials := planned_trials(study)) > CONFIRM_TRIALS and not args.yes:
+        print(
+            f"error: {args.study}: {trials:,} trials, more than {CONFIRM_TRIALS:,}; pass --yes to run them",
+            file=sys.stderr,
+        )
+        return 2
     started = time.perf_counter()
-    rows = run_study(study, Path(args.study).read_text(), resume=args.action == "resume")
+    resume = args.action == "resume"
+    outcome = run_study(
+        study,
+        Path(args.study).read_text(errors="replace"),
+        resume=resume,
+        allow_changes=resume and args.allow_changes,
+        dashboard=args.dashboard,
+    )
+    rows = outcome.rows
     print(f"\nstudy {study.name!r}: {len(rows)} trial(s) in {time.perf_counter() - started:.0f} s\n")
     print(format_rows(rows))
-    return 1 if any(r["status"] != "ok" for r in rows) else 0
+    again = f"platform study resume {args.study}" + "".join(f" --set {o}" for o in args.overrides)
+    again += " --smoke" if args.smoke else ""
+    if outcome.pending_records:
+        print(
+            f"\nthe MLflow server stayed unreachable: {outcome.pending_records} trial run(s) keep their "
+            f"writes in the study's storage; `platform study sync {args.study}` sends them",
+            file=sys.stderr,
+        )
+        return outcome.exit_code or 1
+    if outcome.stopped_by:
+        print(
+            f"\nstopped by {outcome.stopped_by}: finished trials are recorded, unfinished ones were "
+            f"marked {'timed_out' if outcome.stopped_by == 'study_timeout' else 'interrupted'} and keep "
+            f"their last checkpoint.\nContinue with: {again}",
+            file=sys.stderr,
+        )
+        return outcome.exit_code
+    return 1 if any(r["status"] not in ("finished", "stopped") for r in rows) else 0
+
+
+def cmd_study_sync(args: argparse.Namespace) -> int:
+    """``platform study sync``: what trials kept while MLflow was down, sent; a killed driver's study closed."""
+    from clsr.study.runner import sync_study
+    from clsr.study.schema import StudyError
+
+    try:
+        study = _load(args.study, args.overrides, smoke=args.smoke)
+    except (StudyError, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    left = sync_study(study)
+    if left:
+        print(f"error: {left} trial run(s) could not be sent; is the MLflow server up?", file=sys.stderr)
+        return 1
+    print(f"study {study.name!r}: MLflow holds every trial's record")
+    return 0
 
 
 def cmd_study_report(args: argparse.Namespace) -> int:
@@ -326,8 +421,8 @@ def main(argv: list[str] | None = None) -> int:
             "\ninterrupted: `platform study resume <study.yaml>` continues where it stopped", file=sys.stderr
         )
         return 130
-    except (ConnectionError, RuntimeError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (ConnectionError, RuntimeError) as err:  # an unreachable server, LeaseHeld, StudyChanged, ...
+        print(f"error: {mask_uri(str(err))}", file=sys.stderr)
         return 2
     except LookupError as err:  # a missing earlier run, or a missing upstream output
         if isinstance(err, KeyError):  # a bug, not a user error: keep the traceback

@@ -21,7 +21,7 @@ MAX_TOKENS = 512  # Marian's position limit
 class BackTranslationConfig(BaseModel):
     """Pivot language and the two translation models (default: opus-mt en↔pivot)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     pivot: str = "de"
     forward_model: str | None = None  # default f"Helsinki-NLP/opus-mt-en-{pivot}"

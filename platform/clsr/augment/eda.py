@@ -53,7 +53,7 @@ _CLEAN_WORD = re.compile(r"^[a-z]+$")
 class EDAConfig(BaseModel):
     """EDA rates (the reference defaults, 0.1 each) and where synonyms come from."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     alpha_sr: float = 0.1
     alpha_ri: float = 0.1

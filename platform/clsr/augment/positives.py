@@ -246,7 +246,7 @@ class Paraphraser:
 class PositiveAugmentation(BaseModel):
     """How SupMPN fills free positive slots besides anchor copies (Table A1: None / RD / SR / PP)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     kind: Literal["none", "random_deletion", "synonym_replacement", "paraphrase"] = "none"
     deletion_rate: float = Field(0.1, gt=0, lt=1)  # RD: share of words deleted

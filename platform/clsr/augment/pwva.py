@@ -51,7 +51,7 @@ PAPER_RBN_MAX = 0.1  # paper: w + U(0, 0.1)
 class PWVAConfig(BaseModel):
     """PWVA hyperparameters. The paper gives no numbers; defaults follow the GCLSR/CLSEP code."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     operators: Operators = "paper"
     keep_prob: float = 0.6  # per real word, per view; 0 = "full" augmentation

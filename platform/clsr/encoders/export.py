@@ -467,6 +467,7 @@ def _load_folder(folder: Path, pooling: str | None) -> tuple[nn.Module, Any]:
 def _download(uri: str) -> Path:
     import mlflow
 
+    from clsr.tracking.secrets import mask_uri
     from clsr.tracking.study_runs import resolve_tracking_uri
 
     target = tempfile.mkdtemp(prefix="clsr-model-")
@@ -476,10 +477,11 @@ def _download(uri: str) -> Path:
         )
     except Exception as err:  # MlflowException, OSError: no such run, model or artifact
         shutil.rmtree(target, ignore_errors=True)
-        raise ModelLoadError(
+        message = (
             f"could not download {uri} from MLflow at {resolve_tracking_uri(None)} "
             f"({type(err).__name__}: {err}); set MLFLOW_TRACKING_URI to the store the run logged to"
-        ) from err
+        )
+        raise ModelLoadError(mask_uri(message)) from None  # the chained error may show credentials
     return Path(path)
 
 

@@ -27,7 +27,7 @@ CODE_REGION_SIZES = [1, 1, 1, 6, 10, 15]
 class TextCNNConfig(BaseModel):
     """The ``model`` section when ``type: textcnn``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["textcnn"] = "textcnn"
     vectors: str = Field(
@@ -38,13 +38,15 @@ class TextCNNConfig(BaseModel):
     tokenization: Literal["auto", "words", "wordpiece"] = Field(
         "auto", description="auto: wordpiece for transformer vectors, else the GCLSR code's word rule"
     )
-    max_words: int = Field(64, ge=1, description="sentences are truncated / padded to this many words")
+    max_words: int = Field(
+        64, ge=1, le=100_000, description="sentences are truncated / padded to this many words"
+    )
     freeze_vectors: bool = Field(True, description="the paper looks vectors up and never trains them")
     oov: Literal["redraw", "fixed"] = Field(
         "redraw", description="redraw: a fresh U(±√(3/d)) vector per call (code); fixed: one per word"
     )
     region_sizes: list[int] = Field(default_factory=lambda: list(PAPER_REGION_SIZES), min_length=1)
-    filters: int = Field(300, ge=1, description="filters per region size (paper 300, code 640)")
+    filters: int = Field(300, ge=1, le=100_000, description="filters per region size (paper 300, code 640)")
 
     @model_validator(mode="after")
     def _regions_fit(self) -> TextCNNConfig:

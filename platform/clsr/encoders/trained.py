@@ -9,7 +9,9 @@ A *source* is one of
 * any of the folders above on cloud storage (``s3://…``, ``gs://…``): copied to a local folder first.
 
 The trainer's files hold only weights, so the architecture comes from the consuming trial's ``model``
-section (same ``name``; its pooling decides which heads are needed).
+section (same ``name``; its pooling decides which heads are needed). They load as tensors and plain
+data only (a file that would run code is refused) and are checked against the folder's
+``manifest.json`` of SHA-256 when it has one (``clsr.train.checkpoint_files``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-import torch
 from torch import nn
 
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+from clsr.train.checkpoint_files import load_tensors
 
 Weights = Literal["last", "best"]
 WEIGHT_FILES = {"last": "state.pt", "best": "best_model.pt"}
@@ -83,7 +85,7 @@ def _read_weights(source: str, path: Path, weights: Weights) -> dict:
             )
             raise FileNotFoundError(f"{source} has no {WEIGHT_FILES[weights]} (weights: {weights}); {hint}")
         path = path / WEIGHT_FILES[weights]
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = load_tensors(path)  # checked against the folder's manifest; tensors and plain data only
     if isinstance(state, dict) and isinstance(state.get("model"), dict):  # state.pt: weights + optimiser
         state = state["model"]
     return state

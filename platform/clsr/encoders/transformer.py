@@ -25,7 +25,7 @@ _ATTENTION_DROPOUT_ATTRS = ("attention_probs_dropout_prob", "attention_dropout")
 class ModelConfig(BaseModel):
     """The ``model`` section of a trial: which encoder, how it pools, how long its inputs are."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["transformer"] = "transformer"
     name: str = Field(

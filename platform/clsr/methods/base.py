@@ -32,7 +32,7 @@ from clsr.train.distributed import gather_with_grad
 
 
 class MethodConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # every float finite
 
     name: str
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import yaml
+from clsr.study.yaml_safe import YAMLSafetyError, load_plain_value
 
 
 def set_dotted(doc: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
@@ -45,11 +45,17 @@ def flatten(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """``trainer.lr=3e-5`` → ("trainer.lr", 3e-05); the value is read as YAML (numbers, lists, null)."""
+    """``trainer.lr=3e-5`` → ("trainer.lr", 3e-05); the value is read as plain YAML (numbers, strings,
+    lists, maps, null; no tags). A bad value raises a ValueError whose one-line message names the option."""
     if "=" not in text:
         raise ValueError(f"--set expects dotted.key=value, got {text!r}")
     key, raw = text.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    if not key.strip():
+        raise ValueError(f"--set {text}: the key before '=' is empty")
+    try:
+        value = load_plain_value(raw) if raw.strip() else ""
+    except YAMLSafetyError as err:
+        raise ValueError(f"--set {text}: {err}") from None
     if isinstance(value, str) and _looks_numeric(value):
         value = float(value)
     return key.strip(), value

@@ -31,6 +31,7 @@ from clsr.data.faq import FAQ_TASKS
 from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
 from clsr.study.schema import Ablation, Study, find_point, grid_points
+from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import check_reachable, children, find_parent_run, resolve_tracking_uri
 
 CONFIDENCE = 0.95
@@ -106,15 +107,15 @@ def open_study_runs(study_name: str, uri: str) -> tuple[MlflowClient, Any]:
     )
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise NoStudyRuns(
-            f"no MLflow store at {uri} (no such file), so no run of study {study_name!r}; {hint}"
+            f"no MLflow store at {mask_uri(uri)} (no such file), so no run of study {study_name!r}; {hint}"
         )
     check_reachable(uri)
     client = MlflowClient(uri)
     parent = find_parent_run(client, study_name)
     if parent is None:
         raise NoStudyRuns(
-            f"no MLflow run of study {study_name!r} at {uri} (searched experiment {study_name!r} for a run "
-            f"tagged clsr.study={study_name}); {hint}"
+            f"no MLflow run of study {study_name!r} at {mask_uri(uri)} (searched experiment "
+            f"{study_name!r} for a run tagged clsr.study={study_name}); {hint}"
         )
     return client, parent
 
@@ -412,7 +413,8 @@ def build_report(study: Study, client: MlflowClient, parent_run_id: str, uri: st
         total.merge(ablation.cost)
     unknown = sorted({t.ablation for t in trials} - set(study.ablations))
     notes = [f"runs of ablations the study file does not have (not shown): {unknown}"] if unknown else []
-    return StudyReport(study, uri, parent_run_id, ablations, total, notes)
+    # the report is written to files and logged as artifacts: the store's address without credentials
+    return StudyReport(study, mask_uri(uri), parent_run_id, ablations, total, notes)
 
 
 # --- tables ------------------------------------------------------------------------------------------

@@ -7,16 +7,18 @@ Every problem of a file is reported at once, each as ``<file>: <dotted.field>: <
 from __future__ import annotations
 
 import itertools
+import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from clsr.methods import METHODS, get_method
 from clsr.study.dotted import deep_merge, set_dotted
-from clsr.train.config import MODEL_TYPES, TrialConfig
+from clsr.study.yaml_safe import YAMLSafetyError, read_yaml_file
+from clsr.train.config import MODEL_TYPES, Seed, TrialConfig, check_seed
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 SECTIONS = ("model", "data", "trainer", "method", "eval")
@@ -30,6 +32,9 @@ STEP_METRICS = ("best_dev_stsb", "best_dev_sickr", "dev_stsb", "dev_sickr", "los
 Outputs = dict[
     tuple[str, str, int], str
 ]  # staged studies: (ablation, point label, seed) -> output (a checkpoint URI)
+MAX_TRIALS = 100_000  # a study with more trials is refused before any grid is expanded
+CONFIRM_TRIALS = 2_000  # `study run`/`resume` of more trials asks for --yes
+MAX_SHOWN = 200  # characters of a refused value shown in a problem line
 
 
 class StudyError(ValueError):
@@ -42,7 +47,7 @@ class StudyError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class Distribution(Strict):
@@ -65,6 +70,8 @@ class Distribution(Strict):
             raise ValueError(f"lower bound must be below upper bound (given: {list(bounds)})")
         if self.loguniform and self.loguniform[0] <= 0:
             raise ValueError("loguniform bounds must be positive")
+        if self.choice and any(isinstance(c, float) and not math.isfinite(c) for c in self.choice):
+            raise ValueError(f"choice values must be finite numbers (given: {self.choice})")
         return self
 
 
@@ -91,6 +98,11 @@ class Need(Strict):
     output: Literal["checkpoint"] = Field(
         "checkpoint", description="what is filled in: the upstream trial's last checkpoint folder (URI)"
     )
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_range(cls, seed: str | int) -> str | int:
+        return seed if seed == "same" else check_seed(seed)
 
     @model_validator(mode="after")
     def _by_or_point(self) -> Need:
@@ -122,8 +134,8 @@ class Ablation(Strict):
         description="label of the row the report tests the others against (paired t-test over seeds); "
         "default: paper_choice, else the first point",
     )
-    seeds: list[int] | None = Field(
-        None, min_length=1, description="this ablation's seeds (default: the study's)"
+    seeds: list[Seed] | None = Field(
+        None, min_length=1, description="this ablation's seeds (default: the study's); 0 <= seed < 2**32"
     )
     needs: dict[str, Need] = Field(
         default_factory=dict,
@@ -166,11 +178,14 @@ class Resources(Strict):
     workers_per_trial: int = Field(
         1,
         ge=0,
+        le=10_000,
         description="Ray Train workers (DDP processes) per trial; 0 runs the trial in its Tune process "
         "(Ray Train local mode: no worker-group start-up, for small single-device trials)",
     )
-    cpus_per_worker: float = Field(1.0, gt=0)
-    gpus_per_worker: float = Field(0.0, ge=0, description="fractions below 1 let small trials share a GPU")
+    cpus_per_worker: float = Field(1.0, gt=0, le=10_000)
+    gpus_per_worker: float = Field(
+        0.0, ge=0, le=1_024, description="fractions below 1 let small trials share a GPU"
+    )
 
     @field_validator("gpus_per_worker")
     @classmethod
@@ -182,13 +197,17 @@ class Resources(Strict):
 
 class Search(Strict):
     algorithm: Literal["grid", "random", "optuna"] = "grid"
-    num_samples: int = Field(1, ge=1, description="samples per ablation for random/optuna")
+    num_samples: int = Field(
+        1, ge=1, le=MAX_TRIALS, description="samples per ablation for random/optuna (at most 100,000)"
+    )
 
 
 class Scheduler(Strict):
     type: Literal["fifo", "asha"] = "fifo"
-    max_t: int | None = Field(None, ge=1, description="ASHA: most steps a trial may run (default: its max)")
-    grace_period: int = Field(1, ge=1, description="ASHA: steps before a trial may be stopped")
+    max_t: int | None = Field(
+        None, ge=1, le=10**9, description="ASHA: most steps a trial may run (default: its max)"
+    )
+    grace_period: int = Field(1, ge=1, le=10**9, description="ASHA: steps before a trial may be stopped")
     reduction_factor: float = Field(2.0, gt=1)
 
 
@@ -198,14 +217,20 @@ class Study(Strict):
     method: str
     base: dict[str, Any] = Field(default_factory=dict)
     ablations: dict[str, Ablation] = Field(min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [42], min_length=1)
+    seeds: list[Seed] = Field(
+        default_factory=lambda: [42], min_length=1, description="0 <= seed < 2**32, distinct"
+    )
     metric: str = "best_dev_stsb"
     mode: Literal["max", "min"] = "max"
     search: Search = Field(default_factory=Search)
     scheduler: Scheduler = Field(default_factory=Scheduler)
     resources: Resources = Field(default_factory=Resources)
-    concurrency: int | None = Field(None, ge=1, description="most trials running at once (default: as fit)")
-    max_failures: int = Field(1, ge=0, description="retries of a crashed trial from its last checkpoint")
+    concurrency: int | None = Field(
+        None, ge=1, le=MAX_TRIALS, description="most trials running at once (default: as fit)"
+    )
+    max_failures: int = Field(
+        1, ge=0, le=1_000, description="retries of a crashed trial from its last checkpoint"
+    )
     storage_path: str = Field("runs", description="local folder or s3://bucket/prefix for Ray results")
     tracking_uri: str | None = Field(
         None, description="MLflow; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db"
@@ -221,6 +246,26 @@ class Study(Strict):
     )
     skip_unavailable: bool = Field(
         False, description="skip points that cannot run here (hub-only models offline) instead of failing"
+    )
+    trial_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=10**7,
+        description="stop a trial that runs longer than this (recorded timed_out; the others go on; a "
+        "resume continues it from its last checkpoint); null: no limit",
+    )
+    study_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=10**8,
+        description="stop the whole study after this long, as Ctrl-C does (exit code 124; resumable)",
+    )
+    tracking_wait_s: float = Field(
+        900.0,
+        ge=0,
+        le=10**6,
+        description="at the study's end, how long to wait for an unreachable MLflow server to take what "
+        "trials kept for it; after that `platform study sync` sends it",
     )
 
     @field_validator("method")
@@ -481,6 +526,64 @@ def _check_need(study: Study, name: str, key: str, need: Need) -> list[str]:
     return problems
 
 
+# --- trial counts ----------------------------------------------------------------------------------
+
+
+def ablation_trials(study: Study, ablation: str) -> int:
+    """Trials of one ablation, counted without expanding it: points (or the product of the grid's list
+    lengths) × seeds; a sampled ablation (space) runs ``search.num_samples``."""
+    spec = study.ablations[ablation]
+    if spec.space:
+        return study.search.num_samples
+    points = len(spec.points) or math.prod(len(values) for values in spec.grid.values())
+    return points * len(study.seeds_of(ablation))
+
+
+def planned_trials(study: Study) -> int:
+    """Trials of the whole study, counted without expanding a grid."""
+    return sum(ablation_trials(study, name) for name in study.ablations)
+
+
+def count_trials(study: Study) -> tuple[int, int]:
+    """(trials, distinct trials): a trial is (ablation, point, seed) of a grid/points ablation, plus
+    ``search.num_samples`` per sampled ablation; distinct counts the different ``trial_document``s
+    (the same point in two ablations runs the same config twice). Resolves every point: call it on a
+    validated study only (at most ``MAX_TRIALS`` trials)."""
+    total, sampled, documents = 0, 0, set()
+    for name, ablation in study.ablations.items():
+        if ablation.space:
+            sampled += study.search.num_samples
+            continue
+        for point in grid_points(ablation):
+            for seed in study.seeds_of(name):
+                total += 1
+                documents.add(_canonical(trial_document(study, name, point["overrides"], seed)))
+    return total + sampled, len(documents) + sampled
+
+
+def _canonical(value: Any) -> str:
+    """A text that is equal for equal configs, whatever the order of their keys."""
+    if isinstance(value, dict):
+        items = sorted((repr(k), _canonical(v)) for k, v in value.items())
+        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_canonical(v) for v in value) + "]"
+    return json.dumps(value, default=repr)
+
+
+def _check_size(study: Study) -> list[str]:
+    """Refuse a study of more than ``MAX_TRIALS`` trials before any of its grids is expanded."""
+    total = planned_trials(study)
+    if total <= MAX_TRIALS:
+        return []
+    counts = sorted(((ablation_trials(study, n), n) for n in study.ablations), reverse=True)
+    largest = ", ".join(f"{name}: {count:,}" for count, name in counts[:3])
+    return [
+        f"ablations: {total:,} trials ({largest}); a study may have at most {MAX_TRIALS:,}: use fewer "
+        f"grid values or seeds, or split it into several studies"
+    ]
+
+
 # --- loading and validation --------------------------------------------------------------------
 
 
@@ -494,9 +597,15 @@ def _format_pydantic(err: ValidationError, prefix: str = "") -> list[str]:
         where = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "(top level)"
         message = e["msg"].removeprefix("Value error, ")
         given = e.get("input")
-        shown = "" if e["type"] == "missing" or isinstance(given, dict) else f" (given: {given!r})"
+        shown = "" if e["type"] == "missing" or isinstance(given, dict) else f" (given: {_shown(given)})"
         problems.append(f"{where}: {message}{shown}")
     return problems
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to ``MAX_SHOWN`` characters so a huge value cannot flood the terminal."""
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]}... ({len(text):,} characters)"
 
 
 def _check_dotted_key(key: str) -> str | None:
@@ -611,7 +720,17 @@ def resolve_from_files(raw: dict[str, Any], study_dir: Path) -> tuple[dict[str, 
                 f"{', '.join(str(c.parent) for c in candidates)})"
             )
             continue
-        shared = yaml.safe_load(found.read_text()) or {}
+        try:
+            shared = read_yaml_file(found)
+        except YAMLSafetyError as err:
+            problems.append(f"ablations.{name}.from: {found}: {err}")
+            continue
+        if not isinstance(shared, dict | None):
+            problems.append(
+                f"ablations.{name}.from: {found}: the file must hold a mapping (grid:, points:, ...)"
+            )
+            continue
+        shared = shared or {}
         merged["ablations"][name] = {
             **shared,
             **{k: v for k, v in body.items() if k != "from"},
@@ -626,9 +745,9 @@ def load_study(path: str | Path, overrides: list[tuple[str, Any]] = (), smoke: b
     if not path.is_file():
         raise StudyError(str(path), ["file not found"])
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise StudyError(str(path), [f"not valid YAML: {err}"]) from err
+        raw = read_yaml_file(path)
+    except YAMLSafetyError as err:
+        raise StudyError(str(path), [str(err)]) from None
     if not isinstance(raw, dict):
         raise StudyError(str(path), ["the file must hold a mapping (name:, method:, ablations:, ...)"])
     if smoke:
@@ -663,6 +782,8 @@ def study_from_dict(
         study = Study.model_validate(raw)
     except ValidationError as err:
         raise StudyError(source, problems + _format_pydantic(err) + _check_raw_base(raw)) from None
+    if too_many := _check_size(study):  # before anything expands a grid
+        raise StudyError(source, problems + too_many)
     problems += _check_needs(study)
     if problems:  # the trials' needs cannot be filled, not even with placeholders
         raise StudyError(source, problems)

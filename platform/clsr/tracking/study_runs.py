@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,12 @@ from mlflow.tracking import MlflowClient
 
 import clsr
 from clsr.study.dotted import flatten
+from clsr.tracking.secrets import mask_uri
 
 PARENT_TAG, STORAGE_TAG, TRIAL_TAG = "clsr.study", "clsr.storage", "clsr.trial_id"
+SUPERSEDED_TAG = "clsr.superseded"  # a trial's run that an edited resume replaced (kept, not reported)
+FINGERPRINT_TAG = "clsr.fingerprint"  # sha-256 over every resolved trial (clsr.study.fingerprint)
+TIMED_OUT_ATTEMPT_TAG = "clsr.timed_out_attempt"  # the lease generation in which a trial timed out
 CHECKPOINT_TAG = "clsr.checkpoint"  # a finished trial's last checkpoint (local path or URI)
 MAX_PARAM_LENGTH = 6000
 
@@ -40,10 +46,11 @@ def check_reachable(uri: str) -> None:
             urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5)
         except (urllib.error.URLError, OSError) as err:
             raise ConnectionError(
-                f"MLflow tracking server {uri} is unreachable ({err}). Start it (`mlflow server ...`), "
+                f"MLflow tracking server {mask_uri(uri)} is unreachable ({mask_uri(str(err))}). "
+                f"Start it (`mlflow server ...`), "
                 f"forward its port (`ray attach cluster.yaml -p 5000`), or unset MLFLOW_TRACKING_URI "
                 f"to log into a local sqlite:///mlflow.db"
-            ) from err
+            ) from None  # the chained error would print the URI with its credentials
     elif uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
 
@@ -70,7 +77,7 @@ def start_parent_run(client: MlflowClient, study_name: str, storage: str, descri
         run_name=study_name,
         tags={
             PARENT_TAG: study_name,
-            STORAGE_TAG: storage,
+            STORAGE_TAG: mask_uri(storage),
             "clsr.git_commit": git_commit(),
             "clsr.version": clsr.__version__,
             "mlflow.note.content": description or "",
@@ -81,52 +88,135 @@ def start_parent_run(client: MlflowClient, study_name: str, storage: str, descri
 
 def find_parent_run(client: MlflowClient, study_name: str):
     """The latest parent run of a study, or None."""
-    experiment = client.get_experiment_by_name(study_name)
-    if experiment is None:
-        return None
-    runs = client.search_runs(
-        [experiment.experiment_id],
-        f"tags.`{PARENT_TAG}` = '{study_name}'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
+    runs = parent_runs(client, study_name, max_results=1)
     return runs[0] if runs else None
 
 
+def parent_runs(client: MlflowClient, study_name: str, running: bool = False, max_results: int = 1000):
+    """A study's parent runs, newest first (only RUNNING ones with ``running``)."""
+    experiment = client.get_experiment_by_name(study_name)
+    if experiment is None:
+        return []
+    query = f"tags.`{PARENT_TAG}` = '{study_name}'"
+    if running:
+        query += " and attributes.status = 'RUNNING'"
+    return client.search_runs(
+        [experiment.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=max_results
+    )
+
+
 def child_run_for_trial(client: MlflowClient, experiment: str, parent_run_id: str, trial_id: str):
+    """The trial's current run (a run superseded by an edited resume is not it), or None."""
     runs = client.search_runs(
         [experiment], f"tags.`{TRIAL_TAG}` = '{trial_id}' and tags.`mlflow.parentRunId` = '{parent_run_id}'"
     )
+    runs = [r for r in runs if SUPERSEDED_TAG not in r.data.tags]
     return runs[0] if runs else None
 
 
 def open_child_run(
     uri: str, parent_run_id: str, trial_id: str, run_name: str, tags: dict[str, Any], params: dict[str, Any]
 ) -> str:
-    """Create the trial's run, or reopen it when the trial is resumed or retried."""
+    """Create the trial's run, or reopen it when the trial is resumed or retried. ``trial_id`` is the
+    trial's key (``ablation[point] seed=n``): stable across retries, resumes and Tune experiments.
+    While the tracking server is unreachable this waits for it (the trial has not started)."""
+    return patiently(
+        lambda: _open_child_run(uri, parent_run_id, trial_id, run_name, tags, params),
+        f"opening the MLflow run of {trial_id}",
+    )
+
+
+def _open_child_run(
+    uri: str, parent_run_id: str, trial_id: str, run_name: str, tags: dict[str, Any], params: dict[str, Any]
+) -> str:
     client = MlflowClient(uri)
     experiment = client.get_run(parent_run_id).info.experiment_id
     existing = child_run_for_trial(client, experiment, parent_run_id, trial_id)
     if existing is not None:
         client.update_run(existing.info.run_id, status="RUNNING")
         client.set_tag(existing.info.run_id, "clsr.status", "running")
+        if "clsr.error" in existing.data.tags:  # why the last attempt ended; this one starts clean
+            client.delete_tag(existing.info.run_id, "clsr.error")
         return existing.info.run_id
     all_tags = {"mlflow.parentRunId": parent_run_id, TRIAL_TAG: trial_id, "clsr.status": "running", **tags}
-    run = client.create_run(experiment, run_name=run_name, tags={k: str(v) for k, v in all_tags.items()})
-    flat = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in flatten(params).items()]
+    run = client.create_run(
+        experiment, run_name=run_name, tags={k: mask_uri(str(v)) for k, v in all_tags.items()}
+    )
+    flat = [Param(k, mask_uri(str(v))[:MAX_PARAM_LENGTH]) for k, v in flatten(params).items()]
     for start in range(0, len(flat), 100):  # MLflow's per-request param limit
         client.log_batch(run.info.run_id, params=flat[start : start + 100])
     return run.info.run_id
 
 
+MLFLOW_STATUS = {"finished": "FINISHED", "stopped": "FINISHED", "failed": "FAILED"}  # else KILLED
+
+
 def close_run(uri: str, run_id: str, status: str, error: str | None = None) -> None:
-    """``status``: finished, failed, stopped (early stopping), skipped or interrupted."""
+    """``status``: finished, failed, stopped (early stopping), skipped, interrupted or timed_out."""
     client = MlflowClient(uri)
     client.set_tag(run_id, "clsr.status", status)
     if error:
-        client.set_tag(run_id, "clsr.error", error[-5000:])
-    mlflow_status = {"finished": "FINISHED", "stopped": "FINISHED", "failed": "FAILED"}.get(status, "KILLED")
-    client.set_terminated(run_id, status=mlflow_status)
+        client.set_tag(run_id, "clsr.error", mask_uri(error)[-5000:])
+    client.set_terminated(run_id, status=MLFLOW_STATUS.get(status, "KILLED"))
+
+
+def finish_child(
+    uri: str,
+    run_id: str,
+    status: str,
+    pending_root: str,
+    error: str | None = None,
+    tags: dict[str, Any] | None = None,
+    wait_s: float = 15.0,
+) -> None:
+    """The trial driver's last writes to a trial's run, through a journal: sent now when MLflow answers,
+    else left in the study's storage (after whatever the trial itself left there, so in order)."""
+    from clsr.tracking.spool import Spool, hand_over, has_pending
+
+    spool = Spool(uri, run_id)
+    spool.tags(
+        {**(tags or {}), "clsr.status": status} | ({"clsr.error": mask_uri(error)[-5000:]} if error else {})
+    )
+    spool.terminate(MLFLOW_STATUS.get(status, "KILLED"))
+    if has_pending(pending_root, run_id):  # the trial's own writes wait there: ours go after them
+        hand_over(spool.unsent(), spool.folder, pending_root, run_id)
+        spool.close(0, None)
+        return
+    spool.start().close(wait_s, pending_root)
+
+
+RETRY_S = (2, 5, 10, 20, 30)
+PERMANENT = (
+    "RESOURCE_DOES_NOT_EXIST",
+    "INVALID_PARAMETER_VALUE",
+    "RESOURCE_ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+)
+
+
+def patiently(call, what: str, give_up_s: float | None = None):
+    """``call()``, retried while the tracking server is unreachable (MLflow's own retries gave up);
+    an error MLflow answered with (a missing run, a refused value) is raised at once."""
+    import time
+
+    from mlflow.exceptions import MlflowException
+
+    started, attempt = time.monotonic(), 0
+    while True:
+        try:
+            return call()
+        except MlflowException as err:
+            if err.error_code in PERMANENT:
+                raise
+            problem = err
+        except OSError as err:  # connection refused / reset below MLflow's client
+            problem = err
+        if give_up_s is not None and time.monotonic() - started > give_up_s:
+            raise problem
+        wait = RETRY_S[min(attempt, len(RETRY_S) - 1)]
+        print(f"MLflow unreachable while {what} ({type(problem).__name__}); retrying in {wait} s", flush=True)
+        time.sleep(wait)
+        attempt += 1
 
 
 def open_children(client: MlflowClient, parent_run_id: str) -> list:
@@ -141,16 +231,82 @@ def children(client: MlflowClient, parent_run_id: str) -> list:
     )
 
 
-def finished_outputs(client: MlflowClient, parent_run_id: str) -> dict[tuple[str, str, int], str]:
-    """(ablation, point label, seed) -> checkpoint of every finished trial of a study (staged studies)."""
+def finished_outputs(
+    client: MlflowClient, parent_run_id: str, storage_root: str | None = None
+) -> dict[tuple[str, str, int], str]:
+    """(ablation, point label, seed) -> checkpoint of every finished trial of a study (staged studies).
+
+    ``storage_root``: the study's own storage folder; a ``clsr.checkpoint`` tag outside it is dropped with
+    a warning (a tag is anyone's to write on an open tracking server, and later stages load what it names).
+    """
     outputs = {}
     for run in children(client, parent_run_id):
         tags = run.data.tags
         if tags.get("clsr.status") in ("finished", "stopped") and CHECKPOINT_TAG in tags:
-            outputs[(tags["clsr.ablation"], tags["clsr.point"], int(tags["clsr.seed"]))] = tags[
-                CHECKPOINT_TAG
-            ]
+            location = tags[CHECKPOINT_TAG]
+            if storage_root is not None and not under_root(location, storage_root):
+                warnings.warn(
+                    f"run {run.info.run_id} ({run.info.run_name}): ignoring its {CHECKPOINT_TAG} tag "
+                    f"{mask_uri(location)!r}, which is not under the study's storage "
+                    f"{mask_uri(storage_root)!r}",
+                    stacklevel=2,
+                )
+                continue
+            outputs[(tags["clsr.ablation"], tags["clsr.point"], int(tags["clsr.seed"]))] = location
     return outputs
+
+
+_SAME_SCHEME = {"gs": "gcs", "s3a": "s3", "s3n": "s3"}  # pyarrow names Google Cloud Storage "gcs"
+
+
+def under_root(location: str, root: str) -> bool:
+    """Whether ``location`` (a local path or a ``scheme://bucket/...`` URI) is ``root`` or inside it.
+
+    Local paths are compared after ``os.path.realpath`` (symlinks and ``..`` resolved: neither escapes);
+    URIs by scheme, bucket and path prefix, with ``..`` resolved, and never above the bucket.
+    """
+    location_uri, root_uri = _as_uri(location), _as_uri(root)
+    if (location_uri is None) != (root_uri is None):
+        return False
+    if location_uri is None:
+        real_location, real_root = _real_path(location), _real_path(root)
+        try:
+            return os.path.commonpath([real_location, real_root]) == real_root
+        except ValueError:  # different drives
+            return False
+    (scheme, bucket, parts), (root_scheme, root_bucket, root_parts) = location_uri, root_uri
+    if parts is None or root_parts is None or (scheme, bucket) != (root_scheme, root_bucket):
+        return False
+    return parts[: len(root_parts)] == root_parts
+
+
+def _real_path(text: str) -> str:
+    if text.startswith("file://"):
+        text = urllib.parse.unquote(urllib.parse.urlsplit(text).path)
+    return os.path.realpath(os.path.expanduser(text))
+
+
+def _as_uri(text: str) -> tuple[str, str, list[str] | None] | None:
+    """(scheme, bucket, path parts with ``.``/``..`` resolved, None when ``..`` leaves the bucket) of
+    a URI; None for a local path (``file://`` URIs are local paths)."""
+    if "://" not in text:
+        return None
+    split = urllib.parse.urlsplit(text)
+    scheme = split.scheme.lower()
+    if scheme == "file":
+        return None
+    parts: list[str] | None = []
+    for part in urllib.parse.unquote(split.path).split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:
+                parts = None
+                break
+            parts.pop()
+        else:
+            parts.append(part)
+    return _SAME_SCHEME.get(scheme, scheme), (split.hostname or "").lower(), parts
 
 
 def record_skipped(uri: str, parent_run_id: str, ablation: str, label: str, seed: int, reason: str) -> None:

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from clsr.encoders.textcnn import TextCNNConfig
 from clsr.encoders.transformer import ModelConfig
@@ -17,6 +26,21 @@ MODEL_TYPES = ("transformer", "textcnn")
 # trainer.length_group_size: auto. CPU: best of 16/32/48/64/96 for MiniLM on NLI triplets (bench train);
 # GPU: large enough to keep the matrix units fed, not measured yet.
 AUTO_LENGTH_GROUP = {"cpu": 32, "cuda": 256}
+# Upper bounds no real study reaches; they turn a typo (1e30) into a message instead of a crash later.
+SEED_LIMIT = 2**32  # seeds are 0 <= seed < 2**32 (numpy's and torch's seeding accept them all)
+MAX_BATCH = 1_000_000  # rows per batch (trainer/eval batch_size, GradCache chunks, length groups)
+MAX_STEPS = 10**9  # optimiser steps (max_steps, warm-up, evaluation and logging intervals)
+MAX_EPOCHS = 10_000
+MAX_ROWS = 10**10  # data.max_rows and other row/example counts
+
+
+def check_seed(seed: int) -> int:
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"a seed is a whole number from 0 to 2**32 - 1 = {SEED_LIMIT - 1}")
+    return seed
+
+
+Seed = Annotated[int, AfterValidator(check_seed)]
 
 
 def _model_type(value: Any) -> str:
@@ -31,32 +55,43 @@ AnyModelConfig = Annotated[
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class DataConfig(Section):
     train: str = Field("wiki1m", description="training data set name from the catalog (clsr.data.catalog)")
     data_dir: str | None = Field(None, description="local data folder; default: $CLSR_DATA_DIR, else the hub")
-    max_rows: int | None = Field(None, ge=1, description="seeded random subset of the training rows")
-    subset_seed: int | None = Field(
+    max_rows: int | None = Field(
+        None, ge=1, le=MAX_ROWS, description="seeded random subset of the training rows (at most 10**10)"
+    )
+    subset_seed: Seed | None = Field(
         None, description="seed of the max_rows subset; default trainer.seed (a fixed value keeps one sample)"
     )
 
 
 class TrainerConfig(Section):
-    epochs: float = Field(1.0, gt=0)
-    max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser steps")
+    epochs: float = Field(1.0, gt=0, le=MAX_EPOCHS, description="training epochs (at most 10,000)")
+    max_steps: int | None = Field(
+        None, ge=1, le=MAX_STEPS, description="stop after this many optimiser steps (at most 10**9)"
+    )
     stop_when_loss_stalls: int | None = Field(
         None,
         ge=1,
+        le=MAX_STEPS,
         description="stop once the training loss has not gone below its lowest value for N optimiser steps "
         "(default: the method's own rule, e.g. rcl_entropy's early_stop_patience)",
     )
-    batch_size: int = Field(64, ge=2, description="global batch: rows per optimiser step over all workers")
-    grad_accum_steps: int = Field(1, ge=1)
+    batch_size: int = Field(
+        64,
+        ge=2,
+        le=MAX_BATCH,
+        description="global batch: rows per optimiser step over all workers (at most 1,000,000)",
+    )
+    grad_accum_steps: int = Field(1, ge=1, le=MAX_BATCH)
     gradcache_chunk_rows: int | None = Field(
         None,
         ge=1,
+        le=MAX_BATCH,
         description="GradCache (Gao et al. 2021): encode each worker's micro-batch in chunks of N rows "
         "(activations of one chunk in memory at a time), same loss and gradients; None: off",
     )
@@ -77,7 +112,10 @@ class TrainerConfig(Section):
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(3e-5, gt=0)
     lr_reference_batch: int | None = Field(
-        None, ge=1, description="linear scaling rule: the LR used is lr × batch_size / lr_reference_batch"
+        None,
+        ge=1,
+        le=MAX_BATCH,
+        description="linear scaling rule: the LR used is lr × batch_size / lr_reference_batch",
     )
     weight_decay: float = Field(0.0, ge=0)
     no_decay: list[str] = Field(default_factory=lambda: ["bias", "LayerNorm.weight", "LayerNorm.bias"])
@@ -95,17 +133,23 @@ class TrainerConfig(Section):
         default_factory=list, description="name prefixes whose LR stays constant (no warm-up, no decay)"
     )
     schedule: Literal["linear", "cosine", "constant"] = "linear"
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
-    warmup_epochs: float = Field(0.0, ge=0, description="warm-up length in epochs")
+    warmup_epochs: float = Field(0.0, ge=0, le=MAX_EPOCHS, description="warm-up length in epochs")
     max_grad_norm: float | None = Field(1.0, gt=0)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto = bf16 autocast on a GPU that supports it, fp32 on CPU"
     )
-    eval_steps: int = Field(125, ge=1, description="evaluate on the dev set every N optimiser steps")
-    eval_epochs: float | None = Field(None, gt=0, description="evaluate every N epochs (replaces eval_steps)")
-    log_every: int = Field(10, ge=1, description="send per-step metrics to MLflow every N steps")
-    seed: int = 42
+    eval_steps: int = Field(
+        125, ge=1, le=MAX_STEPS, description="evaluate on the dev set every N optimiser steps"
+    )
+    eval_epochs: float | None = Field(
+        None, gt=0, le=MAX_EPOCHS, description="evaluate every N epochs (replaces eval_steps)"
+    )
+    log_every: int = Field(
+        10, ge=1, le=MAX_STEPS, description="send per-step metrics to MLflow every N steps"
+    )
+    seed: Seed = Field(42, description="0 <= seed < 2**32")
 
     @model_validator(mode="after")
     def _one_warmup(self) -> TrainerConfig:
@@ -119,9 +163,10 @@ class TrainerConfig(Section):
     @field_validator("length_group_size")
     @classmethod
     def _positive_group(cls, value: int | str | None) -> int | str | None:
-        if isinstance(value, int) and value < 1:
+        if isinstance(value, int) and not 1 <= value <= MAX_BATCH:
             raise ValueError(
-                f"trainer.length_group_size is 'auto', null or a positive integer (given: {value})"
+                f"trainer.length_group_size is 'auto', null or a positive integer up to {MAX_BATCH:,} "
+                f"(given: {value})"
             )
         return value
 
@@ -160,17 +205,21 @@ class EvalConfig(Section):
         description="transfer tasks: 'test' = SentEval's 10-fold protocol, 'fast' = 5 folds, smaller C grid",
     )
     transfer_max_examples: int | None = Field(
-        None, ge=1, description="transfer tasks: seeded stratified cap on every split (smoke runs)"
+        None,
+        ge=1,
+        le=MAX_ROWS,
+        description="transfer tasks: seeded stratified cap on every split (smoke runs)",
     )
     faq_max_queries: int | None = Field(
-        None, ge=1, description="FAQ retrieval: seeded subsample of the queries (smoke runs)"
+        None, ge=1, le=MAX_ROWS, description="FAQ retrieval: seeded subsample of the queries (smoke runs)"
     )
     faq_max_items: int | None = Field(
         None,
         ge=1,
+        le=MAX_ROWS,
         description="FAQ retrieval: seeded subset of the collection, relevant items kept (smoke runs)",
     )
-    batch_size: int = Field(128, ge=1)
+    batch_size: int = Field(128, ge=1, le=MAX_BATCH)
     alignment_uniformity: bool = Field(True, description="Wang & Isola metrics on STS-B dev")
     log_model: bool = Field(
         True,

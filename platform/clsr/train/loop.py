@@ -31,6 +31,7 @@ from clsr.eval.transfer import evaluate_transfer, split_eval_tasks, transfer_sum
 from clsr.methods import get_method
 from clsr.methods.base import Method
 from clsr.tracking.run_logger import RunLogger
+from clsr.train import checkpoint_files
 from clsr.train.config import TrainerConfig, TrialConfig
 from clsr.train.gradcache import check_gradcache, gradcache_backward
 from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, warmup_steps
@@ -145,31 +146,38 @@ class Evaluator:
 
 
 def save_checkpoint(model: nn.Module, optimizer, scheduler, state: dict, best_weights: dict | None) -> Path:
+    """A fresh folder with ``state.pt`` (and ``best_model.pt``), each written atomically, and a
+    ``manifest.json`` of their SHA-256 written last; nothing is left behind when a write fails."""
     folder = Path(tempfile.mkdtemp(prefix="clsr-ckpt-"))
-    rng = {
-        "cpu": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-    torch.save(
-        {
+    try:
+        rng = {
+            "cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+        saved = {
             "model": unwrap(model).state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "rng": rng,
             **state,
-        },
-        folder / "state.pt",
-    )
-    if best_weights is not None:
-        torch.save(best_weights, folder / "best_model.pt")
+        }
+        hashes = {"state.pt": checkpoint_files.save_tensors(saved, folder / "state.pt")}
+        if best_weights is not None:
+            hashes["best_model.pt"] = checkpoint_files.save_tensors(best_weights, folder / "best_model.pt")
+        checkpoint_files.write_manifest(folder, hashes)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     return folder
 
 
 def load_checkpoint(
     folder: Path, model, optimizer, scheduler, state: dict, session, seed: int
 ) -> dict | None:
-    """Restore what ``save_checkpoint`` wrote into the live objects and ``state``; the best weights."""
-    saved = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
+    """Restore what ``save_checkpoint`` wrote into the live objects and ``state``; the best weights.
+
+    Files are checked against the folder's manifest and loaded as tensors and plain data only."""
+    saved = checkpoint_files.load_tensors(folder / "state.pt")
     unwrap(model).load_state_dict(saved.pop("model"))
     optimizer.load_state_dict(saved.pop("optimizer"))
     scheduler.load_state_dict(saved.pop("scheduler"))
@@ -182,7 +190,7 @@ def load_checkpoint(
     else:  # other ranks keep masks of their own
         torch.manual_seed(seed + session.rank + 7919 * state["step"])
     best = folder / "best_model.pt"
-    return torch.load(best, map_location="cpu") if best.exists() else None
+    return checkpoint_files.load_tensors(best) if best.exists() else None
 
 
 def training_rows(trial: TrialConfig) -> list[dict[str, str]]:
@@ -196,8 +204,18 @@ def fit(
     """Train one trial and return its final metrics (on rank 0; other ranks return ``{}``).
 
     ``shared``: the method's ``prepare_shared`` result when the study runner built it once for many
-    trials; built here when None and the method needs one.
+    trials; built here when None and the method needs one. Whatever way the trial ends, what MLflow has
+    not taken yet is sent, or left in the study's storage for the study driver.
     """
+    logger = RunLogger(tracking if session.rank == 0 else None)
+    try:
+        return train(trial, session, logger, shared)
+    finally:
+        logger.close()
+
+
+def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) -> dict[str, float]:
+    """``fit`` with its MLflow logger: the training loop, read top to bottom."""
     clock = TrialClock()
     t = trial.trainer
     torch.manual_seed(t.seed + session.rank)  # same init everywhere (DDP broadcasts), own dropout per rank
@@ -223,7 +241,6 @@ def fit(
     autocast = autocast_context(t.precision, device)
     is_main = session.rank == 0
     evaluator = Evaluator(trial, method, pipeline) if is_main else None
-    logger = RunLogger(tracking if is_main else None)
     if is_main:
         evaluator.artifacts(model, "start", logger)
 
@@ -233,6 +250,7 @@ def fit(
     with session.restored() as restore:  # a local copy of the last checkpoint, removed after loading
         if restore is not None:  # resume a retried or restored trial where its last checkpoint left it
             best_weights = load_checkpoint(restore, model, optimizer, scheduler, state, session, t.seed)
+            logger.load_from(restore)  # what the earlier attempt had not sent to MLflow yet
             logger.log({"resumed_from_step": state["step"]}, state["step"])  # one point per retry or resume
 
     select_key = f"dev_{trial.eval.select_on}"
@@ -321,6 +339,7 @@ def fit(
             logger.log({k: v for k, v in metrics.items() if k != "step"}, step)
             logger.flush()
             checkpoint = save_checkpoint(model, optimizer, scheduler, state, best_weights)
+            logger.save_to(checkpoint)  # a retry elsewhere sends what MLflow has not taken yet
         session.report(metrics, checkpoint)
         if checkpoint is not None:  # Ray has copied it to the run's storage (LocalSession moved it)
             shutil.rmtree(checkpoint, ignore_errors=True)

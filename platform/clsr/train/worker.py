@@ -8,8 +8,16 @@ from clsr.train.config import TrialConfig
 from clsr.train.loop import fit
 from clsr.train.session import RayTrainSession, TuneTrialSession
 
+# Failures that happen again on every retry from the same checkpoint and random state: a diverging loss
+# (FloatingPointError), a value the trial cannot run with. Retries are for lost workers and processes.
+NON_RETRYABLE = (FloatingPointError, ValueError, TypeError)
 
-def train_loop_per_worker(config: dict[str, Any]) -> None:
+
+def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float]:
+    """Train one trial on this worker. On a Ray Train worker group a deterministic failure is reported
+    (``clsr_failed``, ``clsr_error``) instead of raised: Ray Train retries every error its workers raise,
+    and would spend ``max_failures`` on a failure that comes back each time. In the trial's own process
+    (``in_process``) the error is raised to the trial driver, which records it."""
     trial = TrialConfig.model_validate(config["trial"])
     shared = None
     if config.get("shared") is not None:  # built once per study by the runner, fetched from the object store
@@ -18,4 +26,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         shared = ray.get(config["shared"][0])
     session = TuneTrialSession() if config.get("in_process") else RayTrainSession()
     session.gpu_share = min(1.0, config.get("gpus_per_worker") or 1.0)
-    fit(trial, session, tracking=config.get("tracking"), shared=shared)
+    try:
+        return fit(trial, session, tracking=config.get("tracking"), shared=shared)
+    except NON_RETRYABLE as err:
+        if config.get("in_process"):
+            raise
+        session.report({"clsr_failed": 1, "clsr_error": f"{type(err).__name__}: {err}"}, None)
+        return {}

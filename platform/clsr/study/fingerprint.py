@@ -1,0 +1,83 @@
+"""The resolved study as one fingerprint: what a resume compares before it continues anything.
+
+Each trial is keyed by ``<ablation>[<point>] seed=<n>`` (a sampled ablation by its base and space) and
+hashed over its fully resolved configuration, plus one entry for what decides which trials stop early
+or how they are chosen (metric, mode, scheduler, search). Settings that do not change a trial's result
+(resources, concurrency, time limits, storage, tracking) are left out, so a resume may change them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from clsr.study.schema import Study, grid_points, trial_document
+
+STUDY_ENTRY = "(study) metric, mode, scheduler, search"
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def trial_key(ablation: str, label: str, seed: int) -> str:
+    return f"{ablation}[{label}] seed={seed}"
+
+
+def fingerprint(study: Study) -> dict[str, str]:
+    """trial key -> hash of its resolved configuration (and the study-wide entry)."""
+    entries = {
+        STUDY_ENTRY: digest(
+            {
+                "metric": study.metric,
+                "mode": study.mode,
+                "scheduler": study.scheduler.model_dump(),
+                "search": study.search.model_dump(),
+            }
+        )
+    }
+    for name, ablation in study.ablations.items():
+        for seed in study.seeds_of(name):
+            if ablation.space:
+                doc = trial_document(study, name, {}, seed)
+                space = {k: d.model_dump() for k, d in ablation.space.items()}
+                entries[trial_key(name, "space", seed)] = digest({"base": doc, "space": space})
+                continue
+            for point in grid_points(ablation):
+                doc = trial_document(study, name, point["overrides"], seed)
+                entries[trial_key(name, point["label"], seed)] = digest(doc)
+    return entries
+
+
+def overall(entries: dict[str, str]) -> str:
+    return digest(entries)
+
+
+@dataclass(frozen=True)
+class Changes:
+    added: list[str]
+    removed: list[str]
+    changed: list[str]
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
+
+    def describe(self, limit: int = 20) -> list[str]:
+        lines = []
+        for what, keys in (("added", self.added), ("removed", self.removed), ("changed", self.changed)):
+            shown = ", ".join(keys[:limit]) + (
+                f", ... ({len(keys) - limit} more)" if len(keys) > limit else ""
+            )
+            if keys:
+                lines.append(f"{len(keys)} {what}: {shown}")
+        return lines
+
+
+def compare(recorded: dict[str, str], current: dict[str, str]) -> Changes:
+    return Changes(
+        added=sorted(k for k in current if k not in recorded),
+        removed=sorted(k for k in recorded if k not in current),
+        changed=sorted(k for k in current if k in recorded and recorded[k] != current[k]),
+    )
