@@ -74,26 +74,30 @@ def test_eval_prints_the_table_and_logs_to_mlflow(tmp_path, monkeypatch, capsys,
 
 
 def test_summary_rows_show_the_averages_a_trial_has():
+    """Rows come from the trials' MLflow runs (the record), superseded runs left out."""
     from types import SimpleNamespace
 
     from clsr.study.runner import format_rows, summary_rows
 
     study = load_study(REPO_ROOT / "studies" / "supmpn_ablations.yaml", smoke=True)
-    point = {"ablation": "reference", "label": "SupMPN-BERT-base", "overrides": {}}
-    smoke = SimpleNamespace(
-        config={"point": point, "seed": 1},
-        metrics={"best_dev_sickr": 80.0, "test_stsb": 82.5, "test_mr": 70.0, "test_transfer_avg": 75.25},
-        error=None,
-    )
-    full = SimpleNamespace(
-        config={"point": point, "seed": 2}, metrics={"test_sts_avg": 81.0, "test_stsb": 84.0}, error=None
-    )
-    rows = summary_rows([smoke, full], study)
+
+    def run(start: int, seed: int, metrics: dict, **tags) -> SimpleNamespace:
+        labels = {"clsr.ablation": "reference", "clsr.point": "SupMPN-BERT-base", "clsr.seed": str(seed)}
+        return SimpleNamespace(
+            info=SimpleNamespace(start_time=start),
+            data=SimpleNamespace(tags={**labels, "clsr.status": "finished", **tags}, metrics=metrics),
+        )
+
+    smoke = run(1, 1, {"best_dev_sickr": 80.0, "test_stsb": 82.5, "test_mr": 70.0, "test_transfer_avg": 75.25})
+    full = run(2, 2, {"test_sts_avg": 81.0, "test_stsb": 84.0})
+    old = run(0, 2, {"test_sts_avg": 1.0}, **{"clsr.superseded": "v2"})
+    rows = summary_rows([full, old, smoke], study)
+    assert len(rows) == 2
     assert rows[0] == {
         "ablation": "reference",
         "point": "SupMPN-BERT-base",
-        "seed": 1,
-        "status": "ok",
+        "seed": "1",
+        "status": "finished",
         "best_dev_sickr": 80.0,
         "test_stsb": 82.5,
         "test_transfer_avg": 75.25,

@@ -63,11 +63,6 @@ def _parser() -> argparse.ArgumentParser:
         if action == "sync":
             continue
         p.add_argument("--yes", action="store_true", help="run a study of more than 2,000 trials")
-        p.add_argument(
-            "--dashboard",
-            action="store_true",
-            help="start the local Ray's dashboard (off by default: its job API runs any code it is sent)",
-        )
         if action == "resume":
             p.add_argument(
                 "--allow-changes",
@@ -221,7 +216,6 @@ def cmd_study(args: argparse.Namespace) -> int:
         Path(args.study).read_text(errors="replace"),
         resume=resume,
         allow_changes=resume and args.allow_changes,
-        dashboard=args.dashboard,
     )
     rows = outcome.rows
     print(f"\nstudy {study.name!r}: {len(rows)} trial(s) in {time.perf_counter() - started:.0f} s\n")

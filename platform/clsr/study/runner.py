@@ -56,6 +56,7 @@ from clsr.tracking.study_runs import (
     record_skipped,
     resolve_tracking_uri,
     start_parent_run,
+    trial_run,
 )
 
 # Tune's driver function only waits on the Train workers: a token CPU share keeps it from holding a core.
@@ -75,6 +76,10 @@ class NoEarlierRun(LookupError):
 
 class StudyChanged(RuntimeError):
     """``platform study resume`` of a file whose resolved trials differ from the recorded ones."""
+
+
+class UnclosedRun(RuntimeError):
+    """``platform study run`` of a study whose last driver was killed: resume it."""
 
 
 class TrialTimedOut(RuntimeError):
@@ -140,6 +145,7 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         "clsr.seed": seed,
         **{f"clsr.paper.{k}": v for k, v in point.get("paper", {}).items()},
     }
+    _refuse_timed_out_retry(ctx, key)
     run_id = open_child_run(
         ctx.tracking_uri,
         ctx.parent_run_id,
@@ -149,7 +155,6 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         # study.* params: what the MLflow compare view and parallel-coordinates plot group and sort by
         trial.model_dump() | {"study": {"ablation": point["ablation"], "point": label, "seed": seed}},
     )
-    _refuse_timed_out_retry(ctx, run_id, key)
     loop_config = {
         "trial": trial.model_dump(),
         "tracking": {
@@ -210,7 +215,7 @@ def _train(study: Study, ctx: StudyContext, key: str, loop_config: dict[str, Any
         ),
         run_config=ray.train.RunConfig(
             # named after the trial's key: a retried or resumed trial finds its own checkpoint
-            name=f"train-{digest(key)[:16]}",
+            name=f"train-{digest([key, loop_config['trial']])[:16]}",
             storage_path=ctx.storage,
             callbacks=[TuneReportCallback()],
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
@@ -222,19 +227,22 @@ def _train(study: Study, ctx: StudyContext, key: str, loop_config: dict[str, Any
         ),
     )
     result = trainer.fit()
-    metrics = result.metrics or {}
-    return result.checkpoint, metrics.get("clsr_error") if metrics.get("clsr_failed") else None
+    returned = result.return_value or {}  # rank 0's: a deterministic failure, or nothing
+    return result.checkpoint, returned.get("clsr_error") if returned.get("clsr_failed") else None
 
 
 def failure_text(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def _refuse_timed_out_retry(ctx: StudyContext, run_id: str, key: str) -> None:
-    """Tune retries an in-process trial whose process ended; one that ran out of time stays ended."""
-    tags = patiently(lambda: MlflowClient(ctx.tracking_uri).get_run(run_id).data.tags, "reading a run")
-    if tags.get(TIMED_OUT_ATTEMPT_TAG) == str(ctx.attempt):
-        raise TrialTimedOut(f"{key} ran past trial_timeout_s in this run of the study")
+def _refuse_timed_out_retry(ctx: StudyContext, key: str) -> None:
+    """Tune retries an in-process trial whose process ended; one that ran out of time stays ended
+    (until the study is resumed: a new lease generation)."""
+    earlier = patiently(
+        lambda: trial_run(MlflowClient(ctx.tracking_uri), ctx.parent_run_id, key), "reading a trial's run"
+    )
+    if earlier is not None and earlier.data.tags.get(TIMED_OUT_ATTEMPT_TAG) == str(ctx.attempt):
+        raise TrialTimedOut(f"{key} ran past trial_timeout_s in this run of the study; resume to continue it")
 
 
 def _watchdog(limit_s: float | None, ctx: StudyContext, run_id: str, key: str):
@@ -500,25 +508,48 @@ def trial_resources(study: Study) -> dict[str, float]:
     return {"cpu": res.cpus_per_worker, "gpu": res.gpus_per_worker}
 
 
-def init_ray(dashboard: bool = False) -> None:
+def init_ray() -> None:
     """Join ``RAY_ADDRESS`` when set (a cluster), else start a local Ray.
 
-    A local Ray starts without its dashboard unless asked: the dashboard's job API runs any code it is
-    sent, without authentication, for every user of the machine who can reach its port.
+    A local Ray keeps its dashboard process: it serves the state API through which Ray Train removes
+    the resources of a trial that was stopped (by ASHA, a time limit or Ctrl-C); without it later trials
+    wait for those CPUs and GPUs forever. But the dashboard's job API runs any code it is sent, so it
+    listens on 127.0.0.1 only and Ray's token authentication is on, with the token readable by this
+    user alone (Ray writes it world-readable): another user of a shared machine cannot submit code.
     """
     import ray
 
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
-    if not ray.is_initialized():
-        address = os.environ.get("RAY_ADDRESS")
-        local = {} if address else {"include_dashboard": dashboard, "dashboard_host": "127.0.0.1"}
-        ray.init(
-            address=address,
-            runtime_env={"env_vars": QUIET_ENV | _forwarded_env()},
-            log_to_driver=True,
-            **local,
-        )
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS")
+    local = {}
+    if not address:  # Ray 2.60 turns token authentication on for a new local cluster unless told not to
+        if os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
+            private_token()
+        local = {"include_dashboard": True, "dashboard_host": "127.0.0.1"}
+    ray.init(
+        address=address,
+        runtime_env={"env_vars": QUIET_ENV | _forwarded_env()},
+        log_to_driver=True,
+        **local,
+    )
+
+
+def private_token() -> Path:
+    """Ray's token file (``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``), created if missing, and
+    readable by this user only."""
+    import secrets
+
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as token:
+            token.write(secrets.token_hex(32))
+    os.chmod(path, 0o600)
+    return path
 
 
 def _forwarded_env() -> dict[str, str]:
@@ -539,11 +570,7 @@ def new_storage(study: Study) -> str:
 
 
 def run_study(
-    study: Study,
-    study_text: str,
-    resume: bool = False,
-    allow_changes: bool = False,
-    dashboard: bool = False,
+    study: Study, study_text: str, resume: bool = False, allow_changes: bool = False
 ) -> StudyOutcome:
     """Run (or resume) a study: one driver holds the study's lease; SIGINT/SIGTERM stop it with a
     truthful record (``StudyOutcome.stopped_by``)."""
@@ -562,7 +589,7 @@ def run_study(
             skip = frozenset()
         lease.start()
         try:
-            return _run_waves(study, points, uri, parent_run_id, storage, lease, skip, interrupts, dashboard)
+            return _run_waves(study, points, uri, parent_run_id, storage, lease, skip, interrupts)
         finally:
             lease.release()
 
@@ -574,13 +601,10 @@ def _start_new(client, uri: str, study: Study, study_text: str, current: dict[st
         holder = current_holder(client, run.info.run_id)
         if holder is not None and holder.fresh:
             raise LeaseHeld(Lease(uri, run.info.run_id, study.name)._held_message(holder))
-        raise StudyError(
-            study.name,
-            [
-                f"an earlier run of this study (MLflow run {run.info.run_id}) stopped without closing "
-                f"(its driver was killed); `platform study resume` continues it and closes what it left "
-                f"RUNNING"
-            ],
+        raise UnclosedRun(
+            f"an earlier run of study {study.name!r} (MLflow run {run.info.run_id}) stopped without "
+            f"closing (its driver was killed); `platform study resume` continues it and closes what it "
+            f"left RUNNING"
         )
     storage = new_storage(study)
     parent_run_id = start_parent_run(client, study.name, storage, study.description)
@@ -614,12 +638,8 @@ def _take_over(client, uri: str, study: Study, study_text: str, current: dict[st
             f"no earlier run of study {study.name!r} in MLflow at {mask_uri(uri)}; use `platform study run`"
         )
     parent_run_id, storage = parent.info.run_id, parent.data.tags[STORAGE_TAG]
-    lease = Lease(uri, parent_run_id, study.name)
-    attempt = lease.acquire()
-    recorded = recorded_fingerprint(client, parent_run_id)
-    changes = compare(recorded, current)
+    changes = compare(recorded_fingerprint(client, parent_run_id), current)
     if changes and not allow_changes:
-        lease.release()
         raise StudyChanged(
             f"study {study.name!r} changed since it was started; its trials would mix two versions:\n  "
             + "\n  ".join(changes.describe())
@@ -628,6 +648,8 @@ def _take_over(client, uri: str, study: Study, study_text: str, current: dict[st
             f"did not change are kept, changed and added ones run as a new wave, changed and removed "
             f"ones are marked superseded"
         )
+    lease = Lease(uri, parent_run_id, study.name)
+    attempt = lease.acquire()
     client.update_run(parent_run_id, status="RUNNING")
     client.set_tag(parent_run_id, "clsr.status", "running")
     replay(uri, storage)
@@ -688,11 +710,10 @@ def _run_waves(
     lease: Lease,
     skip: frozenset[str],
     interrupts: Interrupts,
-    dashboard: bool,
 ) -> StudyOutcome:
     client = MlflowClient(uri)
     interrupts.on_give_up = lambda: _give_up(client, uri, parent_run_id, interrupts.reason, lease)
-    init_ray(dashboard)
+    init_ray()
     interrupts.install()  # after ray.init, which replaces the SIGTERM handler
     status = "FINISHED"
     try:
@@ -712,7 +733,7 @@ def _run_waves(
                 lease.generation, skip,
             )  # fmt: skip
             _fit(study, ctx, ablation, name, interrupts)
-            if skip and ablation is None:  # an edited resume: the changed and added trials, as their own wave
+            if ablation is None:  # an edited resume: the changed and added trials, as their own wave
                 _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id)
             interrupts.check()
             replay(uri, storage)
@@ -756,6 +777,8 @@ def _fit(study: Study, ctx: StudyContext, ablation: str | None, name: str, inter
 
 def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id) -> None:
     """An edited resume's changed and added trials of this wave, as a new Tune experiment."""
+    if ctx.attempt == 1:  # a new study: its experiments hold every trial
+        return
     done = {
         r.data.tags.get(TRIAL_TAG)
         for r in children(client, parent_run_id)

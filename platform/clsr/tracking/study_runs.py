@@ -114,6 +114,12 @@ def child_run_for_trial(client: MlflowClient, experiment: str, parent_run_id: st
     return runs[0] if runs else None
 
 
+def trial_run(client: MlflowClient, parent_run_id: str, trial_id: str):
+    """The current run of the trial ``trial_id`` of a study, or None."""
+    experiment = client.get_run(parent_run_id).info.experiment_id
+    return child_run_for_trial(client, experiment, parent_run_id, trial_id)
+
+
 def open_child_run(
     uri: str, parent_run_id: str, trial_id: str, run_name: str, tags: dict[str, Any], params: dict[str, Any]
 ) -> str:

@@ -13,10 +13,11 @@ from clsr.train.session import RayTrainSession, TuneTrialSession
 NON_RETRYABLE = (FloatingPointError, ValueError, TypeError)
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float]:
-    """Train one trial on this worker. On a Ray Train worker group a deterministic failure is reported
-    (``clsr_failed``, ``clsr_error``) instead of raised: Ray Train retries every error its workers raise,
-    and would spend ``max_failures`` on a failure that comes back each time. In the trial's own process
+def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
+    """Train one trial on this worker. On a Ray Train worker group a deterministic failure is returned
+    (``{"clsr_failed": 1, "clsr_error": ...}``, rank 0's return value reaches the trial driver as the
+    result's ``return_value``) instead of raised: Ray Train retries every error its workers raise and
+    would spend ``max_failures`` on a failure that comes back each time. In the trial's own process
     (``in_process``) the error is raised to the trial driver, which records it."""
     trial = TrialConfig.model_validate(config["trial"])
     shared = None
@@ -27,9 +28,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float]:
     session = TuneTrialSession() if config.get("in_process") else RayTrainSession()
     session.gpu_share = min(1.0, config.get("gpus_per_worker") or 1.0)
     try:
-        return fit(trial, session, tracking=config.get("tracking"), shared=shared)
+        fit(trial, session, tracking=config.get("tracking"), shared=shared)
     except NON_RETRYABLE as err:
         if config.get("in_process"):
             raise
-        session.report({"clsr_failed": 1, "clsr_error": f"{type(err).__name__}: {err}"}, None)
-        return {}
+        return {"clsr_failed": 1, "clsr_error": f"{type(err).__name__}: {err}"}
+    return None
