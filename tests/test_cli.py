@@ -8,8 +8,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
-from clsr.study.runner import StudyContext, build_tuner, param_space
+from clsr.study.runner import build_tuner, param_space
 from clsr.study.schema import load_study
+from clsr.study.trial import StudyContext
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +78,7 @@ def test_summary_rows_show_the_averages_a_trial_has():
     """Rows come from the trials' MLflow runs (the record), superseded runs left out."""
     from types import SimpleNamespace
 
-    from clsr.study.runner import format_rows, summary_rows
+    from clsr.study.record import format_rows, summary_rows
 
     study = load_study(REPO_ROOT / "studies" / "supmpn_ablations.yaml", smoke=True)
 

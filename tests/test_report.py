@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 
 from clsr.cli import main
+from clsr.study.record import resolved_summary
 from clsr.study.report import (
     TEST_NAME,
     build_report,
@@ -24,7 +25,6 @@ from clsr.study.report import (
     report_study,
     seed_stats,
 )
-from clsr.study.runner import resolved_summary
 from clsr.study.schema import StudyError, load_study
 from clsr.tracking.study_runs import close_run, open_child_run, record_skipped, start_parent_run
 

@@ -194,7 +194,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.action == "sync":
         return cmd_study_sync(args)
 
-    from clsr.study.runner import format_rows, run_study
+    from clsr.study.record import format_rows
+    from clsr.study.runner import run_study
 
     try:
         study = _load(args.study, args.overrides, smoke=args.smoke)
@@ -242,7 +243,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 def cmd_study_sync(args: argparse.Namespace) -> int:
     """``platform study sync``: what trials kept while MLflow was down, sent; a killed driver's study closed."""
-    from clsr.study.runner import sync_study
+    from clsr.study.record import sync_study
     from clsr.study.schema import StudyError
 
     try:

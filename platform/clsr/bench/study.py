@@ -79,7 +79,7 @@ def run_study_bench(
         client = MlflowClient(uri)  # artifacts in the temporary folder too, not ./mlruns
         client.create_experiment(study.name, artifact_location=(Path(tmp) / "artifacts").as_uri())
         started = time.perf_counter()
-        rows = run_study(study, Path(study_path).read_text())
+        rows = run_study(study, Path(study_path).read_text()).rows
         wall = time.perf_counter() - started
         runs = children(client, find_parent_run(client, study.name).info.run_id)
         trials = []

@@ -106,7 +106,10 @@ class Interrupts:
         with self.closed:
             hung = not self.record_written
             if hung and self.on_give_up is not None:
-                print(f"\nthe study did not stop within {self.GRACE_S:.0f} s; writing its record", file=sys.stderr)
+                print(
+                    f"\nthe study did not stop within {self.GRACE_S:.0f} s; writing its record",
+                    file=sys.stderr,
+                )
                 try:
                     self.on_give_up()
                 except Exception as err:  # MLflow unreachable too: the lease goes stale, resume closes it

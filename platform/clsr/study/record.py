@@ -1,0 +1,319 @@
+"""The study's record in MLflow: one driver holds it, it knows what the study was, and it closes telling
+what happened.
+
+``start_record`` opens a new parent run (refused while another driver runs the study, or while an
+earlier run was killed without closing); ``take_over`` continues the latest one (refused when its
+resolved trials changed, unless told to keep the unchanged ones); ``close_study`` sends what trials
+kept for MLflow, closes the runs still open and the parent; ``sync_study`` finishes a record whose
+driver could not.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mlflow.tracking import MlflowClient
+
+from clsr.study.fingerprint import compare, overall
+from clsr.study.interrupt import Interrupts
+from clsr.study.lease import Lease, LeaseHeld, current_holder
+from clsr.study.schema import Study, grid_points, point_label, stages, trial_document
+from clsr.tracking.secrets import mask_uri
+from clsr.tracking.spool import replay_pending
+from clsr.tracking.study_runs import (
+    FINGERPRINT_TAG,
+    STORAGE_TAG,
+    SUPERSEDED_TAG,
+    TRIAL_TAG,
+    check_reachable,
+    children,
+    close_run,
+    find_parent_run,
+    open_children,
+    parent_runs,
+    record_skipped,
+    resolve_tracking_uri,
+    start_parent_run,
+)
+
+
+class NoEarlierRun(LookupError):
+    """``platform study resume`` of a study MLflow has no run of."""
+
+
+class StudyChanged(RuntimeError):
+    """``platform study resume`` of a file whose resolved trials differ from the recorded ones."""
+
+
+class UnclosedRun(RuntimeError):
+    """``platform study run`` of a study whose last driver was killed: resume it."""
+
+
+@dataclass
+class StudyOutcome:
+    """What a study run ended with: one row per trial, and why it stopped if it did not finish."""
+
+    rows: list[dict[str, Any]]
+    stopped_by: str | None = None  # SIGINT, SIGTERM, study_timeout
+    exit_code: int = 0
+    pending_records: int = 0  # trials whose MLflow writes wait in storage (the server stayed down)
+
+
+def storage_root(study: Study) -> str:
+    if "://" in study.storage_path:
+        return study.storage_path
+    return str(Path(study.storage_path).resolve())
+
+
+def new_storage(study: Study) -> str:
+    """A fresh storage folder per run: time for people, a random suffix so two runs never share one."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{storage_root(study).rstrip('/')}/{study.name}-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def start_record(client, uri: str, study: Study, study_text: str, current: dict[str, str]):
+    """A new parent run holding the study's lease; refused while another driver runs the study, or
+    while an earlier run was killed without closing (resume it)."""
+    for run in parent_runs(client, study.name, running=True):
+        holder = current_holder(client, run.info.run_id)
+        if holder is not None and holder.fresh:
+            raise LeaseHeld(Lease(uri, run.info.run_id, study.name)._held_message(holder))
+        raise UnclosedRun(
+            f"an earlier run of study {study.name!r} (MLflow run {run.info.run_id}) stopped without "
+            f"closing (its driver was killed); `platform study resume` continues it and closes what it "
+            f"left RUNNING"
+        )
+    storage = new_storage(study)
+    parent_run_id = start_parent_run(client, study.name, storage, study.description)
+    client.set_tag(parent_run_id, FINGERPRINT_TAG, overall(current))
+    lease = Lease(uri, parent_run_id, study.name)
+    lease.acquire()
+    rivals = [
+        r
+        for r in parent_runs(client, study.name, running=True)
+        if r.info.run_id != parent_run_id
+        and (holder := current_holder(client, r.info.run_id))
+        and holder.fresh
+    ]
+    first = min([*rivals, client.get_run(parent_run_id)], key=lambda r: (r.info.start_time, r.info.run_id))
+    if first.info.run_id != parent_run_id:  # a driver started the same study at the same moment: it goes on
+        client.delete_run(parent_run_id)
+        raise LeaseHeld(lease._held_message(current_holder(client, first.info.run_id)))
+    client.log_text(parent_run_id, mask_uri(study_text), "study.yaml")
+    summary = yaml.safe_dump(resolved_summary(study), sort_keys=False)
+    client.log_text(parent_run_id, mask_uri(summary), "resolved.yaml")
+    client.log_dict(parent_run_id, current, "fingerprint.json")
+    return parent_run_id, storage, lease
+
+
+def take_over(client, uri: str, study: Study, study_text: str, current: dict[str, str], allow_changes: bool):
+    """The study's latest parent run, its lease taken (a killed driver's stale one too), and the trial
+    keys old experiments must not run (an edited resume: their new versions run in a new wave)."""
+    parent = find_parent_run(client, study.name)
+    if parent is None:
+        raise NoEarlierRun(
+            f"no earlier run of study {study.name!r} in MLflow at {mask_uri(uri)}; use `platform study run`"
+        )
+    parent_run_id, storage = parent.info.run_id, parent.data.tags[STORAGE_TAG]
+    changes = compare(recorded_fingerprint(client, parent_run_id), current)
+    if changes and not allow_changes:
+        raise StudyChanged(
+            f"study {study.name!r} changed since it was started; its trials would mix two versions:\n  "
+            + "\n  ".join(changes.describe())
+            + "\neither revert the file to the recorded study.yaml (MLflow run "
+            f"{parent_run_id}, artifact study.yaml), or resume with --allow-changes: finished trials that "
+            f"did not change are kept, changed and added ones run as a new wave, changed and removed "
+            f"ones are marked superseded"
+        )
+    lease = Lease(uri, parent_run_id, study.name)
+    attempt = lease.acquire()
+    client.update_run(parent_run_id, status="RUNNING")
+    client.set_tag(parent_run_id, "clsr.status", "running")
+    replay(uri, storage)
+    closed = [r.info.run_id for r in open_children(client, parent_run_id)]
+    for run_id in closed:  # left RUNNING by a driver that was killed: they resume from checkpoints
+        close_run(uri, run_id, "interrupted", "the study's driver stopped without closing this run")
+    if closed:
+        print(f"closed {len(closed)} run(s) a stopped driver had left RUNNING; their trials resume")
+    skip: frozenset[str] = frozenset()
+    if changes:
+        skip = frozenset(changes.changed + changes.removed)
+        supersede(client, parent_run_id, skip, attempt)
+        client.set_tag(parent_run_id, FINGERPRINT_TAG, overall(current))
+        client.log_dict(parent_run_id, current, f"fingerprint-v{attempt}.json")
+        client.log_text(parent_run_id, mask_uri(study_text), f"study-v{attempt}.yaml")
+        print("resuming an edited study:\n  " + "\n  ".join(changes.describe()))
+    return parent_run_id, storage, lease, skip
+
+
+def recorded_fingerprint(client, parent_run_id: str) -> dict[str, str]:
+    """The latest fingerprint a study's parent run recorded (``fingerprint[-vN].json``)."""
+    names = [a.path for a in client.list_artifacts(parent_run_id) if a.path.startswith("fingerprint")]
+    if not names:
+        return {}
+    latest = max(names, key=lambda n: int(n.removesuffix(".json").partition("-v")[2] or 1))
+    return mlflow_artifacts_json(client, parent_run_id, latest)
+
+
+def mlflow_artifacts_json(client, run_id: str, path: str) -> dict[str, Any]:
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return json.loads(Path(client.download_artifacts(run_id, path, tmp)).read_text())
+
+
+def supersede(client, parent_run_id: str, keys: frozenset[str], attempt: int) -> None:
+    """Mark the runs of changed and removed trials superseded: kept in MLflow, left out of reports."""
+    for run in children(client, parent_run_id):
+        if run.data.tags.get(TRIAL_TAG) in keys and SUPERSEDED_TAG not in run.data.tags:
+            client.set_tag(run.info.run_id, SUPERSEDED_TAG, f"v{attempt}")
+
+
+def replay(uri: str, storage: str) -> int:
+    """Send what trials could not send to MLflow (their journals in the study's storage)."""
+    sent, left = replay_pending(uri, storage)
+    if sent:
+        print(f"sent {sent} MLflow write(s) that trials had kept while the tracking server was unreachable")
+    return len(left)
+
+
+def give_up(client, uri: str, parent_run_id: str, reason: str | None, lease: Lease) -> None:
+    """The record of a study whose driver hangs after a signal: what did not finish is interrupted."""
+    close_open_children(client, uri, parent_run_id, reason)
+    client.set_tag(parent_run_id, "clsr.status", "timed_out" if reason == "study_timeout" else "interrupted")
+    client.set_terminated(parent_run_id, status="KILLED")
+    lease.release()
+
+
+def close_study(
+    client, uri: str, parent_run_id: str, storage: str, study: Study, interrupts: Interrupts, status: str
+) -> StudyOutcome:
+    """Send what trials left, close the runs still open (interrupted, or stopped early by the
+    scheduler), close the parent, and sum up. Runs under a second Ctrl-C without stopping halfway."""
+    pending = wait_for_tracking(uri, storage, study.tracking_wait_s)
+    if pending:  # the lease goes stale; `platform study sync` (or resume) finishes the record
+        return StudyOutcome([], interrupts.reason, interrupts.exit_code or 1, pending)
+    reason = interrupts.reason
+    close_open_children(client, uri, parent_run_id, reason)
+    rows = summary_rows(children(client, parent_run_id), study)
+    state = "failed" if status == "FAILED" else {None: "finished", "study_timeout": "timed_out"}.get(reason)
+    client.set_tag(parent_run_id, "clsr.trials", str(len(rows)))
+    client.set_tag(parent_run_id, "clsr.status", state or "interrupted")
+    client.set_terminated(parent_run_id, status=status)
+    return StudyOutcome(rows, reason, interrupts.exit_code, 0)
+
+
+def close_open_children(client, uri: str, parent_run_id: str, reason: str | None) -> None:
+    """Runs still RUNNING once no trial runs: interrupted (or timed out with the study), or stopped
+    early by the scheduler when nothing interrupted the study."""
+    leftover = "timed_out" if reason == "study_timeout" else "interrupted" if reason else "stopped"
+    for run in open_children(client, parent_run_id):
+        close_run(uri, run.info.run_id, leftover, f"stopped by {reason}" if reason else None)
+
+
+def sync_study(study: Study) -> int:
+    """``platform study sync``: send what trials kept while MLflow was unreachable; close a study whose
+    driver could not (its lease is stale). Returns the number of trial runs still pending."""
+    uri = resolve_tracking_uri(study.tracking_uri)
+    check_reachable(uri)
+    client = MlflowClient(uri)
+    parent = find_parent_run(client, study.name)
+    if parent is None:
+        raise NoEarlierRun(f"no run of study {study.name!r} in MLflow at {mask_uri(uri)}")
+    left = replay(uri, parent.data.tags[STORAGE_TAG])
+    holder = current_holder(client, parent.info.run_id)
+    if not left and parent.info.status == "RUNNING" and not (holder and holder.fresh):
+        close_open_children(client, uri, parent.info.run_id, "SIGKILL")
+        client.set_tag(parent.info.run_id, "clsr.status", "interrupted")
+        client.set_terminated(parent.info.run_id, status="KILLED")
+        print(f"closed study {study.name!r}: its driver had stopped; `platform study resume` continues it")
+    return left
+
+
+def wait_for_tracking(uri: str, storage: str, wait_s: float) -> int:
+    """Replay the trials' kept writes until MLflow takes them all or ``wait_s`` passes; returns the
+    number of runs still pending."""
+    deadline = time.monotonic() + wait_s
+    left = replay(uri, storage)
+    while left and time.monotonic() < deadline:
+        print(f"waiting for MLflow at {mask_uri(uri)}: {left} trial run(s) have writes to send", flush=True)
+        time.sleep(10)
+        left = replay(uri, storage)
+    return left
+
+
+def skip_blocked(uri: str, parent_run_id: str, blocked: list[tuple[dict[str, Any], str]]) -> list[dict]:
+    """Trials whose upstream trials failed: a child run that says why (status skipped), and a summary row."""
+    rows = []
+    for trial, reason in blocked:
+        label = trial["label"] or point_label(trial["overrides"])
+        print(f"skipped: ablations.{trial['ablation']}[{label}] seed {trial['seed']}: {reason}")
+        record_skipped(uri, parent_run_id, trial["ablation"], label, trial["seed"], reason)
+        rows.append(
+            {"ablation": trial["ablation"], "point": label, "seed": trial["seed"], "status": "skipped"}
+        )
+    return rows
+
+
+def resolved_summary(study: Study) -> dict[str, Any]:
+    """The base configuration every trial starts from, and each ablation's points with paper numbers."""
+    return {
+        "study": study.model_dump(by_alias=True, exclude_none=True),
+        "base_trials": {n: trial_document(study, n, {}, study.seeds_of(n)[0]) for n in study.ablations},
+        "stages": stages(study),
+        "points": {n: grid_points(a) if not a.space else "sampled" for n, a in study.ablations.items()},
+    }
+
+
+SUMMARY_AVERAGES = ("test_sts_avg", "test_sts12_15_avg", "test_transfer_avg")
+
+
+def summary_rows(runs, study: Study) -> list[dict[str, Any]]:
+    """One row per trial from its MLflow run (the record): status, the study metric, then the test
+    averages it has (a lone STS task if no average)."""
+    from clsr.data.faq import FAQ_TASKS
+    from clsr.data.sts import STS_TASKS
+
+    rows = []
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        tags, metrics = run.data.tags, run.data.metrics
+        if SUPERSEDED_TAG in tags:
+            continue
+        tests = {k: metrics[k] for k in SUMMARY_AVERAGES if k in metrics}
+        if "test_sts_avg" not in tests:
+            tests = {f"test_{t}": metrics[f"test_{t}"] for t in STS_TASKS if f"test_{t}" in metrics} | tests
+        tests |= {
+            k: metrics[k] for t in FAQ_TASKS for k in (f"test_{t}_top1", f"test_{t}_map") if k in metrics
+        }
+        rows.append(
+            {
+                "ablation": tags.get("clsr.ablation"),
+                "point": tags.get("clsr.point"),
+                "seed": tags.get("clsr.seed"),
+                "status": tags.get("clsr.status", "unknown"),
+                study.metric: metrics.get(study.metric),
+                **tests,
+            }
+        )
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no trials)"
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[_cell(r.get(k)) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    line = " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))
+    body = "\n".join(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
+    return f"{line}\n{'-' * len(line)}\n{body}"
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else ("-" if value is None else str(value))
