@@ -64,7 +64,11 @@ def test_smoke_study_end_to_end(smoke_study):
 
     client, parents, children = runs_of(uri, "smoke")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} == {"study.yaml", "resolved.yaml"}
+    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} == {
+        "study.yaml",
+        "resolved.yaml",
+        "fingerprint.json",
+    }
     assert len(children) == 2
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     assert sorted(c.data.params["method.temperature"] for c in children) == ["0.05", "0.1"]

@@ -32,7 +32,13 @@ from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
 from clsr.study.schema import Ablation, Study, find_point, grid_points
 from clsr.tracking.secrets import mask_uri
-from clsr.tracking.study_runs import check_reachable, children, find_parent_run, resolve_tracking_uri
+from clsr.tracking.study_runs import (
+    SUPERSEDED_TAG,
+    check_reachable,
+    children,
+    find_parent_run,
+    resolve_tracking_uri,
+)
 
 CONFIDENCE = 0.95
 ALPHA = 0.05  # rows whose paired test against the reference gives p below this are flagged
@@ -122,7 +128,9 @@ def open_study_runs(study_name: str, uri: str) -> tuple[MlflowClient, Any]:
 
 def load_trials(client: MlflowClient, parent_run_id: str) -> list[Trial]:
     """Every child run that belongs to an ablation (skipped ones too: they are planned trials)."""
-    return [Trial.from_run(r) for r in children(client, parent_run_id) if "clsr.ablation" in r.data.tags]
+    runs = children(client, parent_run_id)  # a run an edited resume superseded is not the trial's result
+    kept = [r for r in runs if "clsr.ablation" in r.data.tags and SUPERSEDED_TAG not in r.data.tags]
+    return [Trial.from_run(r) for r in kept]
 
 
 def pick_trials(trials: Iterable[Trial]) -> dict[tuple[str, int | None], Trial]:
