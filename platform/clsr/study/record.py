@@ -122,7 +122,12 @@ def take_over(client, uri: str, study: Study, study_text: str, current: dict[str
             f"no earlier run of study {study.name!r} in MLflow at {mask_uri(uri)}; use `platform study run`"
         )
     parent_run_id, storage = parent.info.run_id, parent.data.tags[STORAGE_TAG]
-    changes = compare(recorded_fingerprint(client, parent_run_id), current)
+    recorded = recorded_fingerprint(client, parent_run_id)
+    if not recorded:  # started by a clsr before fingerprints: nothing to compare with; record one now
+        print(f"warning: study {study.name!r} has no recorded fingerprint; the file cannot be checked")
+        client.log_dict(parent_run_id, current, "fingerprint.json")
+        recorded = current
+    changes = compare(recorded, current)
     if changes and not allow_changes:
         raise StudyChanged(
             f"study {study.name!r} changed since it was started; its trials would mix two versions:\n  "
