@@ -129,16 +129,21 @@ def test_an_alias_bomb_fails_fast(tmp_path, capsys):
     refused(capsys, path, "aliases (*name) would expand the document", "at most 100,000")
 
 
-def test_an_alias_bomb_does_not_hang_the_command(tmp_path):
-    path = write(tmp_path, BOMB)
+def validate_in_subprocess(path: Path) -> subprocess.CompletedProcess:
+    """``platform study validate <path>`` as its own process, bounded in time."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "platform")}
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "clsr.cli", "study", "validate", str(path)],
         capture_output=True,
         text=True,
         timeout=60,
         env=env,
     )
+
+
+def test_an_alias_bomb_does_not_hang_the_command(tmp_path):
+    path = write(tmp_path, BOMB)
+    done = validate_in_subprocess(path)
     assert done.returncode == 1
     assert "alias" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr) < 1000
@@ -240,14 +245,7 @@ def test_a_million_point_grid_is_refused_before_expansion(tmp_path, capsys, monk
 
 def test_a_million_point_grid_does_not_hang_the_command(tmp_path):
     path = write(tmp_path, HUGE_GRID)
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "platform")}
-    done = subprocess.run(
-        [sys.executable, "-m", "clsr.cli", "study", "validate", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    done = validate_in_subprocess(path)
     assert done.returncode == 1 and "1,000,000 trials" in done.stderr and "Traceback" not in done.stderr
 
 

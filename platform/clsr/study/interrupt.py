@@ -10,12 +10,13 @@ signals only say that the record is being written: a second Ctrl-C never leaves 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -119,6 +120,16 @@ class Interrupts:
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(self.exit_code)
+
+    @contextlib.contextmanager
+    def experiment(self) -> Iterator[None]:
+        """Around a Tune experiment's ``fit``: a stop asked for now goes to Tune (SIGUSR1)."""
+        self.check()
+        self.in_experiment = True
+        try:
+            yield
+        finally:
+            self.in_experiment = False
 
     def check(self) -> None:
         """Raise ``Interrupted`` if a stop was asked for (between experiments, from a timer)."""

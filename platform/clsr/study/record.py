@@ -253,17 +253,12 @@ def wait_for_tracking(uri: str, storage: str, wait_s: float) -> int:
     return left
 
 
-def skip_blocked(uri: str, parent_run_id: str, blocked: list[tuple[dict[str, Any], str]]) -> list[dict]:
-    """Trials whose upstream trials failed: a child run that says why (status skipped), and a summary row."""
-    rows = []
+def skip_blocked(uri: str, parent_run_id: str, blocked: list[tuple[dict[str, Any], str]]) -> None:
+    """Trials whose upstream trials failed: a child run that says why (status skipped)."""
     for trial, reason in blocked:
         label = trial["label"] or point_label(trial["overrides"])
         print(f"skipped: ablations.{trial['ablation']}[{label}] seed {trial['seed']}: {reason}")
         record_skipped(uri, parent_run_id, trial["ablation"], label, trial["seed"], reason)
-        rows.append(
-            {"ablation": trial["ablation"], "point": label, "seed": trial["seed"], "status": "skipped"}
-        )
-    return rows
 
 
 def resolved_summary(study: Study) -> dict[str, Any]:

@@ -244,7 +244,6 @@ def build_tuner(
     ablation: str | None,
     restore: bool,
     name: str | None = None,
-    time_budget_s: float | None = None,
 ):
     from ray import tune
 
@@ -384,6 +383,8 @@ def _run_waves(
         for name, ablation, wave in experiments(study):
             interrupts.check()
             staged = any(study.ablations[a].needs for a in wave)
+            if staged:  # upstream trials' checkpoint tags may still wait in their journals
+                replay(uri, storage)
             outputs = finished_outputs(client, parent_run_id, storage_root=storage) if staged else {}
             planned = expand_trials(study, [p for p in points if p["ablation"] in wave])
             trials, blocked = ready_trials(study, planned, outputs)
@@ -399,8 +400,6 @@ def _run_waves(
             _fit(study, ctx, ablation, name, interrupts)
             if ablation is None:  # an edited resume: the changed and added trials, as their own wave
                 _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id)
-            interrupts.check()
-            replay(uri, storage)
     except Interrupted:
         pass
     except BaseException:
@@ -423,12 +422,8 @@ def _fit(study: Study, ctx: StudyContext, ablation: str | None, name: str, inter
     versions = [f"{name}-v{n}" for n in range(2, ctx.attempt)]
     restorable = [v for v in versions if tune.Tuner.can_restore(f"{ctx.storage.rstrip('/')}/{v}")]
     for experiment in [name, *restorable]:
-        interrupts.check()
-        interrupts.in_experiment = True
-        try:
+        with interrupts.experiment():
             build_tuner(study, ctx, ablation, restore=True, name=experiment).fit()
-        finally:
-            interrupts.in_experiment = False
 
 
 def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id) -> None:
@@ -443,10 +438,6 @@ def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_i
     fresh = [t for t in trials if key_of(t) in ctx.skip or key_of(t) not in done]
     if not fresh:
         return
-    new_ctx = replace(ctx, trials=fresh, skip=frozenset())
-    interrupts.check()
-    interrupts.in_experiment = True
-    try:
+    with interrupts.experiment():
+        new_ctx = replace(ctx, trials=fresh, skip=frozenset())
         build_tuner(study, new_ctx, None, restore=True, name=f"{name}-v{ctx.attempt}").fit()
-    finally:
-        interrupts.in_experiment = False

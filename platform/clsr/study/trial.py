@@ -17,7 +17,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from clsr.study.fingerprint import digest, trial_key
-from clsr.study.schema import Outputs, Study, point_label
+from clsr.study.schema import Outputs, Study, point_label, resolve_trial
 from clsr.tracking.study_runs import (
     CHECKPOINT_TAG,
     TIMED_OUT_ATTEMPT_TAG,
@@ -61,7 +61,6 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
     """The Tune trainable: resolve the trial's config, open its MLflow run, run Ray Train."""
     import ray.tune
 
-    from clsr.study.schema import resolve_trial
     from clsr.train.loop import build_method
 
     study = _study(ctx)
