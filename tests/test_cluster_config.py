@@ -9,29 +9,51 @@ Ray API (``ray.autoscaler._private.util``), pinned with Ray itself. The AWS-spec
 Ray's schema lets any key through inside ``provider`` and inside each ``node_config`` (the latter is
 passed to EC2 RunInstances as is), so a typo there only fails at launch, or is silently ignored.
 ``validate_cluster_config`` adds explicit checks for those keys.
+
+The security settings are checked too: a pinned machine image, SSH open to one address only and no
+security group Ray would create with its SSH-from-anywhere rule, loopback-only dashboard with token
+authentication, one MLflow server on PostgreSQL, S3 instance profiles for the workers.
 """
 
 from __future__ import annotations
 
 import copy
+import ipaddress
 import re
 import shlex
 import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import pytest
 import ray
 import yaml
 from packaging.requirements import Requirement
+from ray.autoscaler._private.aws import config as ray_aws_config
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_YAML = REPO_ROOT / "cluster.yaml"
 
 IMAGE_PATTERN = re.compile(r"^rayproject/ray:(?P<version>\d+\.\d+\.\d+)-py311-gpu$")
+AMI_PATTERN = re.compile(r"^ami-[0-9a-f]{8,17}$")
+INSTANCE_PROFILE_ARN = re.compile(r"^arn:aws:iam::[^:]+:instance-profile/[\w+=,.@-]+$")
+# PyTorch's CUDA 12 wheel indexes (cu121, cu124, cu126, ...): CUDA 12 builds for the AMI's driver.
+TORCH_CUDA12_INDEX = re.compile(r"--index-url[ =]https://download\.pytorch\.org/whl/cu12\d\b")
 MLFLOW_PORT = 5000
+SSH_PORT = 22
+# The widest SSH source accepted: an office or VPN range, never the internet.
+MIN_SSH_PREFIX = 16
+COMMAND_KEYS = (
+    "initialization_commands",
+    "setup_commands",
+    "head_setup_commands",
+    "worker_setup_commands",
+    "head_start_ray_commands",
+    "worker_start_ray_commands",
+)
 
 # Provider keys the AWS node provider and the autoscaler read (ray/autoscaler/_private/aws/*.py,
 # ray/autoscaler/_private/constants.py); Ray's schema allows any key here.
@@ -220,6 +242,61 @@ def _mlflow_server_commands(cfg: dict[str, Any]) -> list[str]:
     return [cmd for cmd in cfg["head_start_ray_commands"] if "mlflow server" in cmd]
 
 
+def _all_commands(cfg: dict[str, Any]) -> list[str]:
+    """Every shell command of the file: top-level lists and per-node-type overrides."""
+    commands = [cmd for key in COMMAND_KEYS for cmd in cfg.get(key) or []]
+    for node_type in cfg["available_node_types"].values():
+        commands += [cmd for key in COMMAND_KEYS for cmd in node_type.get(key) or []]
+    return commands
+
+
+def _ray_start(commands: list[str]) -> str:
+    (cmd,) = [c for c in commands if "ray start" in c]
+    return cmd
+
+
+def _exported_before_ray_start(cmd: str, assignment: str) -> bool:
+    """``assignment`` (NAME=value) is exported in ``cmd`` ahead of its ``ray start``."""
+    prefix = cmd[: cmd.index("ray start")]
+    return any(
+        re.search(rf"(^|\s){re.escape(assignment)}(\s|;|$)", part)
+        for part in prefix.split(";")
+        if part.strip().startswith("export ")
+    )
+
+
+def _ip_permissions(node: Any) -> list[dict[str, Any]]:
+    """Every rule of every ``IpPermissions`` list anywhere in the config."""
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "IpPermissions":
+                found += list(value)
+            found += _ip_permissions(value)
+    elif isinstance(node, list):
+        for item in node:
+            found += _ip_permissions(item)
+    return found
+
+
+def _rule_cidrs(rule: dict[str, Any]) -> list[str]:
+    return [r["CidrIp"] for r in rule.get("IpRanges") or []] + [
+        r["CidrIpv6"] for r in rule.get("Ipv6Ranges") or []
+    ]
+
+
+def _rule_ports(rule: dict[str, Any]) -> range:
+    if str(rule.get("IpProtocol")) == "-1":
+        return range(0, 65536)
+    return range(rule.get("FromPort", 0), rule.get("ToPort", 65535) + 1)
+
+
+def _env_default(value: str, name: str) -> str | None:
+    """The default of ``${NAME:-default}``, or None when ``value`` is not that expansion."""
+    match = re.fullmatch(rf"\$\{{{re.escape(name)}:-(?P<default>.+)\}}", value)
+    return match["default"] if match else None
+
+
 def _option(cmd: str, name: str) -> str | None:
     """The value of ``name`` in the ``mlflow server`` part of a shell command."""
     words = shlex.split(cmd[cmd.index("mlflow server") :])
@@ -287,6 +364,14 @@ def test_image_ray_satisfies_the_project_pin(cfg):
     assert ray_reqs[0].specifier.contains(image_version)
 
 
+def test_every_node_type_pins_the_same_machine_image(cfg):
+    """Without ImageId Ray picks its built-in Deep Learning AMI, whose CUDA 11 driver is too old."""
+    images = {name: t["node_config"].get("ImageId") for name, t in cfg["available_node_types"].items()}
+    for name, image in images.items():
+        assert isinstance(image, str) and AMI_PATTERN.match(image), f"{name}: ImageId {image!r}"
+    assert len(set(images.values())) == 1, f"different AMIs per node type: {images}"
+
+
 def test_head_has_cpus_but_no_gpu(cfg):
     head = cfg["available_node_types"][cfg["head_node_type"]]
     assert _resources(head).get("GPU") == 0
@@ -320,16 +405,146 @@ def test_stated_resources_match_the_instance_types(cfg):
         assert resources.get("GPU", gpus) == gpus, name
 
 
+# ---- network exposure ------------------------------------------------------------------------
+
+
+def test_no_security_group_rule_is_open_to_the_internet(cfg):
+    rules = _ip_permissions(cfg)
+    assert rules, "no IpPermissions: the SSH rule is missing"
+    for rule in rules:
+        for cidr in _rule_cidrs(rule):
+            assert cidr not in {"0.0.0.0/0", "::/0"}, rule
+            assert ipaddress.ip_network(cidr, strict=False).prefixlen > 0, rule
+
+
+def test_only_ssh_is_open_and_only_to_a_narrow_range(cfg):
+    security_group = cfg["provider"]["security_group"]
+    assert security_group["GroupName"]
+    rules = security_group["IpPermissions"]
+    ssh = [rule for rule in rules if SSH_PORT in _rule_ports(rule)]
+    assert len(ssh) == 1, "one SSH rule"
+    for rule in rules:
+        assert rule["IpProtocol"] == "tcp", rule
+        assert rule["FromPort"] == rule["ToPort"] == SSH_PORT, f"only SSH is reachable from outside: {rule}"
+        assert not rule.get("UserIdGroupPairs") and not rule.get("PrefixListIds"), rule
+        cidrs = _rule_cidrs(rule)
+        assert cidrs, rule
+        for cidr in cidrs:
+            network = ipaddress.ip_network(cidr, strict=False)
+            assert network.prefixlen >= MIN_SSH_PREFIX, f"SSH open to {cidr}"
+
+
+def test_ray_adds_ssh_from_anywhere_to_any_group_it_creates(cfg):
+    """Why every node type names its security group: IpPermissions cannot take Ray's rule away."""
+    extended = cfg["provider"]["security_group"]["IpPermissions"]
+    rules = ray_aws_config._create_default_inbound_rules({"sg-00000000"}, extended)
+    assert {"CidrIp": "0.0.0.0/0"} in [r for rule in rules for r in rule.get("IpRanges", [])]
+    assert all(rule in rules for rule in extended)
+
+
+def test_every_node_type_names_one_security_group_so_ray_creates_none(cfg, monkeypatch):
+    """With SecurityGroupIds on every node type Ray creates no group and adds no rule."""
+    groups = {n: t["node_config"].get("SecurityGroupIds") for n, t in cfg["available_node_types"].items()}
+    for name, ids in groups.items():
+        assert ids and all(str(i).startswith("sg-") for i in ids), f"{name}: SecurityGroupIds {ids!r}"
+    assert len({tuple(ids) for ids in groups.values()}) == 1, f"different groups per node type: {groups}"
+
+    def no_aws(*args, **kwargs):
+        raise AssertionError("Ray would call AWS to create or edit a security group")
+
+    monkeypatch.setattr(ray_aws_config, "_resource", no_aws)
+    monkeypatch.setattr(ray_aws_config, "_client", no_aws)
+    prepared = validate_cluster_config(cfg)
+    configured = ray_aws_config._configure_security_group(copy.deepcopy(prepared))
+    for name, node_type in configured["available_node_types"].items():
+        assert node_type["node_config"]["SecurityGroupIds"] == groups[name]
+    # The negative control: one node type without SecurityGroupIds sends Ray to AWS.
+    bad = copy.deepcopy(prepared)
+    del bad["available_node_types"]["gpu_1x_a10g"]["node_config"]["SecurityGroupIds"]
+    with pytest.raises(AssertionError, match="security group"):
+        ray_aws_config._configure_security_group(bad)
+
+
+def test_no_command_binds_all_interfaces(cfg):
+    for cmd in _all_commands(cfg):
+        assert "0.0.0.0" not in cmd, cmd
+    head_start = _ray_start(cfg["head_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in shlex.split(head_start)
+
+
+# ---- Ray token authentication ------------------------------------------------------------------
+
+
+def test_token_auth_reaches_every_ray_start(cfg):
+    head_start = _ray_start(cfg["head_start_ray_commands"])
+    worker_start = _ray_start(cfg["worker_start_ray_commands"])
+    token_paths = set()
+    for cmd in (head_start, worker_start):
+        # Exported in the command itself, not only in ~/.bashrc (the launcher overrides some variables).
+        assert _exported_before_ray_start(cmd, "RAY_AUTH_MODE=token"), cmd
+        token_paths.add(re.search(r"RAY_AUTH_TOKEN_PATH=(\S+?);", cmd)[1])
+    (token_path,) = token_paths
+    # Shells (`ray attach`, drivers, `ray status`) get the same settings from ~/.bashrc on every node.
+    bashrc = " ".join(cmd for cmd in cfg["setup_commands"] if ">> ~/.bashrc" in cmd)
+    assert "RAY_AUTH_MODE=token" in bashrc
+    assert f"RAY_AUTH_TOKEN_PATH={token_path} " in bashrc
+
+
+def test_the_token_is_shipped_from_the_users_machine_as_a_folder(cfg):
+    head_start = _ray_start(cfg["head_start_ray_commands"])
+    token_path = re.search(r"RAY_AUTH_TOKEN_PATH=(\S+?);", head_start)[1]
+    assert token_path.startswith("$HOME/")
+    folder, file_name = token_path.replace("$HOME/", "~/", 1).rsplit("/", 1)
+    assert file_name == "auth_token"
+    # A folder: Ray warns that single files bind-mounted into the container may miss updates.
+    assert folder in cfg["file_mounts"], f"{folder} is not shipped by file_mounts"
+    assert not cfg["file_mounts"][folder].endswith("auth_token")
+    checks = [cmd for cmd in cfg["setup_commands"] if f"test -s {folder}/{file_name}" in cmd]
+    assert checks and "exit 1" in checks[0], "a missing token stops `ray up` on the node"
+
+
+# ---- IAM ---------------------------------------------------------------------------------------
+
+
+def test_every_worker_type_has_an_instance_profile(cfg):
+    """Workers write checkpoints to s3:// themselves; Ray gives an IAM role only to the head."""
+    for name, node_type in _worker_types(cfg).items():
+        profile = node_type["node_config"].get("IamInstanceProfile")
+        assert profile and "Arn" in profile, f"{name}: no IamInstanceProfile.Arn"
+        assert INSTANCE_PROFILE_ARN.match(profile["Arn"]), profile["Arn"]
+
+
 # ---- project install, environment ------------------------------------------------------------
 
 
 def test_project_is_synced_and_installed_on_every_node(cfg):
-    assert cfg["file_mounts"] == {"~/clsr": "."}
+    assert cfg["file_mounts"]["~/clsr"] == "."
     assert ".gitignore" in cfg["rsync_filter"], "keeps .venv and local runs out of the sync"
     assert "pip install -e ~/clsr" in cfg["setup_commands"]
     for cmd in cfg["setup_commands"] + cfg["head_setup_commands"] + cfg["worker_setup_commands"]:
         if "pip install" in cmd and "torch" in cmd:
             assert re.search(r"torch==\d", cmd), f"unpinned torch install: {cmd}"
+
+
+def test_torch_comes_from_a_cuda_12_wheel_index_before_the_project(cfg):
+    setup = cfg["setup_commands"]
+    torch_installs = [cmd for cmd in setup if re.search(r"pip install .*torch==", cmd)]
+    assert len(torch_installs) == 1, torch_installs
+    (cmd,) = torch_installs
+    assert TORCH_CUDA12_INDEX.search(cmd), cmd
+    assert setup.index(cmd) < setup.index("pip install -e ~/clsr"), "else the project pulls another torch"
+    # The pinned torch satisfies the project's range, so `pip install -e` keeps it.
+    pinned = re.search(r"torch==([\w.]+)", cmd)[1]
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    torch_reqs = [
+        Requirement(r) for r in pyproject["project"]["dependencies"] if Requirement(r).name == "torch"
+    ]
+    assert torch_reqs and torch_reqs[0].specifier.contains(pinned)
+
+
+def test_drivers_on_the_head_join_the_cluster(cfg):
+    head = " ".join(cfg["head_setup_commands"])
+    assert "export RAY_ADDRESS=\\$(hostname -I | awk '{print \\$1}'):6379 " in head
 
 
 def test_quiet_environment_on_every_node(cfg):
@@ -344,24 +559,51 @@ def test_quiet_environment_on_every_node(cfg):
 # ---- MLflow on the head -----------------------------------------------------------------------
 
 
-def test_mlflow_server_binds_the_private_ip_never_all_interfaces(cfg):
-    commands = _mlflow_server_commands(cfg)
-    assert commands, "head_start_ray_commands start no MLflow server"
-    hosts = []
-    for cmd in commands:
-        host = _option(cmd, "--host")
-        assert host is not None, f"MLflow server without --host: {cmd}"
-        assert host not in UNSPECIFIED_HOSTS, f"MLflow server bound to all interfaces: {cmd}"
-        assert _option(cmd, "--port") == str(MLFLOW_PORT)
-        assert _option(cmd, "--backend-store-uri").startswith("sqlite:///")
-        assert _option(cmd, "--artifacts-destination"), cmd
-        hosts.append(host)
-    # One server on the head's private IP for the cluster...
-    private = [cmd for cmd in commands if _option(cmd, "--host") == "$HEAD_IP"]
-    assert len(private) == 1
-    assert re.search(r"HEAD_IP=\$\(hostname -I \| awk '\{print \$1\}'\)", private[0])
-    # ...and one on loopback, the end of `ray attach cluster.yaml -p 5000` (ssh -L 5000:localhost:5000).
-    assert "127.0.0.1" in hosts
+def test_one_mlflow_server_on_the_private_ip_never_all_interfaces(cfg):
+    commands = [cmd for cmd in _all_commands(cfg) if "mlflow server" in cmd]
+    assert len(commands) == 1, "exactly one MLflow server"
+    assert commands == _mlflow_server_commands(cfg), "started by head_start_ray_commands"
+    (cmd,) = commands
+    host = _option(cmd, "--host")
+    assert host is not None, f"MLflow server without --host: {cmd}"
+    assert host not in UNSPECIFIED_HOSTS, f"MLflow server bound to all interfaces: {cmd}"
+    assert host == "$HEAD_IP"
+    assert re.search(r"HEAD_IP=\$\(hostname -I \| awk '\{print \$1\}'\)", cmd)
+    assert _option(cmd, "--port") == str(MLFLOW_PORT)
+    assert _option(cmd, "--artifacts-destination"), cmd
+
+
+def test_mlflow_backend_is_postgresql_without_a_password_in_the_uri(cfg):
+    (cmd,) = _mlflow_server_commands(cfg)
+    backend = _option(cmd, "--backend-store-uri")
+    # Either a literal URI or ${CLSR_MLFLOW_BACKEND_URI:-<default>} (RDS overrides the default).
+    uri = _env_default(backend, "CLSR_MLFLOW_BACKEND_URI") or backend
+    assert "sqlite" not in backend
+    assert uri.startswith("postgresql+psycopg://"), uri  # psycopg 3, installed on the head below
+    parts = urlsplit(uri)
+    assert parts.password is None, "the password belongs in the pgpass file, not on a command line"
+    assert parts.hostname == "127.0.0.1", "the default is the PostgreSQL server on the head"
+    # libpq reads the password from PGPASSFILE; the server's environment and the head's shells get it.
+    assert "export PGPASSFILE=$HOME/mlflow/pgpass" in cmd
+    assert "PGPASSFILE=\\$HOME/mlflow/pgpass" in " ".join(cfg["head_setup_commands"])
+    assert any(re.search(r"pip install .*psycopg\[binary\]", c) for c in cfg["head_setup_commands"])
+    for command in _all_commands(cfg):
+        assert "PGPASSWORD" not in command, command
+
+
+def test_postgresql_on_the_head_listens_on_loopback_with_a_private_password_file(cfg):
+    (pg,) = [cmd for cmd in cfg["head_start_ray_commands"] if "initdb" in cmd]
+    starts = cfg["head_start_ray_commands"]
+    assert starts.index(pg) < starts.index(_mlflow_server_commands(cfg)[0]), "database first"
+    assert pg.startswith('[ -n "${CLSR_MLFLOW_BACKEND_URI:-}" ] && exit 0;'), "skipped for RDS"
+    assert "-c listen_addresses=127.0.0.1 " in pg
+    assert "--auth=scram-sha-256" in pg, "password authentication, also over the local socket"
+    assert "umask 077;" in pg, "the generated password file is created 0600"
+    assert "secrets.token_urlsafe" in pg and "--pwfile=" in pg
+    assert "echo" not in pg, "nothing of the password is printed into the launcher's output"
+    # Debian's packaging must not start a second cluster of its own on port 5432.
+    (install,) = [cmd for cmd in cfg["head_setup_commands"] if "apt-get install" in cmd]
+    assert install.index("create_main_cluster = false") < install.index("--no-install-recommends postgresql;")
 
 
 def test_mlflow_data_outlives_the_container(cfg):
@@ -371,8 +613,10 @@ def test_mlflow_data_outlives_the_container(cfg):
     # `ray up` runs only the top-level initialization_commands on the head, never the head type's own.
     assert f"mkdir -p {host_dir}" in cfg["initialization_commands"]
     assert "initialization_commands" not in cfg["available_node_types"][cfg["head_node_type"]]
+    (pg,) = [cmd for cmd in cfg["head_start_ray_commands"] if "initdb" in cmd]
+    assert "PGDATA=$HOME/mlflow/postgres;" in pg
+    assert "export PGPASSFILE=$HOME/mlflow/pgpass;" in pg
     for cmd in _mlflow_server_commands(cfg):
-        assert _option(cmd, "--backend-store-uri") == "sqlite:///$HOME/mlflow/mlflow.db"
         assert "$HOME/mlflow/" in _option(cmd, "--artifacts-destination")  # local fallback
     assert container_dir == "/home/ray/mlflow"  # $HOME/mlflow in the rayproject/ray image
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from clsr.bench.cli import add_bench_parser, cmd_bench
+from clsr.cluster.cli import add_cluster_parser, cmd_cluster
 from clsr.tracking.secrets import mask_uri
 
 EXAMPLES = """examples:
@@ -29,6 +30,7 @@ EXAMPLES = """examples:
   platform bench memory --batches 64,256,512 --chunk 16
   platform bench sts-eval --model minilm --tasks sts
   platform bench study --study studies/smoke.yaml
+  platform cluster up --workers 2     # a loopback cluster: Ray nodes, PostgreSQL, S3, MLflow
 """
 
 
@@ -156,6 +158,7 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("env", help="print versions for bug reports")
     add_bench_parser(commands)
+    add_cluster_parser(commands)
     return parser
 
 
@@ -406,9 +409,8 @@ def cmd_env(_: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"study": cmd_study, "eval": cmd_eval, "data": cmd_data, "env": cmd_env, "bench": cmd_bench}[
-        args.command
-    ]
+    handlers = {"study": cmd_study, "eval": cmd_eval, "data": cmd_data, "env": cmd_env, "bench": cmd_bench}
+    handler = (handlers | {"cluster": cmd_cluster})[args.command]
     try:
         return handler(args)
     except KeyboardInterrupt:

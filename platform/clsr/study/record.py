@@ -205,7 +205,7 @@ def close_study(
     if pending:  # the lease goes stale; `platform study sync` (or resume) finishes the record
         return StudyOutcome([], interrupts.reason, interrupts.exit_code or 1, pending)
     reason = interrupts.reason
-    close_open_children(client, uri, parent_run_id, reason)
+    close_open_children(client, uri, parent_run_id, reason, study.scheduler.type == "asha")
     rows = summary_rows(children(client, parent_run_id), study)
     state = "failed" if status == "FAILED" else {None: "finished", "study_timeout": "timed_out"}.get(reason)
     client.set_tag(parent_run_id, "clsr.trials", str(len(rows)))
@@ -214,12 +214,22 @@ def close_study(
     return StudyOutcome(rows, reason, interrupts.exit_code, 0)
 
 
-def close_open_children(client, uri: str, parent_run_id: str, reason: str | None) -> None:
-    """Runs still RUNNING once no trial runs: interrupted (or timed out with the study), or stopped
-    early by the scheduler when nothing interrupted the study."""
-    leftover = "timed_out" if reason == "study_timeout" else "interrupted" if reason else "stopped"
+def close_open_children(
+    client, uri: str, parent_run_id: str, reason: str | None, early_stopping: bool = False
+) -> None:
+    """Runs still RUNNING once no trial runs: interrupted (or timed out with the study); when nothing
+    interrupted the study, stopped early by the scheduler (ASHA), or else failed: a trial whose driver ended
+    without recording how (its process or node lost past every retry) never counts as finished."""
+    if reason:
+        leftover = "timed_out" if reason == "study_timeout" else "interrupted"
+        why = f"stopped by {reason}"
+    elif early_stopping:
+        leftover, why = "stopped", None
+    else:
+        leftover = "failed"
+        why = "the trial ended without recording an outcome (its driver or node was lost); see Ray's logs"
     for run in open_children(client, parent_run_id):
-        close_run(uri, run.info.run_id, leftover, f"stopped by {reason}" if reason else None)
+        close_run(uri, run.info.run_id, leftover, why)
 
 
 def sync_study(study: Study) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from clsr.cluster.checks import check_cloud_storage, check_local_storage_on_cluster, is_cloud
 from clsr.study.fingerprint import fingerprint
 from clsr.study.interrupt import Interrupted, Interrupts
 from clsr.study.lease import Lease
@@ -47,8 +48,10 @@ from clsr.tracking.study_runs import (
     resolve_tracking_uri,
 )
 
-# Tune's driver function only waits on the Train workers: a token CPU share keeps it from holding a core.
-DRIVER_RESOURCES = {"cpu": 0.01}
+# Tune's driver function only waits on the Train workers: it holds no CPU, and it runs on the head node
+# (Ray's built-in head resource; a token share of it), with Train's controller beside it: a lost worker
+# machine takes Train workers with it, which Train restarts from the last checkpoint, never a trial's driver.
+DRIVER_RESOURCES = {"cpu": 0, "node:__internal_head__": 0.001}
 QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -347,6 +350,7 @@ def run_study(
     uri = resolve_tracking_uri(study.tracking_uri)
     check_reachable(uri)
     points = runnable_points(study)  # refuse points that cannot run before anything is recorded
+    check_storage(study)
     client = MlflowClient(uri)
     current = fingerprint(study)
     with Interrupts(study.study_timeout_s) as interrupts:
@@ -362,6 +366,16 @@ def run_study(
             return _run_waves(study, points, uri, parent_run_id, storage, lease, skip, interrupts)
         finally:
             lease.release()
+
+
+def check_storage(study: Study) -> None:
+    """Before anything is recorded: cloud storage answers (a probe object), and a local folder is not
+    used by a cluster whose nodes are on several hosts."""
+    if is_cloud(study.storage_path):
+        check_cloud_storage(study.name, study.storage_path)
+    if os.environ.get("RAY_ADDRESS"):  # a cluster: join it now to see its nodes
+        init_ray()
+        check_local_storage_on_cluster(study.name, study.storage_path)
 
 
 def _run_waves(

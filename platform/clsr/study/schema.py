@@ -194,6 +194,17 @@ class Resources(Strict):
             raise ValueError("more than one GPU per worker must be a whole number")
         return gpus
 
+    @model_validator(mode="after")
+    def _one_gpu_per_rank(self) -> Resources:
+        # DDP ranks sharing a GPU: NCCL refuses two ranks on one device, and Ray would pack them there
+        if 0 < self.gpus_per_worker < 1 and self.workers_per_trial > 1:
+            raise ValueError(
+                f"gpus_per_worker {self.gpus_per_worker:g} with workers_per_trial {self.workers_per_trial} "
+                f"would put several DDP ranks on one GPU (NCCL refuses); use gpus_per_worker: 1 with several "
+                f"workers, or workers_per_trial: 1 (or 0) to share GPUs between trials"
+            )
+        return self
+
 
 class Search(Strict):
     algorithm: Literal["grid", "random", "optuna"] = "grid"

@@ -35,6 +35,7 @@ from clsr.train import checkpoint_files
 from clsr.train.config import TrainerConfig, TrialConfig
 from clsr.train.gradcache import check_gradcache, gradcache_backward
 from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, warmup_steps
+from clsr.train.session import node_tags
 
 DEV_SPLIT = "dev"
 
@@ -242,6 +243,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     is_main = session.rank == 0
     evaluator = Evaluator(trial, method, pipeline) if is_main else None
     if is_main:
+        logger.set_tags(node_tags())  # a retry on another node (a lost machine) updates them
         evaluator.artifacts(model, "start", logger)
 
     state = {"step": 0, "best_score": -math.inf, "best_step": 0, "lowest_loss": math.inf, "stalled_steps": 0}

@@ -116,3 +116,18 @@ def _local_copy(checkpoint: Any) -> Iterator[Path | None]:
 def _checkpoint(kind: Any, checkpoint_dir: Path | None) -> Any:
     """``kind``: Train's or Tune's Checkpoint class (each API accepts only its own)."""
     return kind.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
+
+
+def node_tags() -> dict[str, str]:
+    """Where this process runs, for the trial's MLflow run: the host, and on Ray the node's id and address
+    (several nodes can share a host, as on the loopback cluster)."""
+    import socket
+
+    tags = {"clsr.host": socket.gethostname()}
+    with contextlib.suppress(ImportError):
+        import ray
+
+        if ray.is_initialized():
+            context = ray.get_runtime_context()
+            tags |= {"clsr.node_id": context.get_node_id(), "clsr.node_ip": ray.util.get_node_ip_address()}
+    return tags

