@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import yaml
 from mlflow.tracking import MlflowClient
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -85,41 +82,6 @@ def test_smoke_study_end_to_end(smoke_study):
         assert sorted(m.step for m in losses) == list(range(1, 9))  # one training loss per step
     paper = {c.data.params["method.temperature"]: c.data.tags.get("clsr.paper.dev_stsb") for c in children}
     assert paper == {"0.05": "82.5", "0.1": "80.9"}
-
-
-def test_killed_study_resumes_without_duplicate_runs(tmp_path):
-    study = yaml.safe_load((REPO_ROOT / "studies" / "smoke.yaml").read_text())
-    study.update(name="resume", concurrency=1, storage_path=str(tmp_path / "runs"))
-    study["base"]["trainer"] |= {"max_steps": 4, "eval_steps": 4}
-    study["base"]["eval"] = {"tasks": ["stsb"], "alignment_uniformity": False}
-    study_file = tmp_path / "resume.yaml"
-    study_file.write_text(yaml.safe_dump(study))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-
-    proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri, start_new_session=True)
-    deadline = time.time() + 400
-    while time.time() < deadline and proc.poll() is None:  # interrupt once the first trial has finished
-        _, _, children = runs_of(uri, "resume")
-        if any(c.data.tags.get("clsr.status") == "finished" for c in children):
-            break
-        time.sleep(2)
-    assert proc.poll() is None, "the study ended before it could be interrupted"
-    os.killpg(proc.pid, signal.SIGINT)
-    first_output, _ = proc.communicate(timeout=180)
-    _, _, children = runs_of(uri, "resume")
-    finished_before = {c.info.run_id for c in children if c.data.tags.get("clsr.status") == "finished"}
-    assert len(finished_before) == 1, first_output[-3000:]
-
-    resumed = platform_cmd("study", "resume", str(study_file), cwd=tmp_path, uri=uri)
-    output, _ = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, output[-3000:]
-
-    client, parents, children = runs_of(uri, "resume")
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert len(children) == 2, [c.info.run_name for c in children]  # no duplicates
-    assert all(c.data.tags["clsr.status"] == "finished" and "test_stsb" in c.data.metrics for c in children)
-    for run_id in finished_before:  # the finished trial was not run again
-        assert len(client.get_metric_history(run_id, "loss")) == 4
 
 
 def test_report_of_the_smoke_study(smoke_study, tmp_path, capsys):

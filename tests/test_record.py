@@ -184,7 +184,8 @@ def test_a_trial_past_its_time_limit_and_a_diverging_trial_end_once_while_the_ot
 
 # --- a tracking-server outage longer than MLflow's own retries ----------------------------------------
 
-OUTAGE_S = 150  # MLflow's client gives up after about two minutes of retries
+OUTAGE_S = 90  # well past the MLflow client's retries, which the test shortens to about 10 s (below)
+CLIENT_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 
 
 def _free_port() -> int:
@@ -252,10 +253,13 @@ def record_of(uri: str, experiment: str) -> dict[str, dict]:
     return record
 
 
-def test_a_tracking_server_outage_past_mlflows_retries_loses_no_trial_and_no_number(tmp_path):
+def test_a_tracking_server_outage_past_mlflows_retries_loses_no_trial_and_no_number(tmp_path, monkeypatch):
     """Stop the MLflow server mid-study for longer than its client's retries, with the trials finishing
     meanwhile; start it again on the same store: the study finishes, and each trial has every metric
-    point, param and tag a clean run has, none twice."""
+    point, param and tag a clean run has, none twice. The client's retries (about two minutes by default)
+    are shortened to about 10 s, so a 90 s outage is well past them."""
+    for key, value in CLIENT_RETRIES.items():
+        monkeypatch.setenv(key, value)  # the study's processes (driver, Ray, trials) inherit them
     server = MlflowServer(tmp_path)
     server.start()
     try:

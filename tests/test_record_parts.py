@@ -148,3 +148,16 @@ def test_the_study_time_limit_stops_the_study_like_a_signal():
         assert interrupts.reason == "study_timeout" and interrupts.exit_code == 124
         with pytest.raises(Interrupted):
             interrupts.check()
+
+
+def test_local_storage_refused_on_a_cluster_of_several_hosts(monkeypatch):
+    import clsr.cluster.checks as checks
+    from clsr.cluster.checks import StorageError, check_local_storage_on_cluster
+
+    monkeypatch.setattr(checks, "cluster_hosts", lambda: {"10.0.0.1", "10.0.0.2"})
+    with pytest.raises(StorageError, match=r"local folder, but the Ray cluster spans 2 hosts .*s3://"):
+        check_local_storage_on_cluster("smoke", "runs")
+    check_local_storage_on_cluster("smoke", "s3://bucket/runs")  # cloud: fine
+    check_local_storage_on_cluster("smoke", "file:///shared/runs")  # a mount every node has: the user's call
+    monkeypatch.setattr(checks, "cluster_hosts", lambda: {"127.0.0.1"})
+    check_local_storage_on_cluster("smoke", "runs")  # several nodes on one host share its disk

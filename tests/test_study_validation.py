@@ -70,6 +70,11 @@ BAD_STUDIES = [
     (("search", {"algorithm": "optuna"}), "ablation 'temp'", "needs a 'space'"),
     (("scheduler", {"type": "hyperband"}), "scheduler.type", "'fifo' or 'asha'"),
     (("resources", {"gpus_per_worker": 1.5}), "resources.gpus_per_worker", "whole number"),
+    (
+        ("resources", {"workers_per_trial": 2, "gpus_per_worker": 0.5}),
+        "resources",
+        "several DDP ranks on one GPU",
+    ),
     (("resources", {"workers_per_trial": -1}), "resources.workers_per_trial", "greater than or equal to 0"),
     (("base.eval.tasks", ["sts17"]), "base.eval", "allowed: sts, transfer, faq, sts12"),
     (("base.trainer", {"warmup_ratio": 0.1, "warmup_steps": 10}), "base.trainer", "set one of warmup_steps"),

@@ -37,7 +37,7 @@ def _length_group(text: str) -> int | str | None:
 
 
 def add_bench_parser(commands: Any) -> None:
-    """Add ``bench train|memory|sts-eval|study|suite`` to the ``platform`` subcommands."""
+    """Add ``bench train|memory|sts-eval|study|suite|cluster`` to the ``platform`` subcommands."""
     bench = commands.add_parser(
         "bench", help="benchmarks that print figures: training throughput, memory, STS eval, a study"
     ).add_subparsers(dest="bench", required=True)
@@ -124,6 +124,19 @@ def add_bench_parser(commands: Any) -> None:
     )
 
 
+    cluster = add(
+        "cluster",
+        "a study on one Ray node and on the loopback cluster (same cores): trials/hour of each and their "
+        "ratio; --kill-node: the recovery time after a worker node is SIGKILLed mid-trial",
+    )
+    cluster.add_argument("--study", default="studies/smoke.yaml", help="study YAML file")
+    cluster.add_argument("--workers", type=_positive, default=2, help="worker nodes, one CPU each (default 2)")
+    cluster.add_argument("--kill-node", action="store_true", help="a third run that loses a node mid-trial")
+    cluster.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="as `study run`"
+    )
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the chosen benchmark, print the machine and the figures, and write ``--json``."""
     from clsr.bench import format_machine, machine, write_json
@@ -163,6 +176,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from clsr.bench.suite import run_suite
 
         figures = run_suite(args.device, args.steps, args.warmup, args.study, args.random_weights)
+    elif args.bench == "cluster":
+        from clsr.bench.cluster import format_cluster as show
+        from clsr.bench.cluster import run_cluster_bench
+
+        figures = run_cluster_bench(args.study, args.overrides, args.workers, args.kill_node)
     else:
         from clsr.bench.study import format_study as show
         from clsr.bench.study import run_study_bench

@@ -303,17 +303,32 @@ class LoopbackCluster:
             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
         ], env)  # fmt: skip
         _wait(lambda: self._blocking("ray-head"), "the Ray head", self._log("ray-head"), head)
+        self.state["cpus_per_node"] = cpus_per_node
         for index in range(workers):
-            name = f"ray-worker-{index}"
-            proc = self._spawn(name, [
-                ray, "start", *node, f"--address=127.0.0.1:{port}", f"--num-cpus={cpus_per_node}",
-                f"--resources={json.dumps({TRIAL_RESOURCE: 1})}",
-            ], env)  # fmt: skip
-            _wait(lambda n=name: self._blocking(n), f"Ray worker node {index}", self._log(name), proc)
-            self.state["nodes"].append(name)
-            self.state["node_ids"][name] = _raylet_node_id(proc.pid)
+            self.start_node(index)
         self.state["env"]["RAY_DASHBOARD"] = f"http://127.0.0.1:{dashboard}"
         self._save()
+
+    def start_node(self, index: int) -> str:
+        """Start worker node ``index`` (again, after ``kill_node``: a replacement machine joining);
+        returns its Ray node id."""
+        name = f"ray-worker-{index}"
+        if name in self.state["groups"]:
+            raise ClusterError(f"worker node {index} is running")
+        env = {**self._service_env(), "RAY_USAGE_STATS_ENABLED": "0"}
+        address = env.pop("RAY_ADDRESS")
+        (self.root / "logs" / f"{name}.log").unlink(missing_ok=True)  # _blocking reads this start's lines
+        proc = self._spawn(name, [
+            str(Path(sys.executable).parent / "ray"), "start", "--block", "--node-ip-address=127.0.0.1",
+            "--num-gpus=0", "--disable-usage-stats", f"--address={address}",
+            f"--num-cpus={self.state['cpus_per_node']}", f"--resources={json.dumps({TRIAL_RESOURCE: 1})}",
+        ], env)  # fmt: skip
+        _wait(lambda: self._blocking(name), f"Ray worker node {index}", self._log(name), proc)
+        if name not in self.state["nodes"]:
+            self.state["nodes"].append(name)
+        self.state["node_ids"][name] = _raylet_node_id(proc.pid)
+        self._save()
+        return self.state["node_ids"][name]
 
     def _blocking(self, name: str) -> bool:
         """``ray start --block`` says so once its node has joined the cluster."""
@@ -333,6 +348,14 @@ class LoopbackCluster:
             raise ClusterError(f"no loopback cluster in {self.root}; `platform cluster up --dir {self.root}`")
         return self._service_env()
 
+    def bucket_keys(self, prefix: str) -> list[str]:
+        """The object keys under ``prefix`` in the cluster's bucket."""
+        import boto3
+
+        s3 = boto3.client("s3", **self._boto_args())
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+        return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
     def worker_index(self, node_id: str) -> int | None:
         """Which worker node (0, 1, ...) has this Ray node id; None for the head or an unknown id."""
         for name, known in self.state["node_ids"].items():
@@ -347,11 +370,29 @@ class LoopbackCluster:
         if name not in self.state["groups"]:
             raise ClusterError(f"no worker node {index}; nodes: {', '.join(self.state['nodes'])}")
         group = self.state["groups"].pop(name)
+        self.state.setdefault("lost_node_ids", []).append(self.state["node_ids"].get(name))
         self._save()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
         self._reap(group)
         return group
+
+    def _stop_groups(self, groups: list[int], grace_s: float = 15) -> None:
+        """SIGTERM every group, wait for them together, SIGKILL what is left after ``grace_s``."""
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        left = list(groups)
+        while left and time.monotonic() < deadline:
+            for group in left:
+                self._reap(group)
+            left = [g for g in left if _group_alive(g)]
+            time.sleep(0.2)
+        for group in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+            self._reap(group)
 
     def _reap(self, group: int) -> None:
         """Collect a group leader this process started once it exits (no zombie keeps the group alive)."""
@@ -363,10 +404,11 @@ class LoopbackCluster:
     def down(self, log: Callable[[str], None] = print) -> None:
         """Stop everything this cluster started: Ray nodes first, then MLflow, the store and the database."""
         groups = self.state["groups"]
-        for name in [n for n in groups if n.startswith("ray-worker")] + ["ray-head", "mlflow", "object-store"]:
-            if name in groups:
-                group = groups.pop(name)
-                _stop_group(group, lambda g=group: self._reap(g))
+        workers = [n for n in groups if n.startswith("ray-worker")]
+        for names in (workers, ["ray-head"], ["mlflow", "object-store"]):  # each set at once, in this order
+            stopping = {name: groups.pop(name) for name in names if name in groups}
+            self._stop_groups(list(stopping.values()))
+            for name in stopping:
                 log(f"stopped {name}")
         if "postgres" in groups:
             pg = self.state["postgres"]
@@ -400,20 +442,14 @@ def _healthy(url: str) -> bool:
     return False
 
 
-def _stop_group(group: int, reap: Callable[[], None], grace_s: float = 20) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(group, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        reap()
-        try:
-            os.killpg(group, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(group, signal.SIGKILL)
-    reap()
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _stop_pid(pid: int) -> None:

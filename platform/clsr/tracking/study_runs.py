@@ -48,7 +48,7 @@ def check_reachable(uri: str) -> None:
             raise ConnectionError(
                 f"MLflow tracking server {mask_uri(uri)} is unreachable ({mask_uri(str(err))}). "
                 f"Start it (`mlflow server ...`), "
-                f"forward its port (`ray attach cluster.yaml -p 5000`), or unset MLFLOW_TRACKING_URI "
+                f"forward its port (`ssh -N -L 5000:<server address>:5000 <head>`), or unset MLFLOW_TRACKING_URI "
                 f"to log into a local sqlite:///mlflow.db"
             ) from None  # the chained error would print the URI with its credentials
     elif uri.startswith("sqlite:///"):
