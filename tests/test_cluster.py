@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
 from clsr.cluster.checks import StorageError, check_cloud_storage
-from clsr.cluster.loopback import BUCKET, LoopbackCluster
+from clsr.cluster.loopback import BUCKET, LoopbackCluster, group_alive
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
@@ -63,11 +63,14 @@ def cluster(tmp_path_factory):
 
 
 def _alive(pid: int, group: bool = True) -> bool:
+    import psutil
+
+    if group:
+        return group_alive(pid)
     try:
-        os.killpg(pid, 0) if group else os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return True
 
 
 def study_cmd(cluster: LoopbackCluster, folder: Path, *args: str) -> subprocess.Popen:
@@ -176,6 +179,7 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     lost_node = writer.data.tags["clsr.node_id"]
     cluster.kill_node(cluster.worker_index(lost_node))  # the node that wrote that checkpoint is gone
     output, _ = proc.communicate(timeout=1200)
+    (Path(os.environ.get("CLSR_TEST_LOGS", tmp_path)) / "rcl_cluster_output.txt").write_text(output)
     assert proc.returncode == 0, output[-4000:]
 
     _, children = study_runs(client, "rcl_ablations-smoke")

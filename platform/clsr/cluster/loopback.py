@@ -387,7 +387,7 @@ class LoopbackCluster:
         while left and time.monotonic() < deadline:
             for group in left:
                 self._reap(group)
-            left = [g for g in left if _group_alive(g)]
+            left = [g for g in left if group_alive(g)]
             time.sleep(0.2)
         for group in left:
             with contextlib.suppress(ProcessLookupError):
@@ -444,12 +444,16 @@ def _healthy(url: str) -> bool:
 
 
 
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def group_alive(group: int) -> bool:
+    """Whether a process group has a member that is not a zombie (PID 1 of a container may never reap the
+    orphans of a stopped group, and a zombie still answers ``killpg(group, 0)``)."""
+    import psutil
+
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(proc.pid) == group and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+    return False
 
 
 def _stop_pid(pid: int) -> None:
