@@ -377,7 +377,7 @@ class LoopbackCluster:
         self._reap(group)
         return group
 
-    def _stop_groups(self, groups: list[int], grace_s: float = 15) -> None:
+    def _stop_groups(self, groups: list[int], grace_s: float = 5) -> None:
         """SIGTERM every group, wait for them together, SIGKILL what is left after ``grace_s``."""
         for group in groups:
             with contextlib.suppress(ProcessLookupError):
