@@ -74,11 +74,20 @@ def _alive(pid: int, group: bool = True) -> bool:
 
 
 def study_cmd(cluster: LoopbackCluster, folder: Path, *args: str) -> subprocess.Popen:
+    """``platform study run`` with the cluster's environment; its output goes to ``folder/study.log`` (a pipe
+    read only at the end could fill while the test polls, and block the study)."""
     env = {**os.environ, **cluster.env(), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "clsr.cli", "study", "run", *args, "--set", "system_metrics_interval_s=null"],
-        cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    with open(folder / "study.log", "w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "clsr.cli", "study", "run", *args, "--set", "system_metrics_interval_s=null"],
+            cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+
+def finished(proc: subprocess.Popen, folder: Path, timeout_s: float) -> str:
+    """Wait for the study command; returns its output."""
+    proc.wait(timeout=timeout_s)
+    return (folder / "study.log").read_text(errors="replace")
 
 
 def bucket_keys(cluster: LoopbackCluster, prefix: str) -> list[str]:
@@ -101,13 +110,14 @@ def worker_node_ids(cluster: LoopbackCluster) -> set[str]:
 
 
 def wait_until(condition, proc: subprocess.Popen, what: str, timeout_s: float = 600):
+    """Poll ``condition`` until it returns something, failing if the study ends or time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = condition()
         if found:
             return found
         if proc.poll() is not None:
-            pytest.fail(f"the study ended before {what}:\n{proc.stdout.read()[-4000:]}")
+            pytest.fail(f"the study ended before {what} (exit {proc.returncode})")
         time.sleep(0.5)
     proc.kill()
     pytest.fail(f"timed out waiting for {what}")
@@ -121,18 +131,18 @@ def test_smoke_study_continues_after_a_worker_node_is_lost(cluster, tmp_path):
     def both_checkpointed():
         """Each trial's node, once both trials have a checkpoint in the bucket (Train's snapshot of it)."""
         _, children = study_runs(client, "smoke")
-        nodes = [r.data.tags.get("clsr.node_id") for r in children if r.info.status == "RUNNING"]
+        running = [r for r in children if r.info.status == "RUNNING"]
+        nodes = [r.data.tags.get("clsr.node_id") for r in running]
         # Train writes its snapshot once it has registered a checkpoint: from then on a retry resumes from it
         snapshots = [k for k in bucket_keys(cluster, "smoke/") if k.endswith("/checkpoint_manager_snapshot.json")]
-        return children if len(children) == 2 and all(nodes) and len(snapshots) == 2 else None
+        return running if len(running) == 2 and all(nodes) and len(snapshots) == 2 else None
 
-    children = wait_until(both_checkpointed, proc, "both trials to checkpoint")
-    victim = children[0]
+    victim = wait_until(both_checkpointed, proc, "both trials to checkpoint")[0]
     lost_node = victim.data.tags["clsr.node_id"]
     killed_at = time.time()
     lost_index = cluster.worker_index(lost_node)
     cluster.kill_node(lost_index)
-    output, _ = proc.communicate(timeout=900)
+    output = finished(proc, tmp_path, 900)
     cluster.start_node(lost_index)  # a replacement machine joins, for the next study
     assert proc.returncode == 0, output[-4000:]
 
@@ -148,14 +158,16 @@ def test_smoke_study_continues_after_a_worker_node_is_lost(cluster, tmp_path):
     moved = client.get_run(victim.info.run_id)
     assert moved.data.tags["clsr.node_id"] != lost_node  # finished on another node ...
     resumed = client.get_metric_history(moved.info.run_id, "resumed_from_step")
-    assert [m.value for m in resumed] == [4.0], resumed  # ... from its checkpoint at step 4, once
+    # ... once, from its checkpoint at step 4 (or at step 8, if the kill came during its final evaluation)
+    assert [m.value for m in resumed] in ([4.0], [8.0]), resumed
     recovery_s = resumed[0].timestamp / 1000 - killed_at
     print(f"node lost -> trial training again on another node: {recovery_s:.1f} s")
     # every step's loss is there; only the steps the lost node ran after the checkpoint appear twice (they
     # were run again), which the resumed_from_step point marks
     steps = Counter(m.step for m in client.get_metric_history(moved.info.run_id, "loss"))
     assert sorted(steps) == list(range(1, 9)), steps
-    assert all(step > 4 for step, count in steps.items() if count > 1) and max(steps.values()) <= 2, steps
+    assert all(step > resumed[0].value for step, count in steps.items() if count > 1), steps
+    assert max(steps.values()) <= 2, steps
 
     keys = bucket_keys(cluster, "smoke/")
     assert any("/checkpoint_" in k for k in keys)  # checkpoints in the bucket
@@ -165,8 +177,10 @@ def test_smoke_study_continues_after_a_worker_node_is_lost(cluster, tmp_path):
 
 def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path):
     client = MlflowClient(cluster.env()["MLFLOW_TRACKING_URI"])
+    # max_failures 1: a stage-2 trial that Ray placed on the node before it was seen lost (in-process trials
+    # run on worker nodes) is retried on another, as a study on a cluster should allow
     proc = study_cmd(cluster, tmp_path, str(REPO_ROOT / "studies" / "rcl_ablations.yaml"), "--smoke",
-                     "--set", f"storage_path=s3://{BUCKET}/rcl")  # fmt: skip
+                     "--set", f"storage_path=s3://{BUCKET}/rcl", "--set", "max_failures=1")  # fmt: skip
 
     def stage_one_finished():
         _, children = study_runs(client, "rcl_ablations-smoke")
@@ -178,8 +192,7 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     writer = next(r for r in stage_one if r.data.tags["clsr.ablation"] == "entropy_models")
     lost_node = writer.data.tags["clsr.node_id"]
     cluster.kill_node(cluster.worker_index(lost_node))  # the node that wrote that checkpoint is gone
-    output, _ = proc.communicate(timeout=1200)
-    (Path(os.environ.get("CLSR_TEST_LOGS", tmp_path)) / "rcl_cluster_output.txt").write_text(output)
+    output = finished(proc, tmp_path, 1200)
     assert proc.returncode == 0, output[-4000:]
 
     _, children = study_runs(client, "rcl_ablations-smoke")
@@ -208,10 +221,11 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     four = by_point[("regulators", "4")]  # stage 2 got stage 1's checkpoints, by φ
     assert four.data.params["method.entropy_models.0.01"] == entropy["0.01"]
     assert four.data.params["method.entropy_models.0.02"] == entropy["0.02"]
-    # each entropy model embedded the training texts once (one process), for all regulator trials; the
-    # nodes of the loopback cluster share one log folder, so each node's log monitor prints the line again
-    embedded = set(re.findall(r"pid=(\d+).*rcl: embedded [\d,]+ training texts with the entropy model φ=([\d.]+)", output))
-    assert sorted(phi for _, phi in embedded) == ["0.01", "0.02"], embedded
+    # each entropy model embedded the training texts for all regulator trials at once (the nodes of the
+    # loopback cluster share one log folder, so each node's log monitor prints the line again, and Ray
+    # rebuilds the embeddings if the lost node held them)
+    embedded = set(re.findall(r"rcl: embedded [\d,]+ training texts with the entropy model φ=([\d.]+)", output))
+    assert embedded == {"0.01", "0.02"}, embedded
     for run in regulators:  # stage 2 ran elsewhere and read the lost node's checkpoint from the bucket
         assert run.data.tags["clsr.node_id"] != lost_node
         if run.data.tags["clsr.point"] != "0":

