@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from clsr.augment.pwva import PWVAConfig
 from clsr.encoders.textcnn import TextCNNConfig, TextCNNEncoder
 from clsr.encoders.word_vectors import OOV_ID, PAD_ID, WordTable, WordTokenizer
-from clsr.methods.gclsr import GCLSR, GCLSRConfig, grouped_simsiam_loss, word_self_attention
+from clsr.methods.gclsr import GCLSR, GCLSRConfig, GCLSRModel, grouped_simsiam_loss, word_self_attention
+from clsr.study.schema import find_point, grid_points, load_study
 from clsr.train.config import TrainerConfig, TrialConfig
 from clsr.train.optim import build_optimizer, build_scheduler, schedule_factor, set_momentum, warmup_steps
 
@@ -73,6 +77,138 @@ def test_textcnn_shapes_and_oov_redraw():
     same = [encoder.embed_words(ids, torch.Generator().manual_seed(3)) for _ in range(2)]
     assert torch.equal(same[0], same[1])
     assert not encoder.words.weight.requires_grad  # frozen, as in the paper
+
+
+def _no_aug_model(oov_draw: str, **method) -> GCLSRModel:
+    cfg = TextCNNConfig(vectors="test", region_sizes=[1, 2], filters=4, max_words=8)
+    torch.manual_seed(0)
+    encoder = TextCNNEncoder(cfg, _table())
+    method_cfg = GCLSRConfig(
+        augmentation="none", oov_draw=oov_draw, projector_dim=8, predictor_hidden=4, group_size=4, **method
+    )
+    return GCLSRModel(encoder, method_cfg).train()
+
+
+NO_AUG_IDS = torch.tensor(
+    [[2, OOV_ID, 3, OOV_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID], [4, 5, OOV_ID, 6, 2, 3, 4, PAD_ID]]
+)
+NO_AUG_MASK = NO_AUG_IDS != PAD_ID
+
+
+def test_per_view_oov_draws_differ_only_at_oov_positions():
+    """Paper §5.7: the random OOV vectors are an augmentation, so two 'No Aug.' views differ there."""
+    model = _no_aug_model("per_view")
+    first, second = model.word_views(NO_AUG_IDS)
+    oov = NO_AUG_IDS == OOV_ID
+    table = torch.tensor(_table().vectors)
+    for view in (first, second):  # every other position is its table row, in both views
+        assert torch.equal(view[~oov], table[NO_AUG_IDS[~oov]])
+        assert view[oov].abs().max() <= math.sqrt(3 / 4)  # U(±√(3/d)), d = 4
+    assert (first[oov] != second[oov]).all()  # fresh draws: no coordinate coincides
+    p1, p2, z1, z2 = model(NO_AUG_IDS, NO_AUG_MASK)
+    assert not torch.equal(z1, z2) and not torch.equal(p1, p2)
+
+
+def test_shared_oov_draw_makes_unaugmented_views_bit_identical():
+    model = _no_aug_model("shared")
+    first, second = model.word_views(NO_AUG_IDS)
+    assert torch.equal(first, second)
+    p1, p2, z1, z2 = model(NO_AUG_IDS, NO_AUG_MASK)
+    assert torch.equal(z1, z2) and torch.equal(p1, p2)
+    # one 'No Aug.' view is then the other: the loss is −cos(p, z) of a single view
+    assert grouped_simsiam_loss(p1, p2, z1, z2, 4).item() == pytest.approx(
+        -F.cosine_similarity(p1.reshape(-1, 4), z1.reshape(-1, 4), dim=-1).mean().item(), abs=1e-6
+    )
+
+
+@pytest.mark.parametrize("oov_draw", ["per_view", "shared"])
+def test_seeded_oov_draws_are_reproducible(oov_draw: str):
+    model = _no_aug_model(oov_draw, self_attention=True)
+
+    def views(seed: int) -> tuple[torch.Tensor, ...]:
+        torch.manual_seed(seed)
+        return model.word_views(NO_AUG_IDS)
+
+    assert all(torch.equal(a, b) for a, b in zip(views(5), views(5), strict=True))
+    assert not torch.equal(views(5)[0], views(6)[0])
+
+
+def test_text_level_views_always_draw_their_own_oov_vectors():
+    model = _no_aug_model("shared")
+    first, second = model.word_views(NO_AUG_IDS, NO_AUG_IDS.clone())
+    assert not torch.equal(first, second)  # EDA / back-translation sentences are embedded separately
+
+
+def test_oov_draw_is_validated():
+    with pytest.raises(ValueError, match="oov_draw") as err:
+        GCLSRConfig(oov_draw="per_batch")
+    assert "'per_view' or 'shared'" in str(err.value)
+    assert GCLSRConfig().oov_draw == "per_view"
+
+
+# PWVA values the paper does not give, and the source each field must name instead.
+PWVA_SOURCES = {
+    "keep_prob": "CLSEP code",
+    "probs": "GCLSR code",
+    "noise_std": "our choice",
+    "dropout": "CLSEP code",
+}
+
+
+def test_pwva_defaults_never_claim_the_paper_for_values_it_does_not_give():
+    fields = PWVAConfig.model_fields
+    assert set(fields) == {"operators", *PWVA_SOURCES}
+    for name, source in PWVA_SOURCES.items():
+        description = fields[name].description or ""
+        assert source in description, name
+        assert "the paper gives no" in description, name
+        claims = ("(paper)", "paper:", "paper default", "paper value", "from the paper", "paper and code")
+        assert not any(claim in description for claim in claims), name
+    operators = fields["operators"].description or ""
+    assert fields["operators"].default == "paper"
+    assert (
+        "chosen values" in operators and "identity" in operators
+    )  # the name is the operators', not the values'
+
+
+def test_pwva_docstring_cites_the_gclsr_authors_and_section():
+    from clsr.augment import pwva
+
+    assert "Wang, Zhang, Lei & Peng, Appl. Sci. 2023, 13, 9873" in pwva.__doc__
+    assert "§3.1" in pwva.__doc__ and "Zheng" not in pwva.__doc__
+
+
+STUDY = Path(__file__).parents[1] / "studies" / "gclsr_ablations.yaml"
+REFERENCES = {
+    "components": "GCLSR_base",
+    "batch_size": "512",
+    "weight_decay": "0.001",
+    "predictor_lr": "1",
+    "momentum": "(0.9, 0.8)",
+    "warmup": "5",
+    "region_sizes": "(1,1,1,6,15,20)",
+    "augmentation": "Partial Aug.",
+    "group_size": "16",
+    "code_variant": "paper",
+}
+
+
+@pytest.mark.parametrize("smoke", [False, True])
+def test_every_gclsr_ablation_names_its_reference_row(smoke: bool):
+    study = load_study(STUDY, smoke=smoke)
+    assert {name: a.reference for name, a in study.ablations.items()} == REFERENCES
+    for name, ablation in study.ablations.items():
+        assert find_point(grid_points(ablation), ablation.reference) is not None, name
+
+
+@pytest.mark.parametrize("smoke", [False, True])
+def test_code_variant_shares_the_oov_draw(smoke: bool):
+    points = {
+        p["label"]: p["overrides"]
+        for p in grid_points(load_study(STUDY, smoke=smoke).ablations["code_variant"])
+    }
+    assert points["official code"]["method.oov_draw"] == "shared"
+    assert "method.oov_draw" not in points["paper"]  # the default: per view
 
 
 def test_region_size_larger_than_the_sentence_is_refused():

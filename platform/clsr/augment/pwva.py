@@ -1,11 +1,17 @@
-"""Partial word-vector augmentation (PWVA) of GCLSR (Zheng et al., 2023, §3.2 / paper Table 10).
+"""Partial word-vector augmentation (PWVA) of GCLSR (Wang, Zhang, Lei & Peng, Appl. Sci. 2023, 13, 9873,
+§3.1; ablated in its Table 10), methods.md §7.2.
 
 For each real word vector ``w`` of a batch: pick one of four operators (GWN, RZS, IFFT, RBN) with
 probabilities ``p1..p4``, then keep the original ``w`` with probability ``keep_prob``. Padding is
-never augmented. Three operator sets (docs/methods.md §7.2):
+never augmented. The paper gives the operators but **no numbers** for ``p``, ``p1..p4``, λ or the
+dropout rate; every default below says where it comes from (the GCLSR code, the CLSEP code of the
+same first author, or our choice). Three operator sets (docs/methods.md §7.2):
 
 * ``paper``: the operators as the paper writes them (GWN ``w + λN(0, I)``, RZS = dropout,
-  IFFT = ``Re(IFFT(FFT(w)))``, an identity, RBN ``w + U(0, 0.1)``);
+  IFFT = ``Re(IFFT(FFT(w)))``, RBN ``w + U(0, 0.1)``) with chosen values (λ = 0.04 ours, dropout
+  0.3 from CLSEP, probabilities from the GCLSR code). As written, the paper's IFFT is an identity
+  (up to rounding): a word that draws it is left unchanged, so with these operators ~10 % of the
+  words picked for augmentation are not augmented;
 * ``gclsr_code``: the GCLSR code (``augmentations/text_aug.py``, one word vector at a time):
   SNR-scaled GWN, RZS as short zeroed runs without rescaling, IFFT that removes the word's mean,
   RBN ``w + c·U(min w, 0.8 max w)``;
@@ -24,14 +30,14 @@ from collections.abc import Callable
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import Tensor
 
 Operators = Literal["paper", "gclsr_code", "clsep_code"]
 Probs = tuple[float, float, float, float]
 
-# GCLSR code: u > 0.8 → RZS, 0.6 < u < 0.8 → RBN, 0.5 < u < 0.6 → IFFT, else GWN.
-# CLSEP unsup. script: GWN 0.3, dropout 0.3, IFFT 0.2, RBN 0.2 (slot 2 is dropout there).
+# GCLSR code: u > 0.8 → RZS, 0.6 < u < 0.8 → RBN, 0.5 < u < 0.6 → IFFT, else GWN; the paper gives no
+# p1..p4, so its operators borrow these. CLSEP unsup. script: GWN 0.3, dropout 0.3, IFFT 0.2, RBN 0.2.
 DEFAULT_PROBS: dict[str, Probs] = {
     "paper": (0.5, 0.2, 0.1, 0.2),
     "gclsr_code": (0.5, 0.2, 0.1, 0.2),
@@ -45,19 +51,41 @@ RZS_RUNS_RANGE = (15, 19)  # number of zeroed runs per word, inclusive
 RZS_LONG_RUN_PROB = 0.045  # a run covers 2 coordinates with this probability, else 1
 RBN_SCALE_MAX = 0.01  # c ~ U(0, 0.01)
 RBN_HIGH_FACTOR = 0.8  # u_d ~ U(min w, 0.8 max w)
-PAPER_RBN_MAX = 0.1  # paper: w + U(0, 0.1)
+PAPER_RBN_MAX = 0.1  # the paper's RBN: w + U(0, 0.1) (the one number its operators carry)
 
 
 class PWVAConfig(BaseModel):
-    """PWVA hyperparameters. The paper gives no numbers; defaults follow the GCLSR/CLSEP code."""
+    """PWVA hyperparameters. The paper gives none of these numbers; each field says whose value it is."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    operators: Operators = "paper"
-    keep_prob: float = 0.6  # per real word, per view; 0 = "full" augmentation
-    probs: Probs | None = None  # (GWN, RZS/dropout, IFFT, RBN); None = the variant's own
-    noise_std: float = 0.04  # paper GWN λ
-    dropout: float = 0.3  # paper RZS / CLSEP dropout rate
+    operators: Operators = Field(
+        "paper",
+        description="operator set: paper = the paper's §3.1 formulas with chosen values (its IFFT is an "
+        "identity); gclsr_code / clsep_code = the operators of those codes (methods.md §7.2)",
+    )
+    keep_prob: float = Field(
+        0.6,
+        description="probability of keeping a real word's original vector, per view (0 = 'full'); the "
+        "paper gives no p: 0.6 is the CLSEP code's (the GCLSR code's is in its unpublished data module)",
+    )
+    probs: Probs | None = Field(
+        None,
+        description="(GWN, RZS/dropout, IFFT, RBN); null = the operator set's own: the paper gives no "
+        "p1..p4, so paper and gclsr_code use the GCLSR code's 0.5/0.2/0.1/0.2, clsep_code the CLSEP "
+        "code's 0.3/0.3/0.2/0.2",
+    )
+    noise_std: float = Field(
+        0.04,
+        ge=0.0,
+        description="λ of the paper's GWN w + λN(0, I) (operators: paper); the paper gives no λ and both "
+        "codes scale the noise to each word's RMS instead: 0.04 is our choice",
+    )
+    dropout: float = Field(
+        0.3,
+        description="rate of the paper's RZS = Dropout(w) and of CLSEP's dropout (operators: paper, "
+        "clsep_code); the paper gives no rate: 0.3 is the CLSEP code's",
+    )
 
     @field_validator("keep_prob")
     @classmethod

@@ -5,7 +5,8 @@ corpus are looked up once in pre-trained vectors, and only those rows are kept i
 
 * row ``PAD_ID`` (0): one fixed padding vector drawn from U(-a, a), a = sqrt(3/dim) (GCLSR: seed 2);
 * row ``OOV_ID`` (1): zeros, a placeholder; the model draws a fresh U(-a, a) vector for every OOV
-  position each time a sentence is embedded (the GCLSR code redraws instead of caching);
+  position each time a sentence is embedded (the GCLSR code redraws instead of caching; in GCLSR
+  training each view draws its own unless ``method.oov_draw: shared``);
 * rows 2..: the vocabulary tokens that have a vector.
 
 Vectors come from a named set (:data:`NAMED_VECTORS`), a word2vec / GloVe file, or the input token

@@ -3,7 +3,11 @@
 A TextCNN over frozen word vectors, trained SimSiam-style on two augmented views of each sentence:
 
 * views: PWVA (partial word-vector augmentation, §7.2) applied twice to the sentence's word vectors,
-  or a text-level alternative (EDA, back-translation) for the paper's Table 2;
+  or a text-level alternative (EDA, back-translation) for the paper's Table 2; each view draws its
+  own random vectors for out-of-vocabulary words (``oov_draw: per_view``, the paper's §5.7: random
+  initialisation of "unrecognizable words" "can be regarded as a method of data augmentation"), so
+  even "No Aug." views differ at OOV positions; ``shared`` draws once for both views (our reading
+  of the code, whose data module is unpublished; with no augmentation the views are then equal);
 * self-attention of word vectors (§7.3, paper Algorithm 1, training only): S = XXᵀ/√d with padding
   cells set to 1e-9 (no softmax), each word vector scaled by its row sum a_i = Σ_j S_ij;
 * branch v: backbone → projector (3 FC, 4096) → z_v → predictor (4096→1024→4096) → p_v.
@@ -20,7 +24,8 @@ code selected on the STS test sets). At test time the sentence embedding is the 
 
 Paper vs code (§9): each difference is a field, paper by default. Code variant: region sizes
 (1,1,1,6,10,15), 640 filters, ``projector_out_bn: true``, ``trainer.nesterov: true``,
-``pwva.operators: gclsr_code``; the base LR 0.3 of the paper's §5.1 is ``trainer.lr: 0.3``.
+``pwva.operators: gclsr_code``, ``oov_draw: shared``; the base LR 0.3 of the paper's §5.1 is
+``trainer.lr: 0.3``.
 """
 
 from __future__ import annotations
@@ -52,24 +57,38 @@ from clsr.methods.base import Method, MethodConfig
 from clsr.train.distributed import gather_with_grad
 
 Augmentation = Literal["pwva", "full", "none", "eda", "back_translation"]
+OOVDraw = Literal["per_view", "shared"]
 TEXT_LEVEL = ("eda", "back_translation")
 
 
 class GCLSRConfig(MethodConfig):
     name: str = "gclsr"
     augmentation: Augmentation = Field(
-        "pwva", description="pwva (partial), full (every word), none, or text-level eda / back_translation"
+        "pwva",
+        description="pwva (partial, the paper's), full (every word), none, or text-level eda / back_translation",
     )
     pwva: PWVAConfig = Field(default_factory=PWVAConfig)
     eda: EDAConfig = Field(default_factory=EDAConfig)
     back_translation: BackTranslationConfig = Field(default_factory=BackTranslationConfig)
-    self_attention: bool = Field(True, description="Algorithm 1 on both views, training only")
-    projector_dim: int = Field(4096, ge=2)
+    oov_draw: OOVDraw = Field(
+        "per_view",
+        description="random vectors of OOV words (model.oov: redraw): per_view = each view draws its own "
+        "(paper §5.7: the random initialisation is an augmentation); shared = one draw for both views "
+        "(our reading of the code, whose data module is unpublished)",
+    )
+    self_attention: bool = Field(True, description="Algorithm 1 on both views, training only (paper)")
+    projector_dim: int = Field(4096, ge=2, description="width of the 3 projector layers (paper and code)")
     projector_out_bn: bool = Field(False, description="BN on the projector output (paper: no; code: yes)")
-    predictor_hidden: int = Field(1024, ge=1, description="bottleneck of the 2-layer predictor")
-    group_size: int | None = Field(16, ge=1, description="coordinates per group D; null = no grouping")
+    predictor_hidden: int = Field(
+        1024, ge=1, description="bottleneck of the 2-layer predictor (paper and code)"
+    )
+    group_size: int | None = Field(
+        16, ge=1, description="coordinates per group D (paper Table 11 and code: 16); null = no grouping"
+    )
     predictor_lr: float | Literal["decay"] = Field(
-        1.0, description="constant absolute LR of the predictor, or 'decay' to follow the base schedule"
+        1.0,
+        description="constant absolute LR of the predictor (paper Table 6 and code: 1.0), or 'decay' to "
+        "follow the base schedule",
     )
 
     @field_validator("predictor_lr")
@@ -156,13 +175,24 @@ class GCLSRModel(nn.Module):
         mask2: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
         word_augment = self.cfg.augmentation in ("pwva", "full")
-        vectors = self.encoder.embed_words(ids)  # OOV draws are shared by the two views, as in the code
-        p1, z1 = self._view(vectors, mask, word_augment)
+        first, second = self.word_views(ids, ids2)
+        p1, z1 = self._view(first, mask, word_augment)
         if ids2 is None:
-            p2, z2 = self._view(vectors, mask, word_augment)
-        else:  # a text-level view (EDA, back-translation) has words of its own
-            p2, z2 = self._view(self.encoder.embed_words(ids2), mask2, False)
+            p2, z2 = self._view(second, mask, word_augment)
+        else:  # a text-level view (EDA, back-translation) has words of its own, never word-augmented
+            p2, z2 = self._view(second, mask2, False)
         return p1, p2, z1, z2
+
+    def word_views(
+        self, ids: torch.Tensor, ids2: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two views' word vectors before PWVA; ``oov_draw`` decides whether OOV draws are shared."""
+        first = self.encoder.embed_words(ids)
+        if ids2 is not None:
+            return first, self.encoder.embed_words(ids2)
+        if self.cfg.oov_draw == "shared":
+            return first, first
+        return first, self.encoder.embed_words(ids)
 
 
 # --- data ------------------------------------------------------------------------------------------
