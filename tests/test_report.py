@@ -1,9 +1,12 @@
-"""Study reports from a hand-made MLflow store: cells, tests and paper numbers against SciPy, failed
-and missing trials shown, the files written and logged, the command line, and the reference check."""
+"""Study reports from a hand-made MLflow store: cells, tests and paper numbers against SciPy, the Holm
+adjustment against hand numbers and Holm's own procedure, failed and missing trials shown, rows that
+are one configuration and evaluation-only rows marked, the files written and logged, the command line,
+and the reference check."""
 
 from __future__ import annotations
 
 import csv
+import html
 import math
 import time
 
@@ -17,13 +20,16 @@ from scipy import stats
 from clsr.cli import main
 from clsr.study.record import resolved_summary
 from clsr.study.report import (
+    CORRECTION,
     TEST_NAME,
     build_report,
     histories,
+    holm,
     paired_test,
     render_text,
     report_study,
     seed_stats,
+    write_report,
 )
 from clsr.study.schema import StudyError, load_study
 from clsr.tracking.study_runs import close_run, open_child_run, record_skipped, start_parent_run
@@ -186,6 +192,58 @@ def test_rows_are_tested_against_the_reference_with_a_paired_t_test(report):
     assert rows_of(report, "pooling")["cls"].test.p_value == pytest.approx(expected)
 
 
+def test_holm_matches_hand_numbers():
+    # sorted 0.005, 0.01, 0.03, 0.04 times m - j + 1 = 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> running max
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.3, 0.6]) == pytest.approx([0.6, 0.6]) and holm([0.7, 0.9]) == pytest.approx([1.0, 1.0])
+    adjusted = holm([0.01, math.nan, 0.04])  # a row without a test is not in the family: m = 2
+    assert (
+        adjusted[0] == pytest.approx(0.02) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.04)
+    )
+    assert holm([]) == [] and holm([0.2]) == [0.2]
+
+
+def holm_rejects(p_values: list[float], alpha: float) -> set[int]:
+    """Holm's procedure as the 1979 paper states it: test the k-th smallest p against alpha / (m - k + 1)
+    and stop at the first that is not below."""
+    rejected = set()
+    for k, i in enumerate(sorted(range(len(p_values)), key=lambda i: p_values[i])):
+        if p_values[i] > alpha / (len(p_values) - k):
+            break
+        rejected.add(i)
+    return rejected
+
+
+def test_holm_adjusted_p_rejects_what_the_step_down_procedure_rejects():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        p = (rng.uniform(0, 0.2, size=int(rng.integers(1, 9))) ** 2).tolist()
+        adjusted = holm(p)
+        for alpha in (0.01, 0.05, 0.1):
+            assert {i for i, a in enumerate(adjusted) if a <= alpha} == holm_rejects(p, alpha)
+
+
+def test_p_values_are_holm_adjusted_within_each_ablation(report):
+    rows = rows_of(report, "temperature")
+    ref = MAIN[("temperature", T05)]
+    raw = {}
+    for label in (T01, T02):
+        mine = MAIN[("temperature", label)]
+        seeds = sorted(set(mine) & set(ref))
+        raw[label] = stats.ttest_rel([mine[s] for s in seeds], [ref[s] for s in seeds]).pvalue
+    low, high = sorted(raw, key=raw.get)  # the family is T01 and T02: T03 has one paired seed
+    assert rows[low].test.p_adjusted == pytest.approx(min(1.0, 2 * raw[low]))
+    assert rows[high].test.p_adjusted == pytest.approx(max(min(1.0, 2 * raw[low]), raw[high]))
+    assert math.isnan(rows[T03].test.p_adjusted)
+    assert raw[T02] < 0.05 < rows[T02].test.p_adjusted  # significant alone, not after the correction
+    cls = rows_of(report, "pooling")["cls"].test  # a family of one: nothing to adjust
+    assert cls.p_adjusted == pytest.approx(cls.p_value)
+    text = render_text(report)
+    assert "p (paired t) | p (Holm) | sig." in text and f"{CORRECTION} (2 tested, family-wise error)" in text
+    t02 = [c.strip() for c in next(x for x in text.splitlines() if x.startswith(T02)).split("|")]
+    assert t02[-2:] == [f"{raw[T02]:.3f}", f"{rows[T02].test.p_adjusted:.3f}"]  # no '*' after them
+
+
 def test_paper_numbers_come_from_the_study_file_then_the_tags(report):
     rows = rows_of(report, "temperature")
     assert rows[T05].paper_value("test_sts_avg") == 76.0  # the file, not the tag's 99
@@ -269,6 +327,8 @@ def test_report_files_and_parent_run_artifacts(store, tmp_path, monkeypatch):
     assert 'src="http' not in page and "<link" not in page
     md = (out / "report.md").read_text()
     assert "| point | row | trials | test_sts_avg mean ± std |" in md and "![temperature_main]" in md
+    assert "| p (paired t) | p (Holm) | sig. |" in md and CORRECTION in md
+    assert "<th>p (Holm)</th>" in page and html.escape(CORRECTION) in page
     rows = list(csv.DictReader((out / "report.csv").open()))
     assert len(rows) == 4 * 5 + 2 * 3  # ablation x point x metric
     cell = next(r for r in rows if r["point"] == T01 and r["metric"] == "test_sts_avg")
@@ -277,8 +337,14 @@ def test_report_files_and_parent_run_artifacts(store, tmp_path, monkeypatch):
     assert float(cell["std"]) == pytest.approx(std) and cell["n"] == "2" and cell["paper"] == "75.0"
     assert float(cell["diff"]) == pytest.approx(mean - 75.0) and cell["test"] == TEST_NAME
     assert cell["trials"] == "2/3 ok, 1 failed" and float(cell["p_value"]) > 0
+    assert float(cell["p_adjusted"]) == pytest.approx(report.ablations[0].rows[1].test.p_adjusted)
+    assert float(cell["p_adjusted"]) >= float(cell["p_value"]) and cell["correction"] == CORRECTION
+    assert cell["eval_only"] == "False" and cell["same_as"] == ""
     missing = next(r for r in rows if r["point"] == T03 and r["metric"] == "test_sts_avg")
     assert missing["n"] == "1" and missing["std"] == "" and missing["p_value"] == ""
+    assert missing["p_adjusted"] == ""
+    other = next(r for r in rows if r["point"] == T01 and r["metric"] == "test_stsb")
+    assert other["p_value"] == other["p_adjusted"] == ""  # tests are on the main metric only
     logged = {a.path for a in store["client"].list_artifacts(store["parent"], "report")}
     assert {f"report/{n}" for n in names} <= logged
 
@@ -357,3 +423,65 @@ def test_a_sampled_ablation_gets_one_row_per_sampled_point(store, tmp_path):
     assert [r.label for r in lr.rows] == ["trainer.lr=2e-05", "trainer.lr=8e-05"]
     assert lr.main_metric == "best_dev_stsb" and [r.trials_text() for r in lr.rows] == ["1/1 ok"] * 2
     assert lr.rows[1].test.mean_diff == 1.0 and math.isnan(lr.rows[1].test.p_value)
+
+
+DUPLICATES = {
+    "name": "report_dup",
+    "method": "simcse_unsup",
+    "base": {"model": {"name": "minilm"}, "trainer": {"batch_size": 16}},
+    "seeds": [1, 2],
+    "ablations": {  # one configuration written three ways: tau 0.05 = batch 16 = the reference
+        "reference": {"points": [{"label": "SimCSE", "set": {"method.temperature": 0.05}}], "reference": "SimCSE"},
+        "temperature": {"grid": {"method.temperature": [0.05, 0.1]}, "reference": "0.05"},
+        "batch": {"grid": {"trainer.batch_size": [16, 64]}, "reference": "16"},
+        "start": {
+            "points": [
+                {"label": "untrained", "set": {"trainer.max_steps": 0}},
+                {"label": "tagged", "set": {"model.pooling": "avg"}},
+            ],
+            "reference": "untrained",
+        },
+    },
+}  # fmt: skip
+
+
+def test_rows_of_one_configuration_and_evaluation_only_rows_are_marked(store, tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text(yaml.safe_dump(DUPLICATES, sort_keys=False))
+    client, uri = store["client"], store["uri"]
+    parent = start_parent_run(client, "report_dup", "x", None)
+    for ablation, label, tags in [
+        ("reference", "SimCSE", {}),
+        ("temperature", "method.temperature=0.1", {}),
+        ("start", "tagged", {"clsr.eval_only": "true"}),  # the trainer's tag, on a point not planned so
+    ]:
+        for seed in (1, 2):
+            add_trial(client, uri, parent, ablation, label, seed, metrics={"best_dev_stsb": 70.0 + seed}, tags=tags)  # fmt: skip
+    report = build_report(load_study(path), client, parent, uri)
+    same = {(a.name, r.label): r.same_as for a in report.ablations for r in a.rows}
+    assert same[("reference", "SimCSE")] == [
+        "temperature[method.temperature=0.05]",
+        "batch[trainer.batch_size=16]",
+    ]
+    assert same[("batch", "trainer.batch_size=16")] == [
+        "reference[SimCSE]",
+        "temperature[method.temperature=0.05]",
+    ]
+    assert same[("temperature", "method.temperature=0.1")] == same[("batch", "trainer.batch_size=64")] == []
+    assert same[("start", "untrained")] == same[("start", "tagged")] == []
+    only = {(a.name, r.label): r.eval_only for a in report.ablations for r in a.rows}
+    assert only.pop(("start", "untrained")) and only.pop(("start", "tagged"))  # max_steps 0; the tag
+    assert not any(only.values())
+    text = render_text(report)
+    assert "same as temperature[method.temperature=0.05]" in text and "same as reference[SimCSE]" in text
+    assert "untrained (evaluation only)" in text and "tagged (evaluation only)" in text
+    write_report(report, client, tmp_path / "out")
+    rows = list(csv.DictReader((tmp_path / "out" / "report.csv").open()))
+    by_point = {(r["ablation"], r["point"]): r for r in rows if r["main_metric"] == "True"}
+    assert by_point[("reference", "SimCSE")]["same_as"] == (
+        "temperature[method.temperature=0.05]; batch[trainer.batch_size=16]"
+    )
+    assert by_point[("start", "tagged")]["eval_only"] == "True"
+    assert by_point[("temperature", "method.temperature=0.1")]["eval_only"] == "False"
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "tagged (evaluation only)" in md and "same as batch[trainer.batch_size=16]" in md

@@ -3,7 +3,20 @@
 ``platform study report <study.yaml>`` reads the child runs of the study's latest parent run and, per
 ablation, puts each point's mean over seeds (std, Student-t 95 % CI, n) beside the number the paper
 published, tests every point against a reference point with a paired t-test over the seeds both ran,
-and shows every planned trial that did not finish instead of averaging it away. The same tables go to
+and shows every planned trial that did not finish instead of averaging it away.
+
+One ablation tests many rows against one reference, so its p-values are adjusted for multiple
+comparisons with Holm's step-down method (Holm 1979, "A simple sequentially rejective multiple test
+procedure"): the family is the rows of one ablation that have a p-value on the main metric. Holm, not
+Benjamini-Hochberg, because each row's verdict ("differs from the paper's configuration") is read on
+its own, which asks for the family-wise error to be controlled, not the share of false discoveries;
+Holm holds under any dependence between the tests (they share the reference's seeds), and it is
+uniformly more powerful than Bonferroni. SciPy has no Holm, so it is the few lines of ``holm``.
+
+Two rows of different ablations can be one trial configuration (SupMPN's reference, P5xQ5 and
+tau 0.05 all resolve to the paper's defaults); each such row says ``same as <ablation>[<row>]``, so a
+reader sees that they are one configuration trained once per ablation. A row whose trials only scored
+their starting model (``trainer.max_steps: 0``, tag ``clsr.eval_only``) is marked evaluation only. The same tables go to
 the terminal, Markdown, CSV and a self-contained HTML page, with plots; the files are also logged on
 the parent run under ``report/``, so the report travels with the runs it was built from.
 """
@@ -18,7 +31,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +43,8 @@ from scipy import stats as sps
 from clsr.data.faq import FAQ_TASKS
 from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
-from clsr.study.schema import Ablation, Study, find_point, grid_points
+from clsr.study.fingerprint import digest
+from clsr.study.schema import Ablation, Study, find_point, grid_points, resolve_trial
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import (
     SUPERSEDED_TAG,
@@ -41,9 +55,11 @@ from clsr.tracking.study_runs import (
 )
 
 CONFIDENCE = 0.95
-ALPHA = 0.05  # rows whose paired test against the reference gives p below this are flagged
+ALPHA = 0.05  # rows whose Holm-adjusted p against the reference is below this are flagged
 OK = "finished"  # the only status whose metrics are averaged (stopped trials never reached their tests)
 TEST_NAME = "paired t-test (scipy.stats.ttest_rel, two-sided)"
+CORRECTION = "Holm (1979) step-down over the ablation's rows tested against its reference"
+EVAL_ONLY_TAG = "clsr.eval_only"  # "true" on a trial that trained nothing (trainer.max_steps: 0)
 COST_METRICS = ("trial_wall_s", "trial_cpu_s", "trial_gpu_s")
 FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("STS test, Spearman x 100", (*(f"test_{t}" for t in STS_TASKS), "test_sts_avg", "test_sts12_15_avg")),
@@ -97,6 +113,10 @@ class Trial:
     @property
     def ok(self) -> bool:
         return self.status == OK
+
+    @property
+    def eval_only(self) -> bool:
+        return self.tags.get(EVAL_ONLY_TAG, "").lower() == "true"
 
     def error_line(self) -> str:
         """The last line of the trial's error (the exception), short enough for a table."""
@@ -189,6 +209,11 @@ class Paired:
     p_value: float  # nan: fewer than 2 paired seeds (or no spread at all in the differences)
     n: int
     mean_diff: float  # row - reference, mean over the paired seeds
+    p_adjusted: float = math.nan  # Holm-adjusted over the ablation's tested rows; nan when p_value is
+
+    @property
+    def significant(self) -> bool:
+        return self.p_adjusted < ALPHA
 
 
 def paired_test(row: dict[int | None, float], reference: dict[int | None, float]) -> Paired:
@@ -203,6 +228,19 @@ def paired_test(row: dict[int | None, float], reference: dict[int | None, float]
         warnings.simplefilter("ignore")  # constant differences: SciPy warns and returns nan or 0
         p = float(sps.ttest_rel([row[s] for s in seeds], [reference[s] for s in seeds]).pvalue)
     return Paired(p, len(seeds), mean_diff)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment (Holm 1979), in the input order: the k-th smallest of the m finite
+    p-values becomes max over j <= k of min(1, (m - j + 1) p_(j)). A nan (too few paired seeds) stays
+    nan and is not counted in m: a row without a test is not a comparison made."""
+    ranked = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    adjusted = [math.nan] * len(p_values)
+    running = 0.0  # the running max keeps the adjusted p-values in the order of the raw ones
+    for k, (p, i) in enumerate(ranked):
+        running = max(running, min(1.0, (len(ranked) - k) * p))
+        adjusted[i] = running
+    return adjusted
 
 
 # --- one ablation ------------------------------------------------------------------------------------
@@ -222,6 +260,18 @@ class Row:
     reference: bool = False
     stats: dict[str, Stats] = field(default_factory=dict)
     test: Paired | None = None  # None for the reference row itself
+    config: str | None = None  # hash of the resolved trial config (seed aside); None: not planned
+    planned_eval_only: bool = False  # the point sets trainer.max_steps: 0
+    same_as: list[str] = field(default_factory=list)  # "<ablation>[<label>]" of identical rows elsewhere
+
+    @property
+    def eval_only(self) -> bool:
+        """Trains nothing and scores its starting model: planned so, or a trial tagged so."""
+        return self.planned_eval_only or any(t.eval_only for t in self.trials.values())
+
+    @property
+    def display_label(self) -> str:
+        return self.label + (" (evaluation only)" if self.eval_only else "")
 
     def values(self, metric: str) -> dict[int | None, float]:
         """Seed -> value of the finished trials that logged ``metric``."""
@@ -251,6 +301,10 @@ class Row:
         return ", ".join(
             m for m, on in (("paper choice", self.paper_choice), ("reference", self.reference)) if on
         )
+
+    def mark_lines(self) -> list[str]:
+        """The marks, then one ``same as <ablation>[<row>]`` line per identical row of another ablation."""
+        return [m for m in [self.marks()] if m] + [f"same as {other}" for other in self.same_as]
 
 
 @dataclass
@@ -327,6 +381,8 @@ def plan_rows(study: Study, name: str, trials: list[Trial]) -> list[Row]:
     points = [] if spec.space else grid_points(spec)
     seeds = [] if spec.space else study.seeds_of(name)
     rows = {p["label"]: Row(p["label"], p["overrides"], dict(p["paper"]), list(seeds)) for p in points}
+    for row in rows.values():
+        row.config, row.planned_eval_only = planned_config(study, name, row.overrides)
     for (label, seed), trial in sorted(pick_trials(trials).items(), key=lambda kv: kv[1].start_time):
         if label not in rows:
             rows[label] = Row(label, {}, {}, [], in_study=bool(spec.space))
@@ -334,6 +390,30 @@ def plan_rows(study: Study, name: str, trials: list[Trial]) -> list[Row]:
     for row in rows.values():
         row.paper = row.paper or paper_from_tags(row.trials.values())
     return list(rows.values())
+
+
+def planned_config(study: Study, name: str, overrides: dict[str, Any]) -> tuple[str | None, bool]:
+    """The hash of the point's validated trial config at a fixed seed (pydantic fills defaults and
+    coerces types, so a point that writes out a default equals one that inherits it), and whether it
+    trains nothing (``trainer.max_steps: 0``); (None, False) when the point no longer resolves (a
+    ``--name`` report of a study recorded by an older clsr)."""
+    try:
+        config = resolve_trial(study, name, overrides, 0).model_dump(mode="json")
+    except ValueError:  # pydantic's ValidationError included
+        return None, False
+    return digest(config), config["trainer"].get("max_steps") == 0
+
+
+def mark_duplicates(ablations: list[AblationReport]) -> None:
+    """``same_as`` on every row whose resolved config a row of another ablation shares."""
+    by_config: dict[str, list[tuple[str, Row]]] = {}
+    for ab in ablations:
+        for row in ab.rows:
+            if row.config is not None:
+                by_config.setdefault(row.config, []).append((ab.name, row))
+    for group in by_config.values():
+        for name, row in group:
+            row.same_as = [f"{other}[{r.label}]" for other, r in group if other != name]
 
 
 def paper_from_tags(trials: Iterable[Trial]) -> dict[str, float]:
@@ -380,6 +460,9 @@ def ablation_report(study: Study, name: str, trials: list[Trial]) -> AblationRep
     for row in rows:
         if reference is not None and row is not reference:
             row.test = paired_test(row.values(main), reference.values(main))
+    tested = [r for r in rows if r.test is not None]
+    for row, p in zip(tested, holm([r.test.p_value for r in tested]), strict=True):
+        row.test = replace(row.test, p_adjusted=p)
     return report
 
 
@@ -416,6 +499,7 @@ def build_report(study: Study, client: MlflowClient, parent_run_id: str, uri: st
     ablations = [
         ablation_report(study, name, [t for t in trials if t.ablation == name]) for name in study.ablations
     ]
+    mark_duplicates(ablations)
     total = Cost()
     for ablation in ablations:
         total.merge(ablation.cost)
@@ -466,7 +550,7 @@ def ci_text(s: Stats | None) -> str:
 
 def row_class(row: Row) -> str:
     classes = ["paper-choice" if row.paper_choice else "", "reference" if row.reference else ""]
-    if row.test is not None and row.test.p_value < ALPHA:
+    if row.test is not None and row.test.significant:
         classes.append("significant")
     if any(not t.ok for t in row.trials.values()) or row.missing():
         classes.append("incomplete")
@@ -477,20 +561,21 @@ def summary_table(ab: AblationReport) -> Table:
     """The ablation at a glance: the main metric, the paper, and the test against the reference."""
     m = ab.main_metric
     header = ["point", "row", "trials", f"{m} mean ± std", "95% CI", "n", "paper", "ours − paper"]
-    header += ["ours − ref", "p (paired t)", "sig."]
+    header += ["ours − ref", "p (paired t)", "p (Holm)", "sig."]
     rows = []
     for row in ab.rows:
         s, paper = row.stats.get(m), row.paper_value(m)
         diff = s.mean - paper if s is not None and s.n and paper is not None else None
         test = row.test
-        cells = [row.label, row.marks(), row.trials_text(), mean_std(s), ci_text(s), str(s.n if s else 0)]
-        cells += [fmt(paper), fmt(diff, "+.2f")]
+        cells = [row.display_label, "", row.trials_text(), mean_std(s), ci_text(s)]
+        cells += [str(s.n if s else 0), fmt(paper), fmt(diff, "+.2f")]
         if test is None:
-            cells += ["(reference)" if row.reference else "-", "", ""]
+            cells += ["(reference)" if row.reference else "-", "", "", ""]
         else:
-            sig = "*" if test.p_value < ALPHA else ""
-            cells += [fmt(test.mean_diff, "+.2f"), fmt_p(test.p_value), sig]
+            sig = "*" if test.significant else ""
+            cells += [fmt(test.mean_diff, "+.2f"), fmt_p(test.p_value), fmt_p(test.p_adjusted), sig]
         rows.append([[c] for c in cells])
+        rows[-1][1] = row.mark_lines() or [""]
     return Table(f"{ab.name}: {m}", header, rows, [row_class(r) for r in ab.rows])
 
 
@@ -519,7 +604,7 @@ def detail_tables(ab: AblationReport) -> list[Table]:
     for title, cols in column_groups(ab):
         rows = []
         for row in ab.rows:
-            label = [row.label] + ([f"({row.marks()})"] if row.marks() else [])
+            label = [row.display_label] + [f"({m})" for m in row.mark_lines()]
             rows.append([label, [row.trials_text()], *(cell_lines(row, m) for m in cols)])
         tables.append(
             Table(f"{ab.name}: {title}", ["point", "trials", *cols], rows, [row_class(r) for r in ab.rows])
@@ -562,11 +647,17 @@ def ablation_notes(ab: AblationReport) -> list[str]:
     lines.append(
         f"main metric {ab.main_metric}; reference row {ref.label!r} ({why}); cells: mean ± std over "
         f"seeds, {CONFIDENCE:.0%} CI (Student t), n seeds; rows vs reference: {TEST_NAME} on "
-        f"{ab.main_metric} across the seeds both finished, * p < {ALPHA}, n/a below 2 paired seeds"
+        f"{ab.main_metric} across the seeds both finished, n/a below 2 paired seeds; p (Holm): "
+        f"{CORRECTION} ({tested(ab)} tested, family-wise error); * Holm-adjusted p < {ALPHA}"
         if ref is not None
         else "no rows: no point planned and no run found"
     )
     return lines + ab.notes
+
+
+def tested(ab: AblationReport) -> int:
+    """The size of the Holm family: rows with a p-value on the main metric."""
+    return sum(r.test is not None and not math.isnan(r.test.p_value) for r in ab.rows)
 
 
 def text_table(table: Table) -> str:
@@ -695,13 +786,15 @@ def render_html(report: StudyReport, images: dict[str, list[Path]]) -> str:
 
 
 CSV_FIELDS = (
-    "ablation", "table", "point", "paper_choice", "reference", "trials", "metric", "main_metric",
-    "mean", "std", "ci_low", "ci_high", "n", "paper", "diff", "p_value", "test",
+    "ablation", "table", "point", "paper_choice", "reference", "eval_only", "same_as", "trials", "metric",
+    "main_metric", "mean", "std", "ci_low", "ci_high", "n", "paper", "diff", "p_value", "p_adjusted",
+    "test", "correction",
 )  # fmt: skip
 
 
 def csv_rows(report: StudyReport) -> list[dict[str, Any]]:
-    """One row per ablation x point x metric; p_value on the main metric's rows (blank for the reference)."""
+    """One row per ablation x point x metric; p_value and its Holm adjustment on the main metric's rows
+    (blank for the reference)."""
     out = []
     for ab in report.ablations:
         for row in ab.rows:
@@ -713,11 +806,14 @@ def csv_rows(report: StudyReport) -> list[dict[str, Any]]:
                     {
                         "ablation": ab.name, "table": ab.spec.table or "", "point": row.label,
                         "paper_choice": row.paper_choice, "reference": row.reference,
+                        "eval_only": row.eval_only, "same_as": "; ".join(row.same_as),
                         "trials": row.trials_text(), "metric": metric, "main_metric": main,
                         "mean": _num(s.mean), "std": _num(s.std), "ci_low": _num(s.ci_low),
                         "ci_high": _num(s.ci_high), "n": s.n, "paper": _num(paper),
                         "diff": _num(s.mean - paper) if paper is not None and s.n else "",
-                        "p_value": _num(test.p_value) if test else "", "test": TEST_NAME if test else "",
+                        "p_value": _num(test.p_value) if test else "",
+                        "p_adjusted": _num(test.p_adjusted) if test else "",
+                        "test": TEST_NAME if test else "", "correction": CORRECTION if test else "",
                     }
                 )  # fmt: skip
     return out
@@ -781,12 +877,13 @@ def plot_main_metric(ab: AblationReport, path: Path) -> Path | None:
         if min(x) > 0 and max(x) / min(x) >= 16:
             ax.set_xscale("log")
     else:
-        ax.set_xticks(x, [r.label + (" (paper)" if r.paper_choice else "") for r in rows],
+        ax.set_xticks(x, [r.display_label + (" (paper)" if r.paper_choice else "") for r in rows],
                       rotation=30 if len(rows) > 3 else 0, ha="right" if len(rows) > 3 else "center")  # fmt: skip
     ax.set_ylabel(m)
     ax.set_title(f"{ab.name}: {m} over seeds")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # an ablation without finished trials has nothing to label
+        ax.legend(fontsize=8)
     fig.savefig(path, dpi=110)
     return path
 
