@@ -131,7 +131,13 @@ def _parser() -> argparse.ArgumentParser:
         "--transfer-mode",
         default="test",
         choices=["test", "fast"],
-        help="transfer tasks: test = SentEval's 10-fold protocol; fast = 5 folds, smaller C grid",
+        help="transfer tasks: test = SentEval's 10-fold protocol; fast = SimCSE's fasttest (5 folds)",
+    )
+    ev.add_argument(
+        "--transfer-classifier",
+        default="senteval_pytorch",
+        choices=["senteval_pytorch", "liblinear", "lbfgs"],
+        help="transfer tasks: SentEval's PyTorch logistic regression (SimCSE's setting), liblinear, or L-BFGS",
     )
     ev.add_argument(
         "--max-examples", type=int, default=None, help="transfer tasks: stratified subsample of each split"
@@ -329,7 +335,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if transfer_tasks:
         started = time.perf_counter()
         transfer = evaluate_transfer(
-            embed, transfer_tasks, args.data_dir, mode=args.transfer_mode, max_examples=args.max_examples
+            embed,
+            transfer_tasks,
+            args.data_dir,
+            mode=args.transfer_mode,
+            max_examples=args.max_examples,
+            classifier=args.transfer_classifier,
         )
         elapsed = time.perf_counter() - started
         tables["transfer_table.txt"] = format_transfer_table(transfer)
@@ -371,6 +382,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             params = {"model": args.model, "pooling": args.pooling, "split": args.split, "tasks": args.tasks}
             if transfer_tasks:
                 params |= {"transfer_mode": args.transfer_mode, "max_examples": args.max_examples}
+                params |= {"transfer_classifier": args.transfer_classifier}
             if faq_tasks:
                 params |= {"max_queries": args.max_queries}
             mlflow.log_params(params)

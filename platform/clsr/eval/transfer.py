@@ -1,27 +1,44 @@
-"""SentEval transfer tasks with scikit-learn logistic regression (methods.md §8.2, ``usepytorch=False``).
+"""SentEval transfer tasks: logistic regression on frozen embeddings (methods.md §8.2).
 
-Protocol (SentEval's ``tools/validation.py`` with ``usepytorch=False``, ``kfold=10``, seed 1111):
+Classifier (``classifier=``), each one of SentEval's settings:
+
+* ``senteval_pytorch`` (default; SimCSE's ``usepytorch=True``, ``nhid=0``): SentEval's
+  ``PyTorchClassifier`` — one seeded ``nn.Linear`` on float32 features, softmax cross-entropy, L2
+  penalty as the optimizer's ``weight_decay`` chosen from {1e-5, 1e-4, 1e-3, 1e-2}. "test" mode:
+  Adam, batch 64, tenacity 5, epoch_size 4, max_epoch 200; "fast" = SimCSE's "fasttest": RMSprop,
+  batch 128, tenacity 3, epoch_size 2. Training runs in rounds of ``epoch_size`` shuffled passes,
+  scores the validation rows after each round, keeps the best-scoring model, and stops at the
+  (tenacity + 1)-th round without improvement (SentEval never resets that count) or after max_epoch.
+  Validation rows: the fold being scored (inner CV, k-fold CV), SST-2's dev set, else (refits) a
+  seeded 5 % of the training rows (SentEval's ``validation_split=0.05``). The cross-entropy is the
+  batch mean: SentEval sets ``loss_fn.size_average = False`` after building the loss, which PyTorch
+  ≥ 0.4.1 (SimCSE ran 1.7) ignores, so the numbers SimCSE reports come from the mean.
+* ``liblinear`` (SentEval's ``usepytorch=False`` as it ran in 2017-2020): scikit-learn
+  ``LogisticRegression(C, solver="liblinear")`` with its default tol and max_iter, one-vs-rest for
+  TREC's six classes; C from {2^-2, …, 2^3} (nested CV, SST-2) or {2^-1, …, 2^5} (TREC, MRPC).
+* ``lbfgs``: the same C grids with today's scikit-learn default (L-BFGS, multinomial), kept because it
+  is fast; not a setting any paper reports.
+
+Schemes (SentEval's ``tools/validation.py``, seed 1111):
 
 * Features are the frozen sentence embeddings as returned by the encoder: no standardisation, no
   normalisation (SentEval does none). MRPC uses ``[|u - v|, u * v]`` of its two sentences.
 * MR, CR, SUBJ, MPQA (``InnerKFoldClassifier``): outer stratified 10-fold CV (shuffled, seed 1111);
-  inside each outer training fold an inner stratified 10-fold CV (same seed) picks C from
-  {2^-2, …, 2^3}; refit on the outer training fold with that C and score the outer test fold.
-  Reported: the mean of the ten test accuracies.
-* TREC, MRPC (``KFoldClassifier``): stratified 10-fold CV on the training set picks C from
-  {2^-1, …, 2^5}; refit on the whole training set; score the fixed test set (MRPC also F1 of class 1).
-* SST-2 (``SplitClassifier``): C from {2^-2, …, 2^3} by dev accuracy, trained on train; score test.
+  inside each outer training fold an inner stratified 10-fold CV (same seed) picks the penalty;
+  refit on the outer training fold with it and score the outer test fold. Reported: the mean of the
+  ten test accuracies.
+* TREC, MRPC (``KFoldClassifier``): stratified 10-fold CV on the training set picks the penalty;
+  refit on the whole training set; score the fixed test set (MRPC also F1 of class 1).
+* SST-2 (``SplitClassifier``): the penalty with the best dev accuracy, trained on train; score test.
 * As in SentEval: rows are ordered by (token count, label) before the folds are drawn (SentEval sorts
   to reduce padding, which fixes which rows land in which fold), the mean CV accuracy is rounded to
-  two decimals before the arg-max (ties go to the smallest C), and accuracies are ×100.
-* Classifier: ``LogisticRegression(C, random_state=seed, max_iter=MAX_ITER)``, i.e. today's
-  scikit-learn default solver (L-BFGS, multinomial for TREC); SentEval ran with the 2017 default
-  (liblinear, one-vs-rest), so the second decimal can differ. Every fit runs with single-threaded
-  BLAS, and fits are spread over ``n_jobs`` processes, so the scores do not depend on ``n_jobs``.
+  two decimals before the arg-max (ties go to the first grid value), and accuracies are ×100.
+* Every fit runs with one thread, and fits are spread over ``n_jobs`` processes, so the scores do
+  not depend on ``n_jobs``.
 
-``mode="fast"`` (for training-time or smoke runs) uses 5 folds everywhere and three or four C values;
-``max_examples`` caps every split at a seeded stratified subsample (CI smoke runs). Each distinct
-sentence of a task is embedded once (one call of the embedder per task).
+``mode="fast"`` (SimCSE's "fasttest", for training-time or smoke runs): 5 folds everywhere, the
+fasttest PyTorch settings above, the same penalty grids. ``max_examples`` caps every split at a
+seeded stratified subsample (CI smoke runs). Each distinct sentence of a task is embedded once.
 """
 
 from __future__ import annotations
@@ -47,6 +64,11 @@ if TYPE_CHECKING:  # not imported at run time: joblib workers import this module
 
 SEED = 1111
 MAX_ITER = 2000  # L-BFGS on raw (unnormalised) embeddings with C up to 32 needs more than the default 100
+CLASSIFIERS = ("senteval_pytorch", "liblinear", "lbfgs")
+L2_GRID = tuple(10.0**t for t in range(-5, -1))  # SentEval's PyTorch weight decays, every scheme
+C_GRID = tuple(2.0**t for t in range(-2, 4))  # SentEval's scikit-learn C: nested CV and SST-2
+KFOLD_C_GRID = tuple(2.0**t for t in range(-1, 6))  # SentEval's scikit-learn C: TREC and MRPC
+VALIDATION_SPLIT = 0.05  # SentEval's refits hold out this share of the training rows for early stopping
 TASK_GROUPS = {"sts": STS_TASKS, "transfer": TRANSFER_TASKS, "faq": FAQ_TASKS}
 DISPLAY_NAMES = {
     "mr": "MR",
@@ -60,15 +82,25 @@ DISPLAY_NAMES = {
 
 
 @dataclass(frozen=True)
+class TorchSettings:
+    """SentEval's ``classifier`` dict for ``nhid=0`` (``max_epoch`` is SentEval's default)."""
+
+    optim: str  # "adam" or "rmsprop", PyTorch's default hyperparameters (SentEval passes none)
+    batch_size: int
+    tenacity: int  # rounds without a better validation score tolerated (the next one stops)
+    epoch_size: int  # passes over the training rows per round
+    max_epoch: int = 200
+
+
+@dataclass(frozen=True)
 class Mode:
     folds: int  # outer and inner folds (MR/CR/SUBJ/MPQA), CV folds (TREC/MRPC)
-    c_grid: tuple[float, ...]  # MR/CR/SUBJ/MPQA and SST-2 (SentEval: 2^-2 … 2^3)
-    kfold_c_grid: tuple[float, ...]  # TREC and MRPC (SentEval: 2^-1 … 2^5)
+    torch: TorchSettings
 
 
-MODES: dict[str, Mode] = {
-    "test": Mode(10, tuple(2.0**t for t in range(-2, 4)), tuple(2.0**t for t in range(-1, 6))),
-    "fast": Mode(5, (2.0**-1, 2.0**1, 2.0**3), (2.0**-1, 2.0**1, 2.0**3, 2.0**5)),
+MODES: dict[str, Mode] = {  # SimCSE's evaluation.py: "test" and "fasttest"
+    "test": Mode(10, TorchSettings("adam", batch_size=64, tenacity=5, epoch_size=4)),
+    "fast": Mode(5, TorchSettings("rmsprop", batch_size=128, tenacity=3, epoch_size=2)),
 }
 
 
@@ -122,14 +154,15 @@ class TransferScore:
     task: str
     acc: float  # test accuracy × 100 (MR/CR/SUBJ/MPQA: mean over the outer folds) — the reported number
     devacc: float  # validation accuracy × 100 of the chosen C (inner-CV / CV / dev)
-    chosen_c: list[float]  # one C per outer fold (MR/CR/SUBJ/MPQA), else one value
+    chosen_c: list[float]  # C or weight decay: one per outer fold (MR/CR/SUBJ/MPQA), else one value
     sizes: dict[str, int]  # rows per split actually used ("all" for the CV tasks)
     f1: float | None = None  # MRPC: test F1 × 100 of the paraphrase class
     mode: str = "test"
+    classifier: str = "senteval_pytorch"
     embed_seconds: float = 0.0
     classify_seconds: float = 0.0
     fits: int = 0  # logistic regressions trained
-    unconverged_fits: int = 0  # fits that hit MAX_ITER (a warning is raised when any did)
+    unconverged_fits: int = 0  # fits that hit their cap: max_iter (warned), PyTorch max_epoch
 
 
 def stratified_subsample(labels: np.ndarray, n: int, seed: int = SEED) -> np.ndarray:
@@ -216,53 +249,137 @@ def _embed_task(embed: Embedder, splits: dict[str, TransferSplit]) -> dict[str, 
 # ---------------------------------------------------------------------------------------- fitting
 
 
-def _fit_predict(
-    X: np.ndarray, y: np.ndarray, train: np.ndarray, evaluate: Sequence[np.ndarray], c: float, seed: int
-) -> tuple[list[np.ndarray], bool]:
-    """Fit on rows ``train``: predictions for each index array in ``evaluate`` and whether L-BFGS
-    converged within MAX_ITER iterations."""
+@dataclass(frozen=True)
+class Job:
+    """One classifier fit: train on ``train``, predict every index array in ``evaluate``."""
+
+    train: np.ndarray
+    evaluate: Sequence[np.ndarray]
+    reg: float  # C (scikit-learn) or weight decay (PyTorch)
+    valid: np.ndarray | None = None  # PyTorch early-stopping rows; None: a seeded 5 % of ``train``
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """What every fit of one task shares."""
+
+    classifier: str
+    torch: TorchSettings
+    n_classes: int
+    seed: int = SEED
+
+
+def _sklearn_fit_predict(X: np.ndarray, y: np.ndarray, job: Job, fit: FitSettings) -> tuple[list, bool]:
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
+    from sklearn.multiclass import OneVsRestClassifier
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # counted and reported by evaluate_transfer
-        clf = LogisticRegression(C=c, random_state=seed, max_iter=MAX_ITER)
-        clf.fit(X[train], y[train])
-    return [clf.predict(X[rows]) for rows in evaluate], bool(np.all(clf.n_iter_ < MAX_ITER))
+        if fit.classifier == "liblinear":  # scikit-learn's defaults of SentEval's era: tol 1e-4, max_iter 100
+            base = LogisticRegression(C=job.reg, solver="liblinear", random_state=fit.seed)
+            # today's liblinear wrapper is binary only; SentEval's ran one-vs-rest inside liblinear
+            clf = OneVsRestClassifier(base) if fit.n_classes > 2 else base
+        else:
+            clf = LogisticRegression(C=job.reg, random_state=fit.seed, max_iter=MAX_ITER)
+        clf.fit(X[job.train], y[job.train])
+    fitted = getattr(clf, "estimators_", [clf])
+    converged = all(np.all(m.n_iter_ < m.max_iter) for m in fitted)
+    return [clf.predict(X[rows]) for rows in job.evaluate], converged
 
 
-Job = tuple[np.ndarray, Sequence[np.ndarray], float]  # (train rows, rows to predict, C)
+def _torch_fit_predict(X, y: np.ndarray, job: Job, fit: FitSettings) -> tuple[list, bool]:
+    """SentEval's ``PyTorchClassifier.fit`` with ``nhid=0``; ``X`` is a float32 tensor of every row."""
+    import torch
+
+    s = fit.torch
+    rng = np.random.RandomState(fit.seed)  # SentEval reseeds numpy's global RNG for every classifier
+    train, valid = job.train, job.valid
+    if valid is None:  # SentEval's validation_split: the first 5 % of a seeded permutation
+        order = rng.permutation(len(train))
+        cut = int(VALIDATION_SPLIT * len(train))
+        # our choice: under 20 rows SentEval's 5 % is empty (it would divide by zero); use train
+        train, valid = (train[order[cut:]], train[order[:cut]]) if cut else (train[order], train[order])
+    with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's generator
+        torch.manual_seed(fit.seed)
+        model = torch.nn.Linear(X.shape[1], fit.n_classes)
+    optim = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}[s.optim]
+    optimizer = optim(model.parameters(), weight_decay=job.reg)
+    x_train, y_train = X[torch.from_numpy(train)], torch.from_numpy(y[train])
+    x_valid, y_valid = X[torch.from_numpy(valid)], torch.from_numpy(y[valid])
+    best, best_state, misses, epoch, stopped = -1, None, 0, 0, False
+    while epoch <= s.max_epoch:
+        for _ in range(s.epoch_size):
+            for batch in torch.from_numpy(rng.permutation(len(train))).split(s.batch_size):
+                loss = torch.nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        epoch += s.epoch_size
+        with torch.no_grad():
+            correct = int((model(x_valid).argmax(1) == y_valid).sum())
+        if correct > best:
+            best, best_state = correct, {k: v.clone() for k, v in model.state_dict().items()}
+        elif misses >= s.tenacity:  # SentEval counts every round without improvement, never resets
+            stopped = True
+            break
+        else:
+            misses += 1
+    model.load_state_dict(best_state)
+    with torch.no_grad():
+        preds = [model(X[torch.from_numpy(rows)]).argmax(1).numpy() for rows in job.evaluate]
+    return preds, stopped
 
 
-def _fit_batch(
-    X: np.ndarray, y: np.ndarray, jobs: list[Job], seed: int
-) -> list[tuple[list[np.ndarray], bool]]:
-    """Several fits with single-threaded BLAS, so that results do not depend on the thread count."""
+def fit_predict(X, y: np.ndarray, job: Job, fit: FitSettings) -> tuple[list[np.ndarray], bool]:
+    """Predictions for each index array of ``job.evaluate`` and whether the fit ended before its
+    cap (iterations for scikit-learn, ``max_epoch`` for PyTorch). ``X``: float64 array, or for
+    ``senteval_pytorch`` a float32 tensor (SentEval casts the features to float32)."""
+    if fit.classifier == "senteval_pytorch":
+        return _torch_fit_predict(X, y, job, fit)
+    return _sklearn_fit_predict(X, y, job, fit)
+
+
+def _fit_batch(X: np.ndarray, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> list[tuple[list, bool]]:
+    """Several fits with one thread, so that results do not depend on the thread count."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):
-        return [_fit_predict(X, y, train, evaluate, c, seed) for train, evaluate, c in jobs]
+        if fit.classifier != "senteval_pytorch":
+            return [fit_predict(X, y, job, fit) for job in jobs]
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            features = torch.from_numpy(X.astype(np.float32))
+            return [fit_predict(features, y, job, fit) for job in jobs]
+        finally:
+            torch.set_num_threads(threads)
 
 
 class _Runner:
     """Runs batches of independent fits, in this process (n_jobs=1) or over joblib worker processes."""
 
-    def __init__(self, X: np.ndarray, y: np.ndarray, seed: int, n_jobs: int):
-        self.X, self.y, self.seed, self.n_jobs = X, y, seed, n_jobs
+    def __init__(self, X: np.ndarray, y: np.ndarray, fit: FitSettings, n_jobs: int):
+        self.X, self.y, self.fit, self.n_jobs = X, y, fit, n_jobs
+        torch_path = fit.classifier == "senteval_pytorch"
+        self.grid = L2_GRID if torch_path else C_GRID  # nested CV and SST-2
+        self.kfold_grid = L2_GRID if torch_path else KFOLD_C_GRID  # TREC and MRPC
         self.fits = 0
         self.unconverged = 0
 
     def __call__(self, jobs: list[Job]) -> list[list[np.ndarray]]:
         workers = min(self.n_jobs, len(jobs))
         if workers <= 1:
-            results = _fit_batch(self.X, self.y, jobs, self.seed)
+            results = _fit_batch(self.X, self.y, jobs, self.fit)
         else:
             from joblib import Parallel, delayed
 
             # a few chunks per worker: even load, little dispatch overhead; order is kept
             chunks = [jobs[i :: 4 * workers] for i in range(min(len(jobs), 4 * workers))]
             done = Parallel(n_jobs=workers)(
-                delayed(_fit_batch)(self.X, self.y, chunk, self.seed) for chunk in chunks
+                delayed(_fit_batch)(self.X, self.y, chunk, self.fit) for chunk in chunks
             )
             results = [None] * len(jobs)
             for i, chunk_results in enumerate(done):
@@ -286,26 +403,27 @@ def _folds(y: np.ndarray, rows: np.ndarray, k: int, seed: int) -> list[tuple[np.
 
 
 def _best(scores: list[float], grid: Sequence[float]) -> tuple[float, float]:
-    i = int(np.argmax(scores))  # first maximum: the smallest C among ties, as SentEval
+    i = int(np.argmax(scores))  # first maximum: the first grid value among ties, as SentEval
     return grid[i], scores[i]
 
 
-def _nested_cv(run: _Runner, mode: Mode, seed: int) -> dict:
+def _nested_cv(run: _Runner, folds: int, seed: int) -> dict:
     everything = np.arange(len(run.y))
-    outer = _folds(run.y, everything, mode.folds, seed)
-    inner = [_folds(run.y, train, mode.folds, seed) for train, _ in outer]
-    jobs = [(tr, [te], c) for folds in inner for c in mode.c_grid for tr, te in folds]
+    outer = _folds(run.y, everything, folds, seed)
+    inner = [_folds(run.y, train, folds, seed) for train, _ in outer]
+    # SentEval's PyTorch path early-stops on the very inner fold it scores
+    jobs = [Job(tr, [te], reg, te) for split in inner for reg in run.grid for tr, te in split]
     preds = iter(run(jobs))
     chosen, dev = [], []
-    for folds in inner:
+    for split in inner:
         scores = [
-            round(100 * float(np.mean([run.accuracy(next(preds)[0], te) for _, te in folds])), 2)
-            for _ in mode.c_grid
+            round(100 * float(np.mean([run.accuracy(next(preds)[0], te) for _, te in split])), 2)
+            for _ in run.grid
         ]
-        c, score = _best(scores, mode.c_grid)
-        chosen.append(c)
+        reg, score = _best(scores, run.grid)
+        chosen.append(reg)
         dev.append(score)
-    final = run([(train, [test], c) for (train, test), c in zip(outer, chosen, strict=True)])
+    final = run([Job(train, [test], reg) for (train, test), reg in zip(outer, chosen, strict=True)])
     tests = [round(100 * run.accuracy(p[0], test), 2) for p, (_, test) in zip(final, outer, strict=True)]
     return {
         "acc": round(float(np.mean(tests)), 2),
@@ -314,54 +432,62 @@ def _nested_cv(run: _Runner, mode: Mode, seed: int) -> dict:
     }
 
 
-def _kfold(run: _Runner, train: np.ndarray, test: np.ndarray, mode: Mode, seed: int) -> dict:
-    folds = _folds(run.y, train, mode.folds, seed)
-    preds = iter(run([(tr, [te], c) for c in mode.kfold_c_grid for tr, te in folds]))
+def _kfold(run: _Runner, train: np.ndarray, test: np.ndarray, folds: int, seed: int) -> dict:
+    split = _folds(run.y, train, folds, seed)
+    preds = iter(run([Job(tr, [te], reg, te) for reg in run.kfold_grid for tr, te in split]))
     scores = [
-        round(100 * float(np.mean([run.accuracy(next(preds)[0], te) for _, te in folds])), 2)
-        for _ in mode.kfold_c_grid
+        round(100 * float(np.mean([run.accuracy(next(preds)[0], te) for _, te in split])), 2)
+        for _ in run.kfold_grid
     ]
-    c, dev = _best(scores, mode.kfold_c_grid)
-    (yhat,) = run([(train, [test], c)])[0]
-    return {"acc": round(100 * run.accuracy(yhat, test), 2), "devacc": dev, "chosen_c": [c], "yhat": yhat}
+    reg, dev = _best(scores, run.kfold_grid)
+    (yhat,) = run([Job(train, [test], reg)])[0]
+    return {"acc": round(100 * run.accuracy(yhat, test), 2), "devacc": dev, "chosen_c": [reg], "yhat": yhat}
 
 
-def _split(run: _Runner, train: np.ndarray, dev: np.ndarray, test: np.ndarray, mode: Mode) -> dict:
-    # SentEval refits train with the chosen C; the fit is deterministic, so the C's own model is reused.
-    results = run([(train, [dev, test], c) for c in mode.c_grid])
+def _split(run: _Runner, train: np.ndarray, dev: np.ndarray, test: np.ndarray) -> dict:
+    # SentEval refits train with the chosen penalty (PyTorch: early-stopped on dev again); every
+    # fit is deterministic, so the chosen penalty's own model is reused.
+    results = run([Job(train, [dev, test], reg, dev) for reg in run.grid])
     scores = [round(100 * run.accuracy(dev_pred, dev), 2) for dev_pred, _ in results]
     i = int(np.argmax(scores))
     return {
         "acc": round(100 * run.accuracy(results[i][1], test), 2),
         "devacc": scores[i],
-        "chosen_c": [mode.c_grid[i]],
+        "chosen_c": [run.grid[i]],
     }
 
 
-def _classify(
+def classify(
     task: str,
     features: dict[str, np.ndarray],
     labels: dict[str, np.ndarray],
-    mode: Mode,
-    seed: int,
-    n_jobs: int,
+    mode: str = "test",
+    classifier: str = "senteval_pytorch",
+    seed: int = SEED,
+    n_jobs: int = 1,
+    n_classes: int | None = None,
 ) -> dict:
+    """SentEval's scheme for ``task`` on given features (splits as :func:`load_transfer` names them):
+    ``acc``, ``devacc``, ``chosen_c`` (C or weight decay), ``fits``, ``unconverged_fits``, MRPC ``f1``."""
     names = list(features)
     X = np.concatenate([features[n] for n in names])
-    y = np.concatenate([labels[n] for n in names])
+    y = np.concatenate([labels[n] for n in names]).astype(np.int64)
     bounds = np.cumsum([0, *(len(labels[n]) for n in names)])
     rows = {n: np.arange(bounds[i], bounds[i + 1]) for i, n in enumerate(names)}
-    run = _Runner(X, y, seed, n_jobs)
+    fit = FitSettings(classifier, MODES[mode].torch, n_classes or int(y.max()) + 1, seed)
+    run = _Runner(X, y, fit, n_jobs)
+    folds = MODES[mode].folds
     if task in CV_TASKS:
-        result = _nested_cv(run, mode, seed)
+        result = _nested_cv(run, folds, seed)
     elif task == "sst2":
-        result = _split(run, rows["train"], rows["dev"], rows["test"], mode)
+        result = _split(run, rows["train"], rows["dev"], rows["test"])
     else:
-        result = _kfold(run, rows["train"], rows["test"], mode, seed)
+        result = _kfold(run, rows["train"], rows["test"], folds, seed)
     if task == "mrpc":
         from sklearn.metrics import f1_score
 
         result["f1"] = round(100 * float(f1_score(y[rows["test"]], result["yhat"])), 2)
+    result.pop("yhat", None)
     return result | {"fits": run.fits, "unconverged_fits": run.unconverged}
 
 
@@ -385,16 +511,20 @@ def evaluate_transfer(
     max_examples: int | None = None,
     n_jobs: int | None = None,
     on_task: Callable[[TransferScore], None] | None = None,
+    classifier: str = "senteval_pytorch",
 ) -> dict[str, TransferScore]:
     """Score ``embed`` on the transfer tasks (``"transfer"`` = all seven) with SentEval's protocol.
 
-    ``mode``: ``"test"`` (the paper protocol, 10 folds) or ``"fast"`` (5 folds, smaller C grids).
+    ``mode``: ``"test"`` (the paper protocol, 10 folds) or ``"fast"`` (SimCSE's "fasttest": 5 folds).
+    ``classifier``: ``senteval_pytorch`` (SimCSE's setting), ``liblinear`` or ``lbfgs`` (module doc).
     ``max_examples``: cap each split at a seeded stratified subsample of this size (smoke runs).
     ``n_jobs``: classifier processes (default :func:`default_n_jobs`); scores do not depend on it.
     ``on_task`` is called with each score as soon as its task is done (progress output).
     """
     if mode not in MODES:
         raise ValueError(f"unknown transfer mode {mode!r}; allowed: {', '.join(MODES)}")
+    if classifier not in CLASSIFIERS:
+        raise ValueError(f"unknown transfer classifier {classifier!r}; allowed: {', '.join(CLASSIFIERS)}")
     if max_examples is not None and max_examples < 1:
         raise ValueError(f"max_examples must be at least 1 (given {max_examples})")
     names = expand_transfer_tasks(tasks)
@@ -402,11 +532,13 @@ def evaluate_transfer(
     jobs = n_jobs if n_jobs is not None else default_n_jobs()
     scores: dict[str, TransferScore] = {}
     for task in names:
-        splits = _prepare(load_transfer(task, folder), max_examples, seed)
+        data = load_transfer(task, folder)
+        splits = _prepare(data, max_examples, seed)
         started = time.perf_counter()
         features = _embed_task(embed, splits)
         embedded = time.perf_counter()
-        result = _classify(task, features, {n: s.labels for n, s in splits.items()}, MODES[mode], seed, jobs)
+        labels = {n: s.labels for n, s in splits.items()}
+        result = classify(task, features, labels, mode, classifier, seed, jobs, data.num_classes)
         scores[task] = TransferScore(
             task=task,
             acc=result["acc"],
@@ -415,15 +547,17 @@ def evaluate_transfer(
             sizes={n: len(s) for n, s in splits.items()},
             f1=result.get("f1"),
             mode=mode,
+            classifier=classifier,
             embed_seconds=embedded - started,
             classify_seconds=time.perf_counter() - embedded,
             fits=result["fits"],
             unconverged_fits=result["unconverged_fits"],
         )
-        if result["unconverged_fits"]:
+        if result["unconverged_fits"] and classifier != "senteval_pytorch":  # max_epoch is SentEval's norm
+            cap = MAX_ITER if classifier == "lbfgs" else 100
             warnings.warn(
                 f"{task}: {result['unconverged_fits']} of {result['fits']} logistic regressions stopped at "
-                f"max_iter={MAX_ITER} before converging",
+                f"max_iter={cap} before converging",
                 stacklevel=2,
             )
         if on_task is not None:
