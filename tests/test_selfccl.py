@@ -1,5 +1,6 @@
-"""SelfCCL: the scoring rule on hand-made vectors, the pacing function, the paced batch order, the loss,
-and a short local run that leaves the scored table and Figure 4 in its MLflow run."""
+"""SelfCCL: the scoring rule on hand-made vectors, the pacing function, the paced batch order (per epoch
+and per step) and its draw counts, the loss, and a short local run that leaves the scored table, the
+draw counts and Figure 4 in its MLflow run and trains the per-epoch plan's steps."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from clsr.methods.selfccl import (
     TripletScores,
     classify_triplets,
     curriculum_order,
+    draw_means,
     pacing_size,
     rows_fingerprint,
     triplet_margins,
@@ -108,22 +110,34 @@ class _WordTokenizer:
         return {"input_ids": [[1] * len(t.split()) for t in texts]}
 
 
-def _prepared(order: str = "curriculum", unit: str = "step", seed: int = 0) -> tuple[SelfCCL, list]:
-    """200 rows: 0–99 easy, 100–149 semi-hard, 150–199 hard; B = 10, 2 epochs = 40 steps."""
-    rows = _rows()
-    d_pos = np.full(200, 0.3, np.float32)
-    d_neg = np.concatenate([np.full(100, 0.9), np.full(50, 0.4), np.full(50, 0.1)]).astype(np.float32)
+def _method_on(
+    d_neg: np.ndarray, trainer: dict, method: dict, d_pos: float = 0.3
+) -> tuple[SelfCCL, list, TrialConfig]:
+    """SelfCCL prepared on ``len(d_neg)`` rows whose δ = d_neg − d_pos is given, skipping the scoring."""
+    rows = _rows(len(d_neg))
     trial = TrialConfig.model_validate(
         {
             "model": {"name": "minilm", "pooling": "avg"},
-            "trainer": {"batch_size": 10, "epochs": 2, "seed": seed},
-            "method": {"name": "selfccl", "order": order, "pacing_unit": unit},
+            "data": {"train": "nli_triplets"},
+            "trainer": trainer,
+            "method": {"name": "selfccl"} | method,
         }
     )
-    method = SelfCCL(SelfCCLConfig(**trial.method))
-    scores = TripletScores(d_pos, d_neg, rows_fingerprint(rows), "test", "avg", 32, 0.0)
-    method.text_pipeline(trial, scores)
-    method.prepare_rows(rows, _WordTokenizer(), trial)
+    selfccl = SelfCCL(SelfCCLConfig(**trial.method))
+    d_pos_rows = np.full(len(d_neg), d_pos, np.float32)
+    scores = TripletScores(
+        d_pos_rows, np.asarray(d_neg, np.float32), rows_fingerprint(rows), "t", "avg", 32, 0.0
+    )
+    selfccl.text_pipeline(trial, scores)
+    selfccl.prepare_rows(rows, _WordTokenizer(), trial)
+    return selfccl, rows, trial
+
+
+def _prepared(order: str = "curriculum", unit: str = "step", seed: int = 0) -> tuple[SelfCCL, list]:
+    """200 rows: 0–99 easy, 100–149 semi-hard, 150–199 hard; B = 10, 2 epochs = 40 steps per step."""
+    d_neg = np.concatenate([np.full(100, 0.9), np.full(50, 0.4), np.full(50, 0.1)])
+    trainer = {"batch_size": 10, "epochs": 2, "seed": seed}
+    method, rows, _ = _method_on(d_neg, trainer, {"order": order, "pacing_unit": unit})
     return method, rows
 
 
@@ -145,6 +159,133 @@ def test_per_step_pacing_starts_in_the_easy_pool():
     assert _epochs(other, rows, seed=1) != batches
 
 
+def test_per_step_pacing_is_unchanged():
+    # T = 2 epochs × ⌊200/10⌋ = 40; step t draws 10 distinct rows from the first max(10, ⌈5t⌉) listed
+    d_neg = np.concatenate([np.full(100, 0.9), np.full(50, 0.4), np.full(50, 0.1)])
+    trainer = {"batch_size": 10, "epochs": 2, "seed": 7}
+    method, rows, trial = _method_on(d_neg, trainer, {"pacing_unit": "step"})
+    assert method.plan_steps(200, trial, 1) == (20, 40)
+    order = method._plan["order"]
+    for epoch in (0, 1):
+        rng = np.random.default_rng([7, epoch])
+        pools = [max(10, 5 * t) for t in range(20 * epoch + 1, 20 * epoch + 21)]
+        expected = [order[rng.choice(pool, 10, replace=False)].tolist() for pool in pools]
+        assert method.batch_order(rows, 10, epoch, 7) == expected
+
+
+# the list (within: margin, δ largest first) is rows 3, 7, 1, 9, 0, 5, 2, 8, 6, 4
+LIST_10 = [3, 7, 1, 9, 0, 5, 2, 8, 6, 4]
+D_NEG_10 = np.zeros(10)
+D_NEG_10[LIST_10] = [0.9, 0.8, 0.7, 0.6, 0.45, 0.4, 0.35, 0.25, 0.2, 0.1]  # δ = d_neg − 0.3
+# classes at m = 0.2: easy δ > 0.2 (3, 7, 1, 9), semi-hard 0 < δ ≤ 0.2 (0, 5, 2), hard δ ≤ 0 (8, 6, 4)
+
+
+def _per_epoch_10(seed: int = 0) -> tuple[SelfCCL, list, TrialConfig]:
+    return _method_on(D_NEG_10, {"batch_size": 5, "epochs": 2, "seed": seed}, {"within": "margin"})
+
+
+def _loop_batches(method: SelfCCL, rows: list, batch_size: int, total: int, seed: int) -> list[list[int]]:
+    """What the loop trains on: ``batch_order`` per ⌊k/B⌋-step slice, the first ``total`` batches."""
+    per_slice, out, epoch = len(rows) // batch_size, [], 0
+    while len(out) < total:
+        part = method.batch_order(rows, batch_size, epoch, seed)
+        assert len(part) == per_slice
+        out, epoch = out + part, epoch + 1
+    return out[:total]
+
+
+def test_per_epoch_pacing_visits_each_listed_row_once_per_epoch():
+    # k = 10, E = 2, λ = 1, B = 5: epoch 1 = the first ⌈½·10⌉ = 5 listed rows, epoch 2 = all 10: 1 + 2 steps
+    method, rows, trial = _per_epoch_10()
+    assert SelfCCLConfig().pacing_unit == "epoch" and method.per_epoch
+    assert method._plan["order"].tolist() == LIST_10
+    assert method.plan_steps(10, trial, 1) == (2, 3)
+    batches = _loop_batches(method, rows, 5, 3, seed=0)
+    assert sorted(batches[0]) == [0, 1, 3, 7, 9]
+    assert sorted(batches[1] + batches[2]) == list(range(10))
+    assert method.draws().tolist() == [2, 2, 1, 2, 1, 1, 1, 2, 1, 2]  # row i: 2 if in the first 5 listed
+
+
+def test_per_epoch_pools_with_a_remainder_and_quadratic_pacing():
+    # k = 11, B = 4, E = 2, λ = 1: pools ⌈5.5⌉ = 6 (1 batch, 2 rows wait) and 11 (2 batches, 3 wait)
+    d_neg = np.linspace(0.9, 0.0, 11)
+    method, rows, trial = _method_on(d_neg, {"batch_size": 4, "epochs": 2}, {"within": "margin"})
+    assert method.plan_steps(11, trial, 1) == (2, 3)
+    first, *second = _loop_batches(method, rows, 4, 3, seed=0)
+    assert len(set(first)) == 4 and set(first) <= set(range(6))  # the list is rows 0..10 in order
+    assert len(set(second[0] + second[1])) == 8
+    # λ = 2, k = 200, B = 10, E = 4: pools ⌈12.5⌉ = 13, 50, ⌈112.5⌉ = 113, 200 → 1 + 5 + 11 + 20 steps
+    method, rows, trial = _method_on(np.full(200, 0.9), {"batch_size": 10, "epochs": 4}, {"pacing": 2})
+    assert method.plan_steps(200, trial, 1) == (20, 37)
+    batches = _loop_batches(method, rows, 10, 37, seed=0)
+    order = method._plan["order"]
+    starts = [0, 1, 6, 17, 37]
+    for pool, a, b in zip([13, 50, 113, 200], starts[:-1], starts[1:], strict=True):
+        epoch = [r for batch in batches[a:b] for r in batch]
+        assert len(epoch) == len(set(epoch)) == (pool // 10) * 10 and set(epoch) <= set(order[:pool].tolist())
+
+
+def test_per_epoch_steps_follow_fractional_epochs_and_max_steps():
+    d_neg = np.full(200, 0.9)
+    for trainer, total in [
+        ({"epochs": 2}, 10 + 20),  # pools 100, 200
+        ({"epochs": 1.5}, 10 + 10),  # E = 2, the second epoch cut to half its 20 steps
+        ({"epochs": 2, "max_steps": 15}, 15),
+    ]:
+        method, _, trial = _method_on(d_neg, {"batch_size": 10} | trainer, {})
+        assert method.plan_steps(200, trial, 1) == (20, total)
+    method, _, trial = _method_on(d_neg, {"batch_size": 10, "epochs": 2}, {"pacing_unit": "step"})
+    assert method.plan_steps(200, trial, 1) == (20, 40)
+    method, _, trial = _method_on(d_neg, {"batch_size": 10, "epochs": 2}, {"order": "none"})
+    assert method.plan_steps(200, trial, 1) == (20, 40)
+
+
+def test_per_epoch_pacing_is_seeded():
+    method, rows, _ = _per_epoch_10(seed=3)
+    same, _, _ = _per_epoch_10(seed=3)
+    other, _, _ = _per_epoch_10(seed=4)
+    batches = _loop_batches(method, rows, 5, 3, seed=3)
+    assert batches == _loop_batches(same, rows, 5, 3, seed=3)
+    assert batches != _loop_batches(other, rows, 5, 3, seed=4)
+    # the last paced epoch over all k rows is a plain shuffled epoch of the list
+    full = [[LIST_10[i] for i in b] for b in shuffled_batches(10, 5, 1, 3)]
+    assert batches[1:] == full
+
+
+def test_band_draw_counts_per_class_and_decile():
+    method, _, _ = _per_epoch_10()
+    draws = method.draws()
+    means = draw_means(draws, method._plan["classes"], method._plan["margins"])
+    # easy rows 3, 7, 1, 9: 2 draws each; semi-hard 0 (2), 5, 2 (1 each); hard 8, 6, 4: 1 each
+    assert means["curriculum_draws_easy"] == 2.0
+    assert means["curriculum_draws_semi_hard"] == pytest.approx(4 / 3)
+    assert means["curriculum_draws_hard"] == 1.0
+    # one row per tenth, by δ: the first five listed twice, the rest once
+    assert [means[f"curriculum_draws_decile_{i:02d}"] for i in range(1, 11)] == [2.0] * 5 + [1.0] * 5
+
+
+def test_four_epochs_of_per_step_pacing_are_not_four_passes():
+    # k = 1000, B = 10, 4 epochs, λ = 1, within: margin (the list is δ order)
+    d_neg = np.linspace(1.2, 0.0, 1000)
+    trainer = {"batch_size": 10, "epochs": 4}
+    epoch_paced, _, _ = _method_on(d_neg, trainer, {"within": "margin"})
+    deciles = draw_means(epoch_paced.draws(), epoch_paced._plan["classes"], d_neg)
+    # pools 250, 500, 750, 1000: list positions [0, 250) drawn 4 times, [250, 500) 3, [500, 750) 2, then 1
+    expected = [4, 4, 3.5, 3, 3, 2, 2, 1.5, 1, 1]
+    assert [deciles[f"curriculum_draws_decile_{i:02d}"] for i in range(1, 11)] == expected
+    step_paced, _, _ = _method_on(d_neg, trainer, {"within": "margin", "pacing_unit": "step"})
+    draws = step_paced.draws()
+    assert draws.sum() == 400 * 10
+    # expected draws of list position x: Σ_t B / n_t over the steps whose pool n_t = max(10, ⌈2.5t⌉) holds it
+    pools = np.maximum(10, np.ceil(2.5 * np.arange(1, 401)))
+    expect = np.array([np.sum(10 / pools[pools > x]) for x in range(1000)])
+    assert expect[:10].mean() == pytest.approx(21.9, abs=0.1) and expect[900:].mean() == pytest.approx(
+        0.21, abs=0.01
+    )
+    assert draws[:100].mean() == pytest.approx(expect[:100].mean(), rel=0.05)
+    assert draws[900:].mean() == pytest.approx(expect[900:].mean(), abs=0.08)
+
+
 def test_anti_random_none_and_per_epoch_orders():
     anti, rows = _prepared("anti")
     assert all(min(b) >= 150 for b in anti.batch_order(rows, 10, 0, 0)[:10])  # 5t ≤ 50: hard rows only
@@ -156,8 +297,8 @@ def test_anti_random_none_and_per_epoch_orders():
     assert none.batch_order(rows, 10, 1, 0) == shuffled_batches(200, 10, 1, 0)
     epoch_paced, _ = _prepared(unit="epoch")
     first, second = (epoch_paced.batch_order(rows, 10, e, 0) for e in (0, 1))
-    assert all(max(b) < 100 for b in first)  # epoch 1 of 2: the first ⌈½·200⌉ = 100 rows (easy)
-    assert max(max(b) for b in second) >= 150 and all(len(set(b)) == 10 for b in first + second)
+    assert all(max(b) < 100 for b in first[:10])  # epoch 1 of 2: the first ⌈½·200⌉ = 100 rows (easy)
+    assert max(max(b) for b in first[10:] + second) >= 150 and all(len(set(b)) == 10 for b in first + second)
 
 
 def test_shared_scores_must_match_the_rows():
@@ -172,7 +313,9 @@ def test_loss_is_supervised_simcse_with_hard_negatives():
     method = get_method("selfccl")(SelfCCLConfig())
     assert method.views() == ("anchor", "positive", "negative")
     assert method.loss_from_embeddings(batch).item() == pytest.approx(simcse_sup_loss(batch, 0.05).item())
-    trial = TrialConfig.model_validate({"method": {"name": "selfccl", "pacing": "quadratic"}})
+    trial = TrialConfig.model_validate(
+        {"data": {"train": "nli_triplets"}, "method": {"name": "selfccl", "pacing": "quadratic"}}
+    )
     assert SelfCCLConfig(**trial.method).lam == 2.0
     # one scoring per row set and scoring encoder, whatever the order, pacing or margin
     anti = SelfCCL(SelfCCLConfig(order="anti", pacing="root", margin=0.1))
@@ -195,7 +338,8 @@ def test_local_run_logs_the_scored_table_and_figure_4(data_dir, tmp_path):
         {
             "model": {"name": "minilm", "pooling": "avg", "max_seq_length": 16},
             "data": {"train": "nli_triplets", "max_rows": 48},
-            "trainer": {"batch_size": 8, "max_steps": 3, "eval_steps": 3, "lr": 1e-4},
+            # per-epoch pacing over 2 epochs of 48 rows: pools 24 and 48, 3 + 6 = 9 steps (not 2 × 6)
+            "trainer": {"batch_size": 8, "epochs": 2, "eval_steps": 9, "lr": 1e-4},
             "method": {"name": "selfccl", "figure_max_pairs": 60},
             "eval": {"dev_tasks": [], "tasks": [], "alignment_uniformity": False},
         }
@@ -221,6 +365,18 @@ def test_local_run_logs_the_scored_table_and_figure_4(data_dir, tmp_path):
     run = client.get_run(run_id)
     metrics = run.data.metrics
     assert {k: int(metrics[f"selfccl_{k}"]) for k in counts} == counts
+    # the planned draws: 9 steps × 8 rows, the first 24 listed rows twice, the other 24 once
+    draws = {int(r["position"]): int(r["draws"]) for r in table}
+    assert sum(draws.values()) == 72 and {p: draws[p] for p in (0, 23, 24, 47)} == {0: 2, 23: 2, 24: 1, 47: 1}
+    for name in counts:
+        band = [int(r["draws"]) for r in table if r["label"] == name]
+        if band:
+            assert metrics[f"curriculum_draws_{name}"] == pytest.approx(sum(band) / len(band))
+    assert summary["epoch_pools"] == [24, 48] and summary["total_steps"] == 9
+    # the loop trained the 9 planned steps, the linear LR schedule reaching 0 at the last
+    lrs = client.get_metric_history(run_id, "lr")
+    assert [m.step for m in lrs] == list(range(1, 10))
+    assert [m.value for m in lrs] == pytest.approx([1e-4 * (1 - s / 9) for s in range(1, 10)])
     # the trial's cost: wall and CPU seconds, no GPU here; the device it ran on
     assert 0 < metrics["trial_wall_s"] < 600 and metrics["trial_cpu_s"] > 0 and metrics["trial_gpu_s"] == 0
     assert run.data.tags["clsr.device"] == "1 x cpu"

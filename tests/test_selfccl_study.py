@@ -37,6 +37,25 @@ def test_full_study_validates_with_every_ablation():
     assert points["simcse_sup"][0]["paper"]["test_sts_avg"] == 81.57
     assert points["mnrl"][0]["paper"]["test_sts_avg"] == 81.6
     assert study.ablations["simcse_sup"].method == "simcse_sup" and study.ablations["mnrl"].method == "mnrl"
+    # per-epoch pacing is the default reading and the pacing_unit table's reference row
+    assert [p["overrides"]["method.pacing_unit"] for p in points["pacing_unit"]] == ["epoch", "step"]
+    references = {name: a.reference for name, a in study.ablations.items()}
+    assert references == {
+        "reference": "SelfCCL-BERT-base",
+        "order": "curriculum",
+        "pacing": "linear",
+        "margin": "0.2",
+        "pacing_unit": "epoch",
+        "simcse_sup": "SimCSE-sup-BERT-base",
+        "mnrl": "SBERT-base-nli-v2 (reproduced)",
+        "scored_by_simcse": "scored by SimCSE-sup",
+    }
+    smoke = load_study(STUDY, smoke=True)  # every smoke reference is a point of its cut grid
+    assert {n: a.reference for n, a in smoke.ablations.items() if a.reference != references[n]} == {
+        "pacing": "root",
+        "margin": "0.1",
+        "pacing_unit": "step",
+    }
 
 
 @pytest.mark.e2e

@@ -22,13 +22,21 @@ seeded permutation with the same pacing (the random curriculum of paper §3.2), 
 curriculum at all (plain shuffled epochs: supervised SimCSE for as many epochs).
 
 **Phase 2, pacing (paper §4.3).** ``g(t) = (t/T)^λ · k`` with k the number of rows and λ = 1
-(linear; ½ root, 2 quadratic). Per step (*proposed*, Bengio 2009 / Hacohen & Weinshall 2019): at
-step t = 1..T, T = the trial's optimiser steps (epochs × ⌊k/B⌋, capped by ``trainer.max_steps``),
-the pool is the first ``max(B, ⌈g(t)⌉)`` rows of the list and the batch is B rows drawn uniformly
-without replacement from it, seeded by (seed, epoch). Per epoch (``pacing_unit: epoch``): t = the
-epoch number 1..E, T = E = ⌈epochs⌉, every batch of epoch t drawn the same way from its pool.
-``batch_order`` sees only (rows, B, epoch, seed), so the method keeps T from the trial config it is
-given in ``prepare_rows``.
+(linear; ½ root, 2 quadratic). Per epoch (``pacing_unit: epoch``, the default: the paper calls g(t)
+"the size of training data to be used at epoch t"): epoch e = 1..E, E = ⌈trainer.epochs⌉, is one
+seeded shuffled pass over the first ``n_e = max(B, ⌈(e/E)^λ·k⌉)`` listed rows, cut into ⌊n_e/B⌋ full
+batches: every row of the pool once (the n_e mod B < B rows the shuffle leaves last wait for the next
+epoch, the ``drop_last`` of plain epochs). Epochs therefore have different lengths: the trial trains
+Σ_e ⌊n_e/B⌋ steps (the last epoch cut to the fraction of a fractional ``trainer.epochs``, then
+capped by ``trainer.max_steps``), which ``plan_steps`` gives the loop for its LR schedule; the loop
+still asks ``batch_order`` for ⌊k/B⌋ steps at a time, its slice of the paced epochs laid end to end.
+Per step (``pacing_unit: step``, *proposed*, Bengio 2009 / Hacohen & Weinshall 2019): at step
+t = 1..T, T = the trial's optimiser steps (epochs × ⌊k/B⌋, capped by ``trainer.max_steps``), the pool
+is the first ``max(B, ⌈g(t)⌉)`` rows of the list and the batch is B rows drawn uniformly without
+replacement from it, seeded by (seed, epoch); over 4 epochs a row at list fraction u is drawn about
+4·ln(1/u) times (the easiest 1 % ≈ 18–22 times, the hardest 10 % ≈ 0.2), so "4 epochs" are not 4 passes.
+``batch_order`` sees only (rows, B, epoch, seed), so the method keeps its plan from the trial config
+it is given in ``prepare_rows``.
 
 **Loss (paper §4.4).** Supervised SimCSE with one hard negative (SimCSE Eq. 5, α = 1; identical to
 MNRL at scale 1/τ), ``s = cos/τ``, τ = 0.05, mean over the N rows of the (global) batch:
@@ -39,7 +47,10 @@ The paper's own equation numbers are not recorded in methods.md; §4.3/§4.4 are
 
 Artifacts of each trial's MLflow run: ``selfccl/scored_triplets.csv`` (per row: class, distances,
 δ, place in the list), ``selfccl/scoring_summary.json`` (counts per class, settings, examples), the
-metrics ``selfccl_easy`` / ``selfccl_semi_hard`` / ``selfccl_hard`` / ``selfccl_scoring_s``, and
+metrics ``selfccl_easy`` / ``selfccl_semi_hard`` / ``selfccl_hard`` / ``selfccl_scoring_s``, the draws
+of the trial's planned steps (mean times a row is drawn) per class, ``curriculum_draws_easy`` /
+``_semi_hard`` / ``_hard``, and per tenth of the rows by δ, ``curriculum_draws_decile_01`` (easiest)
+… ``_10`` (hardest), and
 Figure 4: ``selfccl/fig4_sickr_start.png`` and ``selfccl/fig4_sickr_final.png`` (cosine similarity
 against the human relatedness of the SICK-R test pairs, for the starting and the trained encoder).
 """
@@ -82,7 +93,11 @@ class SelfCCLConfig(MethodConfig):
     pacing: Literal["root", "linear", "quadratic"] | float = Field(
         "linear", description="λ of g(t) = (t/T)^λ·k: root = ½, linear = 1, quadratic = 2, or a number"
     )
-    pacing_unit: Literal["step", "epoch"] = Field("step", description="t counts optimiser steps or epochs")
+    pacing_unit: Literal["epoch", "step"] = Field(
+        "epoch",
+        description="t counts epochs (each a pass over its pool; paper: g(t) is 'the size of training data "
+        "to be used at epoch t') or optimiser steps (our option: a batch drawn from a new pool every step)",
+    )
     margin: float = Field(0.2, ge=0, description="m of the easy / semi-hard boundary")
     within: Within = Field("shuffle", description="order inside a class: seeded shuffle, or by δ")
     scoring_model: str | None = Field(
@@ -206,6 +221,19 @@ def pacing_size(t: float, total: float, k: int, lam: float, minimum: int = 0) ->
     return int(min(k, max(minimum, math.ceil(g - 1e-9))))
 
 
+def epoch_pool_sizes(k: int, batch_size: int, epochs: int, lam: float, count: int) -> list[int]:
+    """Per-epoch pacing: the pools ``max(B, ⌈(e/E)^λ·k⌉)`` of epochs e = 1..count (all k rows past E)."""
+    return [pacing_size(e, epochs, k, lam, batch_size) for e in range(1, count + 1)]
+
+
+def epoch_paced_batches(
+    order: np.ndarray, batch_size: int, pool: int, epoch: int, seed: int
+) -> list[list[int]]:
+    """Paced epoch ``epoch`` (from 0): a pass over the first ``pool`` rows of ``order``, each once, in a
+    seeded shuffle cut into full batches (what plain epochs do with all the rows)."""
+    return [order[batch].tolist() for batch in shuffled_batches(pool, batch_size, epoch, seed)]
+
+
 def paced_batches(
     order: np.ndarray,
     batch_size: int,
@@ -222,6 +250,21 @@ def paced_batches(
         order[rng.choice(pacing_size(t, total, k, lam, batch_size), batch_size, replace=False)].tolist()
         for t in steps
     ]
+
+
+def draw_means(draws: np.ndarray, classes: np.ndarray, margins: np.ndarray) -> dict[str, float]:
+    """Mean draws per row of each class (``curriculum_draws_easy`` …) and of each tenth of the rows
+    ranked by δ, easiest first (``curriculum_draws_decile_01`` … ``_10``); empty groups are left out."""
+    out = {
+        f"curriculum_draws_{name}": float(draws[classes == c].mean())
+        for c, name in enumerate(CLASS_NAMES)
+        if np.any(classes == c)
+    }
+    tenths = np.array_split(np.argsort(-np.asarray(margins), kind="stable"), 10)
+    out |= {
+        f"curriculum_draws_decile_{i:02d}": float(draws[t].mean()) for i, t in enumerate(tenths, 1) if len(t)
+    }
+    return out
 
 
 # --- Figure 4 ----------------------------------------------------------------------------------------
@@ -330,7 +373,7 @@ class SelfCCL(Method):
 
     # --- phase 2: the list and its pacing ----------------------------------------------------------
     def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> Any:
-        """Classifies and orders the rows, and keeps T from ``trial.trainer`` for ``batch_order``."""
+        """Classifies and orders the rows, and keeps the plan (T, B, seed, epochs) for ``batch_order``."""
         from clsr.train.loop import plan_steps
 
         self.check_columns(rows)
@@ -344,6 +387,7 @@ class SelfCCL(Method):
         classes = classify_triplets(self._scores.d_pos, self._scores.d_neg, self.cfg.margin)
         margins = self._scores.d_neg.astype(np.float64) - self._scores.d_pos
         order = curriculum_order(classes, margins, self.cfg.order, self.cfg.within, trial.trainer.seed)
+        t = trial.trainer
         steps_per_epoch, total_steps = plan_steps(len(rows), trial, 1)
         self._plan = {
             "rows": rows,
@@ -352,9 +396,35 @@ class SelfCCL(Method):
             "order": order,
             "steps_per_epoch": steps_per_epoch,
             "total_steps": total_steps,
-            "epochs": math.ceil(total_steps / steps_per_epoch),
+            "epochs": math.ceil(t.epochs),
+            "batch_size": t.batch_size,
+            "seed": t.seed,
         }
+        if self.per_epoch:
+            self._plan["total_steps"] = self.epoch_paced_steps(len(rows), t)
         return super().prepare_rows(rows, pipeline, trial)
+
+    @property
+    def per_epoch(self) -> bool:
+        return self.cfg.order != "none" and self.cfg.pacing_unit == "epoch"
+
+    def epoch_paced_steps(self, k: int, t: Any) -> int:
+        """Σ_e ⌊n_e/B⌋ over the E = ⌈epochs⌉ paced epochs, the last cut to the fraction of a fractional
+        ``epochs``, capped by ``max_steps``."""
+        epochs = math.ceil(t.epochs)
+        lengths = [n // t.batch_size for n in epoch_pool_sizes(k, t.batch_size, epochs, self.cfg.lam, epochs)]
+        total = sum(lengths[:-1]) + math.ceil((t.epochs - epochs + 1) * lengths[-1] - 1e-9)
+        return total if t.max_steps is None else min(total, t.max_steps)
+
+    def plan_steps(self, num_rows: int, trial: Any, world: int) -> tuple[int, int]:
+        """The loop's ⌊k/B⌋ steps per epoch (the slices ``batch_order`` hands out); per-epoch pacing's
+        own total, planned by ``prepare_rows``."""
+        steps_per_epoch, total_steps = super().plan_steps(num_rows, trial, world)  # the batch-size checks
+        if not self.per_epoch:
+            return steps_per_epoch, total_steps
+        if self._plan is None or len(self._plan["order"]) != num_rows:
+            raise RuntimeError("SelfCCL.plan_steps needs prepare_rows on the same rows first")
+        return steps_per_epoch, self._plan["total_steps"]
 
     def batch_order(
         self, rows: Sequence[dict[str, str]], batch_size: int, epoch: int, seed: int
@@ -365,31 +435,59 @@ class SelfCCL(Method):
         if plan is None or len(plan["order"]) != len(rows):
             raise RuntimeError("SelfCCL.batch_order needs prepare_rows on the same rows first")
         per_epoch = len(rows) // batch_size
-        if self.cfg.pacing_unit == "step":
-            steps, total = [epoch * per_epoch + j + 1 for j in range(per_epoch)], plan["total_steps"]
-        else:
-            steps, total = [epoch + 1] * per_epoch, plan["epochs"]
+        if self.per_epoch:
+            return self.epoch_paced_slice(batch_size, epoch * per_epoch, (epoch + 1) * per_epoch, seed)
+        steps = [epoch * per_epoch + j + 1 for j in range(per_epoch)]
         rng = np.random.default_rng([seed, epoch])
-        return paced_batches(plan["order"], batch_size, steps, total, self.cfg.lam, rng)
+        return paced_batches(plan["order"], batch_size, steps, plan["total_steps"], self.cfg.lam, rng)
+
+    def epoch_paced_slice(self, batch_size: int, start: int, stop: int, seed: int) -> list[list[int]]:
+        """Batches ``start`` … ``stop − 1`` of the paced epochs laid end to end (full passes past E)."""
+        order, epochs = self._plan["order"], self._plan["epochs"]
+        out: list[list[int]] = []
+        first, epoch = 0, 0  # the stream position where paced epoch ``epoch`` (from 0) begins
+        while first < stop:
+            pool = pacing_size(epoch + 1, epochs, len(order), self.cfg.lam, batch_size)
+            length = pool // batch_size
+            if first + length > start:
+                batches = epoch_paced_batches(order, batch_size, pool, epoch, seed)
+                out += batches[max(0, start - first) : stop - first]
+            first, epoch = first + length, epoch + 1
+        return out
+
+    def draws(self) -> np.ndarray:
+        """How many times each row is drawn in the trial's planned steps (the loop's batches)."""
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("no draws before prepare_rows")
+        total, per_epoch, size = plan["total_steps"], plan["steps_per_epoch"], plan["batch_size"]
+        counts = np.zeros(len(plan["order"]), np.int64)
+        for epoch in range(math.ceil(total / per_epoch)):
+            batches = self.batch_order(plan["rows"], size, epoch, plan["seed"])[: total - epoch * per_epoch]
+            if batches:
+                counts += np.bincount(np.concatenate(batches), minlength=len(counts))
+        return counts
 
     def loss_from_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
         return simcse_sup_loss(embeddings, self.cfg.temperature)
 
     # --- MLflow artifacts ------------------------------------------------------------------------------
     def scored_table(self) -> tuple[str, dict[str, Any]]:
-        """(CSV of every row's class, distances, δ and list position; summary with counts and examples)."""
+        """(CSV of every row's class, distances, δ, list position and planned draws; summary with counts,
+        mean draws per class and per tenth by δ, and examples)."""
         plan, scores = self._plan, self._scores
         if plan is None or scores is None:
             raise RuntimeError("no scored table before prepare_rows")
         classes, order = plan["classes"], plan["order"]
         position = np.empty(len(order), np.int64)
         position[order] = np.arange(len(order))
+        draws = self.draws()
         out = io.StringIO()
-        out.write("row,class,label,d_pos,d_neg,margin,position\n")
+        out.write("row,class,label,d_pos,d_neg,margin,position,draws\n")
         for i in range(len(classes)):
             out.write(
                 f"{i},{classes[i]},{CLASS_NAMES[classes[i]]},{scores.d_pos[i]:.6f},{scores.d_neg[i]:.6f},"
-                f"{plan['margins'][i]:.6f},{position[i]}\n"
+                f"{plan['margins'][i]:.6f},{position[i]},{draws[i]}\n"
             )
         counts = {name: int(np.sum(classes == c)) for c, name in enumerate(CLASS_NAMES)}
         summary: dict[str, Any] = {
@@ -408,7 +506,11 @@ class SelfCCL(Method):
             "pacing_lambda": self.cfg.lam,
             "pacing_unit": self.cfg.pacing_unit,
             "total_steps": plan["total_steps"],
+            "draws": draw_means(draws, classes, plan["margins"]),
         }
+        if self.per_epoch:
+            e, b = plan["epochs"], plan["batch_size"]
+            summary["epoch_pools"] = epoch_pool_sizes(len(order), b, e, self.cfg.lam, e)
         rows = plan["rows"]
         summary["examples"] = {
             name: [
@@ -424,7 +526,7 @@ class SelfCCL(Method):
             table, summary = self.scored_table()
             logger.log_text(table, "selfccl/scored_triplets.csv")
             logger.log_text(json.dumps(summary, indent=2), "selfccl/scoring_summary.json")
-            metrics = {f"selfccl_{name}": n for name, n in summary["counts"].items()}
+            metrics = {f"selfccl_{name}": n for name, n in summary["counts"].items()} | summary["draws"]
             logger.log(metrics | {"selfccl_scoring_s": summary["scoring"]["seconds"]}, 0)
             logger.flush()
         if self.cfg.figure:
