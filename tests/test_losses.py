@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from clsr.methods.mnrl import mnrl_loss
-from clsr.methods.simcse_sup import simcse_sup_loss
-from clsr.methods.simcse_unsup import simcse_unsup_loss
+from clsr.data.catalog import load_rows
+from clsr.methods.mnrl import MNRL, MNRLConfig, mnrl_loss
+from clsr.methods.simcse_sup import SimCSESup, SimCSESupConfig, simcse_sup_loss
+from clsr.methods.simcse_unsup import SimCSEUnsup, SimCSEUnsupConfig, simcse_unsup_loss
+from clsr.train.config import TrialConfig
 
 RNG = np.random.default_rng(0)
 
@@ -45,7 +47,7 @@ def test_simcse_sup_with_hard_negatives_and_weight(alpha):
     pos = np_cos(views[:, 0], views[:, 1]) / tau
     neg = np_cos(views[:, 0], views[:, 2]) / tau + np.log(alpha) * np.eye(5)
     expected = np_cross_entropy(np.concatenate([pos, neg], axis=1))
-    got = simcse_sup_loss(torch.tensor(views), tau, hard_negative_weight=alpha).item()
+    got = simcse_sup_loss(torch.tensor(views), tau, alpha=alpha).item()
     assert got == pytest.approx(expected, rel=1e-10)
 
 
@@ -71,3 +73,150 @@ def test_losses_backpropagate_to_every_view():
     views = torch.tensor(RNG.normal(size=(3, 3, 4)), requires_grad=True)
     simcse_sup_loss(views, 0.05).backward()
     assert torch.all(views.grad.abs().sum(dim=-1) > 0)
+
+
+# --- SimCSE Table D.1: dot product ------------------------------------------------------------------
+
+
+def test_simcse_sup_dot_product_matches_numpy_and_a_hand_value():
+    views = RNG.normal(size=(4, 3, 5))
+    a = views[:, 0]
+    expected = np_cross_entropy(np.concatenate([a @ views[:, 1].T, a @ views[:, 2].T], axis=1))
+    got = simcse_sup_loss(torch.tensor(views), 1.0, similarity="dot").item()
+    assert got == pytest.approx(expected, rel=1e-10)
+
+    # One row, no normalisation: logits u·p = 2·1 = 2 and u·n = 2·3 = 6 (the cosine would give 1 and 1).
+    row = torch.tensor([[[2.0, 0.0], [1.0, 0.0], [3.0, 0.0]]], dtype=torch.float64)
+    hand = simcse_sup_loss(row, 1.0, similarity="dot").item()
+    assert hand == pytest.approx(np.log(1 + np.exp(4.0)), rel=1e-12)  # -log(e^2 / (e^2 + e^6))
+
+
+# --- SimCSE Table 7: α and the neutral hypothesis as a second hard negative -------------------------
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0, 2.0])
+def test_simcse_sup_contradiction_and_neutral_each_get_alpha_on_their_own_row(alpha):
+    views = RNG.normal(size=(4, 4, 6))  # anchor, entailment, contradiction, neutral
+    tau = 0.05
+    blocks = [np_cos(views[:, 0], views[:, 1]) / tau]
+    blocks += [np_cos(views[:, 0], views[:, k]) / tau + np.log(alpha) * np.eye(4) for k in (2, 3)]
+    expected = np_cross_entropy(np.concatenate(blocks, axis=1))
+    got = simcse_sup_loss(torch.tensor(views), tau, alpha=alpha).item()
+    assert got == pytest.approx(expected, rel=1e-10)
+
+
+def test_hard_negative_policy_picks_the_columns():
+    def views(**cfg):
+        return SimCSESup(SimCSESupConfig(**cfg)).views()
+
+    assert views() == ("anchor", "positive", "negative")
+    assert views(hard_negative="contradiction+neutral") == ("anchor", "positive", "negative", "neutral")
+    assert views(hard_negative="neutral") == ("anchor", "positive", "neutral")
+    assert views(hard_negatives=False, hard_negative="neutral") == ("anchor", "positive")
+
+
+def test_old_hard_negative_weight_name_is_refused_with_the_reason():
+    with pytest.raises(
+        ValueError, match="renamed to method.hard_negative_alpha; it holds α, not SimCSE's log α"
+    ):
+        SimCSESupConfig(hard_negative_weight=0.0)
+
+
+def _senteval_snli(root, pairs):
+    folder = root / "nli/snli_senteval_devtest"
+    folder.mkdir(parents=True)
+    for i, name in enumerate(("s1", "s2", "labels")):
+        (folder / f"{name}.dev").write_text("".join(p[i] + "\n" for p in pairs), encoding="utf-8")
+
+
+def test_neutral_rows_pick_the_neutral_hypothesis(tmp_path):
+    _senteval_snli(
+        tmp_path,
+        [
+            ("a man sleeps .", "a person rests .", "entailment"),
+            ("a man sleeps .", "a man is awake .", "contradiction"),
+            ("a man sleeps .", "a man dreams of cats .", "neutral"),
+            ("two dogs run .", "animals move .", "entailment"),
+            ("two dogs run .", "no dog moves .", "contradiction"),  # no neutral: not a Table 7 row
+        ],
+    )
+    assert load_rows("nli_triplets_neutral", tmp_path) == [
+        {
+            "anchor": "a man sleeps .",
+            "positive": "a person rests .",
+            "negative": "a man is awake .",
+            "neutral": "a man dreams of cats .",
+        }
+    ]
+    assert len(load_rows("nli_triplets", tmp_path)) == 2  # the plain triplets keep both premises
+
+
+# --- SimCSE Table 3: "Fixed 0.1" ---------------------------------------------------------------------
+
+
+class _DropoutBag(torch.nn.Module):
+    """A bag of embeddings followed by dropout: enough to see what a dropout mask does to the views."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 16)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, input_ids, attention_mask):
+        return self.drop(self.embed(input_ids).mean(dim=1))
+
+
+def _encode(method, ids):
+    views = len(method.views())
+    batch = {
+        "input_ids": ids.repeat_interleave(views, dim=0),  # row-major: every view of row 0, then row 1
+        "attention_mask": torch.ones(len(ids) * views, ids.size(1), dtype=torch.long),
+        "num_rows": len(ids),
+    }
+    torch.manual_seed(0)
+    return method.encode_rows(_DropoutBag().train(), batch)
+
+
+def test_fixed_mask_gives_identical_positive_pairs_and_the_loss_of_h_plus_equal_h():
+    ids = torch.arange(12).view(4, 3)
+    fixed = SimCSEUnsup(SimCSEUnsupConfig(same_dropout_mask=True))
+    independent = SimCSEUnsup(SimCSEUnsupConfig())
+    assert fixed.views() == ("text",) and independent.views() == ("text", "text")
+    two = _encode(independent, ids)
+    assert not torch.allclose(two[:, 0], two[:, 1])  # two masks: the views differ
+
+    one = _encode(fixed, ids).detach().double()
+    assert one.shape == (4, 1, 16)
+    # Eq. 4 with h_i^+ = h_i: the positive logit is 1/τ, the negatives cos(h_i, h_j)/τ.
+    h = one[:, 0].numpy()
+    expected = np_cross_entropy(np_cos(h, h) / 0.05)
+    assert np.allclose(np.diag(np_cos(h, h)), 1.0)
+    assert fixed.loss_from_embeddings(one).item() == pytest.approx(expected, rel=1e-10)
+
+
+# --- MNRL with several negative columns ------------------------------------------------------------
+
+
+def test_mnrl_with_two_negatives_matches_a_hand_computation():
+    columns = RNG.normal(size=(3, 4, 5))  # anchor, positive, negative_1, negative_2
+    # candidate list as sentence-transformers builds it: all positives, all first, all second negatives
+    candidates = np.concatenate([columns[:, 1], columns[:, 2], columns[:, 3]])
+    sims = 20.0 * np_cos(columns[:, 0], candidates)
+    expected = float(np.mean([np.log(np.exp(sims[i]).sum()) - sims[i, i] for i in range(3)]))
+    assert mnrl_loss(torch.tensor(columns), scale=20.0).item() == pytest.approx(expected, rel=1e-10)
+
+
+def test_mnrl_negative_columns_and_the_data_that_has_them():
+    assert MNRL(MNRLConfig(num_negatives=2)).views() == ("anchor", "positive_1", "negative_1", "negative_2")
+    assert MNRL(MNRLConfig(num_negatives=1)).views() == ("anchor", "positive", "negative")
+
+    def trial(train, negatives):
+        return TrialConfig.model_validate(
+            {"method": {"name": "mnrl", "num_negatives": negatives}, "data": {"train": train}}
+        )
+
+    assert trial("nli_supmpn", 5).method["num_negatives"] == 5
+    with pytest.raises(ValueError, match=r"data.train: 'nli_triplets' lacks columns .*allowed: nli_supmpn"):
+        trial("nli_triplets", 2)
+    with pytest.raises(ValueError, match=r"lacks columns \['negative_6'\].*none of the catalogue sets"):
+        trial("nli_supmpn", 6)

@@ -136,6 +136,25 @@ def test_every_shipped_study_validates(path):
             resolve_trial(study, name, point["overrides"], study.seeds[0])
 
 
+SHIPPED_VARIANTS = [
+    (path, smoke)
+    for path in sorted((REPO_ROOT / "studies").glob("*.yaml"))
+    for smoke in (False, True)
+    if not smoke or "smoke" in yaml.safe_load(path.read_text())
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "smoke"), SHIPPED_VARIANTS, ids=[p.name + (" --smoke" if s else "") for p, s in SHIPPED_VARIANTS]
+)
+def test_every_shipped_ablation_names_its_reference_row(path, smoke):
+    """The report tests every row against ``reference:``; left implicit, a ``from:`` file or a smoke
+    grid can silently move it, so every grid/points ablation names it (a sampled one has no rows)."""
+    study = load_study(path, smoke=smoke)
+    implicit = [name for name, a in study.ablations.items() if not a.space and a.reference is None]
+    assert not implicit, f"{path.name}{' --smoke' if smoke else ''}: no explicit reference: in {implicit}"
+
+
 @pytest.mark.parametrize("path", sorted((REPO_ROOT / "search_spaces").rglob("*.yaml")), ids=lambda p: p.name)
 def test_every_search_space_validates_inside_a_study(tmp_path, path):
     body = yaml.safe_load(path.read_text())
@@ -156,7 +175,7 @@ def test_resolution_order_and_paper_numbers(tmp_path):
     points = grid_points(study.ablations["temp"])
     assert [p["paper"] for p in points] == [{"dev_stsb": 82.5}, {}]
     trial = resolve_trial(study, "temp", points[1]["overrides"], 8)
-    assert trial.method == {"name": "simcse_unsup", "temperature": 0.1}
+    assert trial.method == {"name": "simcse_unsup", "temperature": 0.1, "same_dropout_mask": False}
     assert trial.trainer.lr == 1e-4 and trial.trainer.seed == 8 and trial.trainer.batch_size == 16
     assert trial.model.mlp_only_train  # the method's paper default survives the study base
     assert study.seeds == [7, 8]
@@ -164,10 +183,10 @@ def test_resolution_order_and_paper_numbers(tmp_path):
 
 def test_an_ablation_may_use_another_method(tmp_path):
     doc = dict(
-        GOOD, ablations={"sup": {"method": "simcse_sup", "grid": {"method.hard_negative_weight": [2.0]}}}
+        GOOD, ablations={"sup": {"method": "simcse_sup", "grid": {"method.hard_negative_alpha": [2.0]}}}
     )
     study = load_study(write(tmp_path, doc))
-    trial = resolve_trial(study, "sup", {"method.hard_negative_weight": 2.0}, 1)
+    trial = resolve_trial(study, "sup", {"method.hard_negative_alpha": 2.0}, 1)
     assert trial.method["name"] == "simcse_sup" and trial.trainer.lr == 5e-5  # sup paper defaults
 
 

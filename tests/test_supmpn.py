@@ -73,6 +73,12 @@ def test_code_variant_masks_carry_no_gradient():
     assert torch.isfinite(batch.grad).all() and torch.isfinite(paper.grad).all()
 
 
+def test_default_loss_is_the_released_code_and_differs_from_eq7_by_the_constant():
+    assert SupMPNConfig().loss_variant == "code"  # methods.md §4.3: default to the code
+    # The default call is the code variant, the hand-made Eq. 7 with logit 0 for own other positives.
+    assert supmpn_loss(_batch(), positives=2, temperature=TAU).item() == pytest.approx(_eq7_by_hand(0.0))
+
+
 def test_views_pick_the_first_p_and_q_slots():
     method = SupMPN(SupMPNConfig(positives=2, negatives=3))
     assert method.views() == ("anchor", "positive_1", "positive_2", "negative_1", "negative_2", "negative_3")

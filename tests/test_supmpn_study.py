@@ -32,6 +32,10 @@ def test_full_study_validates_with_every_ablation():
     assert [p["overrides"]["trainer.batch_size"] for p in points["batch_size"]] == [64, 128, 256, 512]
     assert study.ablations["simcse_sup"].method == "simcse_sup" and study.ablations["mnrl"].method == "mnrl"
     assert points["reference"][0]["paper"]["test_transfer_avg"] == 86.96
+    assert points["reference"][0]["overrides"]["method.loss_variant"] == "code"  # said, not defaulted
+    variants = study.ablations["loss_variant"]
+    assert variants.reference == variants.paper_choice == "released code"
+    assert all(a.reference for a in study.ablations.values())  # every table names its baseline row
     assert sum(len(p) for p in points.values()) == 43
 
 

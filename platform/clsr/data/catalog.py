@@ -1,7 +1,7 @@
 """Named training data sets (``data.train`` in a study) and their row format.
 
 Every data set yields rows ``{column: text}`` with the columns a method asks for: ``text`` for
-unsupervised corpora, ``anchor``/``positive``[/``negative``] for pairs and triplets,
+unsupervised corpora, ``anchor``/``positive``[/``negative``[/``neutral``]] for pairs and triplets,
 ``anchor``/``positive_1..5``/``negative_1..5`` for SupMPN's rows (``nli_supmpn``).
 """
 
@@ -48,6 +48,10 @@ def _nli_triplets(data_dir: Path | None, seed: int) -> list[Row]:
     return build_simcse_triplets(load_nli_pairs(data_dir), seed)
 
 
+def _nli_triplets_neutral(data_dir: Path | None, seed: int) -> list[Row]:
+    return build_simcse_triplets(load_nli_pairs(data_dir), seed, neutral=True)
+
+
 def _nli_sbert_v2(data_dir: Path | None, seed: int) -> list[Row]:
     return build_sbert_v2_triplets(load_nli_pairs(data_dir), seed)
 
@@ -81,6 +85,13 @@ DATASETS: dict[str, DatasetSpec] = {
             TRIPLET,
             "SimCSE-style (premise, entailment, seeded contradiction) built from the NLI pairs",
             _nli_triplets,
+        ),
+        DatasetSpec(
+            "nli_triplets_neutral",
+            (*TRIPLET, "neutral"),
+            "nli_triplets with a seeded neutral hypothesis per row (premises with an E, a C and an N; "
+            "SimCSE Table 7)",
+            _nli_triplets_neutral,
         ),
         DatasetSpec(
             "nli_sbert_v2",

@@ -151,19 +151,27 @@ def _group(pairs: Iterable[tuple[str, str, str]]) -> dict[str, dict[str, list[st
     return groups
 
 
-def build_simcse_triplets(pairs: Iterable[NLIPair], seed: int = 0) -> list[dict[str, str]]:
+def build_simcse_triplets(
+    pairs: Iterable[NLIPair], seed: int = 0, neutral: bool = False
+) -> list[dict[str, str]]:
     """Supervised SimCSE rows: one per (premise, entailment) whose premise has a contradiction.
 
     When the premise has several contradictions one is drawn with a seeded RNG (paper footnote 7).
+    ``neutral``: keep only premises that also have a neutral hypothesis and add one, drawn the same
+    way, as column ``neutral`` (SimCSE Table 7's "Contra.+Neutral" hard negatives).
     """
     rng = random.Random(seed)
     groups = _group((p.premise, p.hypothesis, p.label) for p in pairs)
-    return [
-        {"anchor": premise, "positive": positive, "negative": rng.choice(by_label["contradiction"])}
-        for premise, by_label in groups.items()
-        if by_label["contradiction"]
-        for positive in by_label["entailment"]
-    ]
+    rows = []
+    for premise, by_label in groups.items():
+        if not by_label["contradiction"] or (neutral and not by_label["neutral"]):
+            continue
+        for positive in by_label["entailment"]:
+            row = {"anchor": premise, "positive": positive, "negative": rng.choice(by_label["contradiction"])}
+            if neutral:
+                row["neutral"] = rng.choice(by_label["neutral"])
+            rows.append(row)
+    return rows
 
 
 def build_sbert_v2_triplets(pairs: Iterable[NLIPair], seed: int = 0) -> list[dict[str, str]]:

@@ -102,6 +102,14 @@ class Method(ABC):
         """Global batches of row indices for one epoch (the same list on every worker)."""
         return shuffled_batches(len(rows), batch_size, epoch, seed)
 
+    def plan_steps(self, num_rows: int, trial: Any, world: int) -> tuple[int, int]:
+        """(steps per epoch, total steps): the loop asks ``batch_order`` for epoch ``step // steps per
+        epoch`` and schedules the LR over the total. Default ``clsr.train.loop.plan_steps``; a method whose
+        data does not come in ⌊k/B⌋-step epochs (SelfCCL's per-epoch pacing) returns its own total."""
+        from clsr.train.loop import plan_steps  # the loop imports the methods
+
+        return plan_steps(num_rows, trial, world)
+
     # --- model and loss --------------------------------------------------------------------------
     def build_model(self, model_cfg: ModelConfig, pipeline: Any = None) -> nn.Module:
         return TransformerEncoder(model_cfg)

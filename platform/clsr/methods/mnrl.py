@@ -8,6 +8,10 @@ all negatives (``B(1+K)`` columns); logits are ``scale · cos``; row ``i``'s tar
 (sentence-transformers ``MultipleNegativesRankingLoss``; no equation number in a paper; λ = 20 is
 τ = 0.05, so with one negative this equals supervised SimCSE Eq. 5 with α = 1). Batches come from
 ``NoDuplicatesDataLoader``'s rule: no text appears twice in a batch.
+
+Columns: K = 0 or 1 reads pairs/triplets (``anchor``, ``positive``[, ``negative``]); K ≥ 2 reads the
+slot format of SupMPN's rows (``anchor``, ``positive_1``, ``negative_1..K``; ``data.train: nli_supmpn``,
+K ≤ 5), the only catalogue rows with several negatives.
 """
 
 from __future__ import annotations
@@ -26,7 +30,12 @@ from clsr.methods.losses import cos_sim, in_batch_cross_entropy
 class MNRLConfig(MethodConfig):
     name: str = "mnrl"
     scale: float = Field(20.0, gt=0, description="λ, the similarity scale (1/τ)")
-    num_negatives: int = Field(1, ge=0, le=1, description="hard-negative columns per row (0 or 1)")
+    num_negatives: int = Field(
+        1,
+        ge=0,
+        description="K, hard-negative columns per row (SBERT-nli-v2: 1); K >= 2 needs rows with "
+        "negative_1..K (nli_supmpn: up to 5)",
+    )
     no_duplicates: bool = Field(True, description="NoDuplicatesDataLoader batching")
 
 
@@ -57,7 +66,10 @@ class MNRL(Method):
     }
 
     def views(self) -> tuple[str, ...]:
-        return ("anchor", "positive") + ("negative",) * self.cfg.num_negatives
+        k = self.cfg.num_negatives
+        if k <= 1:
+            return ("anchor", "positive", *("negative",) * k)
+        return ("anchor", "positive_1", *(f"negative_{i}" for i in range(1, k + 1)))
 
     def batch_order(
         self, rows: Sequence[dict[str, str]], batch_size: int, epoch: int, seed: int

@@ -8,6 +8,10 @@ Each sentence is encoded twice in one forward pass; the two dropout masks make t
 Negatives are the second views of the other sentences of the (global) batch; first views are not
 candidates, and the loss is not symmetrised.
 
+``same_dropout_mask: true`` is Table 3's "Fixed 0.1": dropout stays on (p = ``model.dropout``) but both
+copies get the same mask. Identical masks give identical outputs, so each sentence is encoded once and
+its embedding serves as both ``h_i`` and ``h_i^+`` (the gradient is the same as for two copies).
+
 Input: rows with a ``text`` column (e.g. ``wiki1m``). Pooling: ``cls`` with the MLP in training only.
 """
 
@@ -24,7 +28,10 @@ from clsr.methods.losses import cos_sim, in_batch_cross_entropy
 
 class SimCSEUnsupConfig(MethodConfig):
     name: str = "simcse_unsup"
-    temperature: float = Field(0.05, gt=0, description="τ of Eq. 4")
+    temperature: float = Field(0.05, gt=0, description="τ of Eq. 4 (paper)")
+    same_dropout_mask: bool = Field(
+        False, description="one dropout mask for both views: Table 3's 'Fixed 0.1' (paper); false: Eq. 4"
+    )
 
 
 def simcse_unsup_loss(views: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -49,7 +56,9 @@ class SimCSEUnsup(Method):
     }
 
     def views(self) -> tuple[str, ...]:
-        return ("text", "text")
+        return ("text",) if self.cfg.same_dropout_mask else ("text", "text")
 
     def loss_from_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
+        if self.cfg.same_dropout_mask:  # one pass, one mask: the embedding is both views
+            embeddings = embeddings.expand(-1, 2, -1)
         return simcse_unsup_loss(embeddings, self.cfg.temperature)

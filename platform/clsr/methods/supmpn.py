@@ -13,6 +13,10 @@ The anchor's own other positives ``x⁺_ik'`` (k' ≠ k) are not in the denomina
 constant ``P − 1`` in the denominator with no gradient. Other rows' positives (every slot) and every
 row's negatives are the in-batch negatives; other anchors never are. With P = Q = 1 both variants
 are supervised SimCSE's Eq. 5 (α = 1).
+
+The default is the released loss (``code``), as methods.md §4.3 recommends: it is the only code the
+authors published, so it is the best evidence of what produced the paper's numbers; Eq. 7 (``paper``)
+is the variant to compare against it (the study's ``loss_variant`` ablation).
 """
 
 from __future__ import annotations
@@ -42,8 +46,9 @@ class SupMPNConfig(MethodConfig):
     negatives: int = Field(5, ge=0, le=MAX_SLOTS, description="Q, hard negatives per anchor")
     temperature: float = Field(0.05, gt=0, description="τ of Eq. 7 (the code's scale 20)")
     loss_variant: Literal["paper", "code"] = Field(
-        "paper",
-        description="paper: Eq. 7, own other positives left out; code: kept with logit 0",
+        "code",
+        description="code (released code, the default: it produced the published numbers): own other "
+        "positives kept with logit 0; paper: Eq. 7, left out",
     )
     positive_augmentation: PositiveAugmentation = Field(
         default_factory=PositiveAugmentation,
@@ -61,7 +66,7 @@ def negative_columns(count: int) -> tuple[str, ...]:
 
 
 def supmpn_loss(
-    embeddings: torch.Tensor, positives: int, temperature: float, loss_variant: str = "paper"
+    embeddings: torch.Tensor, positives: int, temperature: float, loss_variant: str = "code"
 ) -> torch.Tensor:
     """``embeddings``: (N, 1 + P + Q, d) — anchor, P positives, Q negatives per row."""
     n = embeddings.size(0)
