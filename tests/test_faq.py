@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from clsr.data.faq import FAQ_TASKS, load_faq, read_cough, read_faqir
+from clsr.data.faq import FAQ_TASKS, FAQData, fold_split, load_faq, read_cough, read_faqir
+from clsr.data.faq import training_rows as faq_training_rows
 from clsr.data.sources import DataUnavailableError
 from clsr.eval.faq import (
     cosine_matrix,
@@ -374,12 +375,23 @@ def test_final_evaluation_of_the_training_loop_runs_faq(tiny_root: Path) -> None
     from clsr.train.loop import Evaluator
 
     cfg = EvalConfig(tasks=["stackfaq"], alignment_uniformity=False, dev_tasks=[])
-    trial = SimpleNamespace(eval=cfg, data=SimpleNamespace(data_dir=str(tiny_root)))
+    from clsr.train.config import DataConfig
+
+    trial = SimpleNamespace(eval=cfg, data=DataConfig(data_dir=str(tiny_root)))
     method = SimpleNamespace(make_embedder=lambda model, pipeline, batch_size: keyword_embedder())
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a named data set that is present: no skip warning
         metrics = Evaluator(trial, method, pipeline=None).final(model=object())
     assert metrics == {f"test_stackfaq_{k}": 100.0 for k in ("top1", "top3", "top5", "map")}
+
+    # trained on StackFAQ's fold 2: its dev MAP picks the checkpoint, its test fold is scored
+    trial.eval = EvalConfig(
+        tasks=["stackfaq"], alignment_uniformity=False, dev_tasks=["faq"], select_on="faq"
+    )
+    trial.data = DataConfig(train="faq:stackfaq", fold=2, data_dir=str(tiny_root))
+    evaluator = Evaluator(trial, method, pipeline=None)
+    assert evaluator.dev(model=object()) == {"dev_faq": 100.0}
+    assert evaluator.final(model=object())["test_stackfaq_map"] == 100.0
 
 
 def test_cli_eval_faq(tiny_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -394,3 +406,71 @@ def test_cli_eval_faq(tiny_root: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "FAQ retrieval × 100" in out and "mean over 3 query folds, at most 3 queries" in out
     assert "Acc@1 |  Acc@3 |  Acc@5 |    MAP" in out and "\nStackFAQ" in out
     assert "stackfaq: 3 queries, 4 FAQ items" in out
+
+
+# --- training on an FAQ set: RCL Table 2's 5-fold protocol ------------------------------------------
+
+
+def _threads(n_threads: int = 10) -> FAQData:
+    """n threads, each with 2 paraphrased queries and 2 answers (items 2t, 2t+1): relevant = both."""
+    return FAQData(
+        "stackfaq",
+        [f"{t}-{r}" for t in range(n_threads) for r in range(2)],
+        [f"query {r} of thread {t}" for t in range(n_threads) for r in range(2)],
+        [(2 * t, 2 * t + 1) for t in range(n_threads) for _ in range(2)],
+        [f"{t}-{a}" for t in range(n_threads) for a in range(2)],
+        [f"question {t}" for t in range(n_threads) for _ in range(2)],
+        [f"answer {a} of thread {t}" for t in range(n_threads) for a in range(2)],
+    )
+
+
+def test_fold_split_is_a_query_level_5_fold_split_with_dev_from_the_training_folds() -> None:
+    data = _threads()  # 20 queries: folds of 4; the other 16 give ceil(1.6) = 2 dev, 14 train
+    splits = [fold_split(len(data), f) for f in range(5)]
+    tests = np.concatenate([s.test for s in splits])
+    assert sorted(tests.tolist()) == list(range(20))  # every query in exactly one test fold
+    for s in splits:
+        assert (len(s.train), len(s.dev), len(s.test)) == (14, 2, 4)
+        assert (
+            not set(s.train) & set(s.test) and not set(s.dev) & set(s.test) and not set(s.train) & set(s.dev)
+        )
+        assert sorted([*s.train, *s.dev, *s.test]) == list(range(20))
+    assert [s.test.tolist() for s in splits] == [f.tolist() for f in faq_folds(20, 5)]  # = evaluation's folds
+    assert fold_split(20, 3).dev.tolist() == splits[3].dev.tolist()  # seeded
+    with pytest.raises(ValueError, match="data.fold must be 0"):
+        fold_split(20, 5)
+
+    rows = faq_training_rows(data, np.array([0, 5]))  # query 5 is thread 2's second query
+    assert rows == [
+        {"anchor": "query 0 of thread 0", "positive": "question 0 answer 0 of thread 0"},
+        {"anchor": "query 0 of thread 0", "positive": "question 0 answer 1 of thread 0"},
+        {"anchor": "query 1 of thread 2", "positive": "question 2 answer 0 of thread 2"},
+        {"anchor": "query 1 of thread 2", "positive": "question 2 answer 1 of thread 2"},
+    ]  # every answer of a thread stays a positive
+
+
+def test_an_faq_fold_trial_scores_its_test_fold_and_selects_on_dev_map(tiny_root: Path) -> None:
+    from clsr.eval.faq import dev_map
+    from clsr.train.config import DataConfig
+
+    assert DataConfig(train="faq:stackfaq", fold=4).faq_set() == "stackfaq"
+    for bad in (
+        {"train": "faq:stackfaq"},
+        {"train": "nli_triplets", "fold": 0},
+        {"train": "faq:x", "fold": 0},
+    ):
+        with pytest.raises(ValidationError, match="data"):
+            DataConfig(**bad)
+
+    # the facebook-blind embedder of test_fold_mean_and_a_miss: the facebook queries (2, 3) have AP 1/3
+    def embed(texts):
+        return np.array([[t.lower().count("github"), t.lower().count("python")] for t in texts], dtype=float)
+
+    data = load_faq("stackfaq", tiny_root)  # 5 queries: one per fold, 1 dev query out of the other 4
+    for fold in range(5):
+        split = fold_split(5, fold)
+        (query,) = split.test
+        score = evaluate_faq(embed, "stackfaq", tiny_root, test_fold=("stackfaq", fold))["stackfaq"]
+        assert score.queries == 1 and score.map == pytest.approx(100 / 3 if query in (2, 3) else 100.0)
+        (dev,) = split.dev
+        assert dev_map(data, fold, embed) == pytest.approx(100 / 3 if dev in (2, 3) else 100.0)

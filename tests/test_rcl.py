@@ -233,20 +233,28 @@ def test_loss_stalled_counts_steps_without_a_new_lowest_loss():
     assert not any(loss_stalled({"lowest_loss": 0, "stalled_steps": 0}, 1.0, None) for _ in range(5))
 
 
-def _stage(model: str, method: dict, session, **trainer):
-    from clsr.train.config import TrialConfig
-    from clsr.train.loop import fit
+# SICK-R dev picks the best weights (as STS-B dev does in the study); STS-B test is what the trial scores
+STAGE_EVAL = {"dev_tasks": ["sickr"], "select_on": "sickr", "tasks": ["stsb"], "alignment_uniformity": False}
 
-    trial = TrialConfig.model_validate(
+
+def _stage_trial(model: str, method: dict, **trainer):
+    from clsr.train.config import TrialConfig
+
+    return TrialConfig.model_validate(
         {
             "model": {"name": model, "pooling": "avg", "max_seq_length": 16},
             "data": {"train": "nli_triplets", "max_rows": 32},
             "trainer": {"batch_size": 8, "lr": 1e-4, "eval_steps": 1, **trainer},
             "method": method,
-            "eval": {"dev_tasks": [], "tasks": [], "alignment_uniformity": False},
+            "eval": STAGE_EVAL | {"log_model": False},
         }
     )
-    return fit(trial, session)
+
+
+def _stage(model: str, method: dict, session, **trainer):
+    from clsr.train.loop import fit
+
+    return fit(_stage_trial(model, method, **trainer), session)
 
 
 def test_entropy_models_then_rcl_train_locally(data_dir, tmp_path, tiny_bert):
@@ -263,9 +271,29 @@ def test_entropy_models_then_rcl_train_locally(data_dir, tmp_path, tiny_bert):
         stop = next((i + 1 for i in range(1, len(losses)) if losses[i] >= min(losses[:i])), 4)
         assert len(losses) == stop and session.reports[-2].get("stopped_early", 0) == (stop < 4)
         checkpoints[phi] = str(session.latest)
+        _assert_stage_2_loads_the_scored_weights(tiny_bert, phi, session, data_dir)
 
     session = LocalSession(tmp_path / "rcl")
     method = {"name": "rcl", "phis": [0.01, 0.02], "entropy_models": checkpoints}
     final = _stage(tiny_bert, method, session, max_steps=2)
     assert final["finished"] == 1 and [r["step"] for r in session.reports] == [1, 2, 2]
     assert all(math.isfinite(r["loss_avg"]) for r in session.reports[:2])
+
+
+def _assert_stage_2_loads_the_scored_weights(model: str, phi: float, session, data_dir) -> None:
+    """The weights stage 2 embeds with (entropy_weights: best, the default) are the ones the entropy
+    model's trial scored for Table 5: its best-dev weights, scored again here to the same STS-B value."""
+    from clsr.eval.sts import evaluate_sts
+    from clsr.train.checkpoint_files import load_tensors
+    from clsr.train.loop import build_method
+
+    final = session.reports[-1]
+    assert RCLConfig.model_fields["entropy_weights"].default == "best" and final["best_step"] >= 1
+    trial = _stage_trial(model, {"name": "rcl", "phis": [phi], "entropy_models": {phi: str(session.latest)}})
+    method = build_method(trial)
+    loaded = method.load_entropy_model(str(session.latest), trial.model)
+    best = load_tensors(session.latest / "best_model.pt")
+    assert all(torch.equal(value, best[name]) for name, value in loaded.state_dict().items())
+    embed = method.make_embedder(loaded, method.text_pipeline(trial, None), 128)
+    rescored = evaluate_sts(embed, ["stsb"], "test", data_dir)["stsb"].all
+    assert rescored == pytest.approx(final["test_stsb"], abs=1e-4)

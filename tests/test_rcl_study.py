@@ -1,16 +1,18 @@
-"""`studies/rcl_ablations.yaml`: its stages and paper numbers. The `--smoke` run end to end (stage 1 trains
-the entropy models, stage 2's regulator trials get their checkpoints, each entropy model embeds the training
-texts once) runs on the loopback cluster: tests/test_cluster.py."""
+"""`studies/rcl_ablations.yaml`: its stages and paper numbers, and its `--smoke` run end to end in-process
+(e2e: the evaluation-only SRoBERTa-base row, the staged regulators, Eq. 1 on an FAQ fold). The loopback
+cluster runs it too: tests/test_cluster.py."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from clsr.study.schema import grid_points, load_study, stages
+import pytest
+
+from clsr.study.schema import grid_points, load_study, resolve_trial, stages
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_e2e import REPO_ROOT  # noqa: E402
+from test_e2e import REPO_ROOT, run_smoke_study, runs_of  # noqa: E402
 
 STUDY = REPO_ROOT / "studies" / "rcl_ablations.yaml"
 
@@ -18,19 +20,90 @@ STUDY = REPO_ROOT / "studies" / "rcl_ablations.yaml"
 def test_full_study_validates_with_stages_and_paper_numbers():
     study = load_study(STUDY)
     assert study.seeds == [42, 43, 44] and study.method == "rcl"
-    assert stages(study) == [["entropy_models", "attention_dropout", "drophead"], ["regulators"]]
+    assert stages(study) == [["entropy_models", "attention_dropout", "drophead", "faq_eq1"], ["regulators"]]
     points = {name: grid_points(a) for name, a in study.ablations.items()}
-    assert [p["label"] for p in points["regulators"]] == ["0", "2", "4", "6", "8", "10"]
-    assert [len(p["overrides"]["method.phis"]) for p in points["regulators"]] == [0, 1, 2, 3, 4, 5]
-    assert [p["paper"]["test_sts_avg"] for p in points["regulators"]] == [
-        81.29,
+    regulators = {p["label"]: p for p in points["regulators"]}
+    assert list(regulators) == [
+        "SRoBERTa-base",
+        "0",
+        "2",
+        "4",
+        "6",
+        "8",
+        "10",
+        "8, batch 32",
+        "8, φ < 0",
+        "16, ±φ",
+    ]
+    # the paper's first row is the untouched checkpoint: an evaluation-only point carries its numbers
+    assert regulators["SRoBERTa-base"]["overrides"]["trainer.max_steps"] == 0
+    assert regulators["SRoBERTa-base"]["paper"]["test_sts_avg"] == 81.29
+    assert "trainer.max_steps" not in regulators["0"]["overrides"] and not regulators["0"].get("paper")
+    assert [len(regulators[k]["overrides"]["method.phis"]) for k in ("0", "2", "4", "6", "8", "10")] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+    assert [regulators[k]["paper"]["test_sts_avg"] for k in ("2", "4", "6", "8", "10")] == [
         81.47,
         81.98,
         82.29,
         82.4,
         82.42,
     ]
-    assert points["regulators"][4]["paper"]["test_faqir_map"] == 31.65
-    assert len(points["entropy_models"]) == 5 and len(points["attention_dropout"]) == 3
+    # the appendix grid: batch 32 for the best φ set, Algorithm 1's negative φ entropy models
+    assert regulators["8, batch 32"]["overrides"]["trainer.batch_size"] == 32
+    phis = {p["overrides"]["method.phi"] for p in points["entropy_models"]}
+    assert phis == {0.01, 0.02, 0.03, 0.04, 0.05, -0.01, -0.02, -0.03, -0.04}
+    assert set(regulators["16, ±φ"]["overrides"]["method.phis"]) <= phis
+    # Table 2's FAQ numbers come from models trained on the FAQ sets: no NLI-trained row carries them
+    faq = [
+        (n, p["label"]) for n, ps in points.items() for p in ps if any("faq" in k for k in p.get("paper", {}))
+    ]
+    assert faq == []
+    assert len(points["attention_dropout"]) == 3
     assert study.base["eval"]["tasks"] == ["sts", "faq"]
+    # every ablation names its reference row, in the full study and in --smoke
+    assert {n: a.reference for n, a in study.ablations.items()} == {
+        "entropy_models": "0.01",
+        "regulators": "SRoBERTa-base",
+        "attention_dropout": "0.1",
+        "drophead": "0.1",
+        "faq_eq1": "data.train=faq:stackfaq, data.fold=0",
+    }
+    # Table 2's protocol: every FAQ set's 5 folds, Eq. 1 alone, selected on the fold's dev MAP
+    faq = points["faq_eq1"]
+    assert sorted((p["overrides"]["data.train"], p["overrides"]["data.fold"]) for p in faq) == [
+        (f"faq:{name}", fold) for name in ("cough", "faqir", "stackfaq") for fold in range(5)
+    ]
+    trial = resolve_trial(study, "faq_eq1", faq[0]["overrides"], 42)
+    assert trial.eval.select_on == "faq" and trial.method["phis"] == [] and not trial.method["hard_negatives"]
+    smoke = load_study(STUDY, smoke=True)
+    assert all(a.reference for a in smoke.ablations.values())
+    assert stages(smoke) == stages(study)
 
+
+@pytest.mark.e2e
+def test_rcl_smoke_study_end_to_end(tmp_path):
+    uri, _ = run_smoke_study(STUDY, tmp_path)
+    study = load_study(STUDY, smoke=True)
+    client, _, children = runs_of(uri, study.name)
+    planned = {(name, p["label"]) for name, a in study.ablations.items() for p in grid_points(a)}
+    runs = {(r.data.tags["clsr.ablation"], r.data.tags["clsr.point"]): r for r in children}
+    assert set(runs) == planned and len(children) == len(planned)
+    assert all(r.data.tags["clsr.status"] == "finished" for r in children), [r.data.tags for r in children]
+
+    # the untouched checkpoint: scored, tagged evaluation-only, nothing trained
+    start = runs["regulators", "SRoBERTa-base"]
+    assert start.data.tags.get("clsr.eval_only") == "true" and "best_dev_sickr" in start.data.metrics
+    assert client.get_metric_history(start.info.run_id, "loss") == []
+    eq1 = runs["regulators", "0"]
+    assert "clsr.eval_only" not in eq1.data.tags and client.get_metric_history(eq1.info.run_id, "loss")
+    assert start.data.metrics["test_stsb"] != eq1.data.metrics["test_stsb"]
+
+    # Eq. 1 on StackFAQ's fold 0: selected on the fold's dev MAP, its test fold scored
+    (faq,) = [r for (name, _), r in runs.items() if name == "faq_eq1"]
+    assert 0 < faq.data.metrics["best_dev_faq"] <= 100 and 0 < faq.data.metrics["test_stackfaq_map"] <= 100

@@ -66,3 +66,62 @@ def test_a_restored_checkpoint_copy_is_removed_after_loading(tmp_path):
     assert not copy.exists() and (saved / "state.pt").exists()
     with _local_copy(None) as nothing:
         assert nothing is None
+
+
+def test_max_steps_zero_is_an_evaluation_point_and_negative_is_refused():
+    import pytest
+    from pydantic import ValidationError
+
+    assert tiny_trial(max_steps=0).trainer.max_steps == 0
+    with pytest.raises(ValidationError, match="max_steps"):
+        tiny_trial(max_steps=-1)
+
+
+def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(data_dir, tmp_path):
+    """trainer.max_steps: 0 leaves a run with the starting model's scores, tag clsr.eval_only=true, no
+    training metrics and no checkpoint. Golden values: sentence-transformers' own all-MiniLM-L6-v2 (mean
+    pooling) and scipy's Spearman correlation, not clsr's encoder or STS code."""
+    import numpy as np
+    from mlflow.tracking import MlflowClient
+    from scipy.stats import spearmanr
+    from sentence_transformers import SentenceTransformer
+
+    from clsr.data.sts import load_sts
+    from clsr.encoders.registry import resolve_model_path
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("eval-only", str(tmp_path / "art"))).info.run_id
+    trial = TrialConfig.model_validate(
+        {
+            "model": {"name": "minilm", "pooling": "avg", "max_seq_length": 256},  # the reference's length
+            "data": {"train": "nli_triplets", "max_rows": 64},
+            "trainer": {"batch_size": 8, "max_steps": 0},
+            "method": {"name": "simcse_sup"},
+            "eval": {
+                "dev_tasks": ["sickr"],
+                "select_on": "sickr",
+                "tasks": ["stsb"],
+                "log_model": False,
+                "alignment_uniformity": False,
+            },
+        }
+    )
+    session = LocalSession(tmp_path / "ckpt")
+    final = fit(trial, session, tracking={"uri": uri, "run_id": run_id})
+
+    reference = SentenceTransformer(resolve_model_path("minilm"), device="cpu")
+
+    def spearman(task: str, split: str) -> float:
+        pairs = load_sts(task, split, data_dir)
+        a, b = (reference.encode(s, normalize_embeddings=True) for s in (pairs.sentences1, pairs.sentences2))
+        return 100 * spearmanr(np.sum(a * b, axis=1), pairs.scores).statistic
+
+    assert abs(final["test_stsb"] - spearman("stsb", "test")) < 0.05
+    assert abs(final["best_dev_sickr"] - spearman("sickr", "dev")) < 0.05
+    assert final["step"] == 0 and final["best_step"] == 0 and "loss_avg" not in final
+    assert session.latest is None and len(session.reports) == 1  # no checkpoint, one (final) report
+    run = client.get_run(run_id)
+    assert run.data.tags["clsr.eval_only"] == "true"
+    assert run.data.metrics["test_stsb"] == final["test_stsb"]
+    assert not {"loss", "lr", "grad_norm", "loss_avg", "samples_per_s"} & set(run.data.metrics)

@@ -38,6 +38,13 @@ root):
 
 Queries with no relevant item in the collection are dropped (counted in ``FAQData.dropped``).
 
+Training on an FAQ set (RCL Table 2: "fine-tune … with Eq. 1 … highest MAP on the development dataset",
+"5-fold"; methods.md §6.5): ``fold_split`` splits the queries into 5 seeded query-level folds; fold f's
+test part is fold f, its dev part a seeded 10 % of the other folds' queries (the proposal of §6.5), the
+rest trains. ``training_rows`` makes one (query, FAQ item) row per relevant item of a training query, so
+every answer of a StackFAQ thread is a positive (rows ``anchor`` = query, ``positive`` = the item's
+text as it is embedded for retrieval).
+
 No copy of these three data sets on the Hugging Face hub is known (none could be searched for or
 verified offline where this was written), so without a local folder the loaders raise
 :class:`~clsr.data.sources.DataUnavailableError` naming the files to download and where to put them.
@@ -46,6 +53,7 @@ verified offline where this was written), so without a local folder the loaders 
 from __future__ import annotations
 
 import csv
+import math
 import os
 import sys
 import xml.etree.ElementTree as ET
@@ -53,9 +61,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from clsr.data.sources import ENV_VAR, DataUnavailableError, local_dir
 
 FAQ_TASKS = ("stackfaq", "faqir", "cough")
+FOLDS = 5  # RCL Table 2: "with 5-fold method"
+FOLD_SEED = 1111  # the seed of clsr.eval.faq's folds (SentEval's), so both modules split alike
+DEV_FRACTION = 0.1  # methods.md §6.5's proposal: dev = 10 % of the training folds' queries
 CANDIDATE_FIELDS = ("question_answer", "question", "answer")
 
 FILES: dict[str, tuple[str, ...]] = {
@@ -315,3 +328,49 @@ def read_cough(
             relevant[known[qid]].add(_column(row, relevance, "FAQ_index").strip())
     dropped = {"judgements_of_unknown_queries": orphans}
     return _finish("cough", query_ids, queries, relevant, item_ids, questions, answers, dropped)
+
+
+# ------------------------------------------------------------------------------------------ training
+
+
+@dataclass(frozen=True)
+class FoldSplit:
+    """Query positions of one cross-validation fold: trained on, used for model selection, scored."""
+
+    train: np.ndarray
+    dev: np.ndarray
+    test: np.ndarray
+
+
+def query_folds(n_queries: int, folds: int = FOLDS, seed: int = FOLD_SEED) -> list[np.ndarray]:
+    """Seeded split of ``range(n_queries)`` into ``min(folds, n_queries)`` near-equal sorted folds."""
+    if folds < 1:
+        raise ValueError(f"folds must be at least 1 (given {folds})")
+    if n_queries < 1:
+        raise ValueError("no queries to split into folds")
+    permutation = np.random.default_rng(seed).permutation(n_queries)
+    return [np.sort(part) for part in np.array_split(permutation, min(folds, n_queries))]
+
+
+def fold_split(
+    n_queries: int, fold: int, folds: int = FOLDS, seed: int = FOLD_SEED, dev_fraction: float = DEV_FRACTION
+) -> FoldSplit:
+    """Fold ``fold``: its queries are the test part; a seeded ``dev_fraction`` (at least one query) of the
+    other folds' queries is the dev part; the rest trains."""
+    parts = query_folds(n_queries, folds, seed)
+    if not 0 <= fold < len(parts):
+        raise ValueError(f"data.fold must be 0 … {len(parts) - 1} (given {fold})")
+    rest = np.sort(np.concatenate([p for i, p in enumerate(parts) if i != fold]))
+    if len(rest) < 2:
+        raise ValueError(f"{n_queries} queries leave no training and dev queries outside fold {fold}")
+    size = min(len(rest) - 1, max(1, math.ceil(dev_fraction * len(rest))))
+    dev = np.sort(np.random.default_rng([seed, fold]).choice(rest, size=size, replace=False))
+    return FoldSplit(train=np.setdiff1d(rest, dev), dev=dev, test=parts[fold])
+
+
+def training_rows(
+    data: FAQData, queries: np.ndarray, candidate: str = "question_answer"
+) -> list[dict[str, str]]:
+    """One (query, relevant item) row per relevant item of each query in ``queries`` (positions)."""
+    items = data.candidates(candidate)
+    return [{"anchor": data.queries[q], "positive": items[i]} for q in queries for i in data.relevant[q]]

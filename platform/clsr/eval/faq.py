@@ -21,6 +21,10 @@ Protocol, for a frozen encoder:
 ``max_queries`` keeps a seeded subsample of the queries (smoke runs); the collection stays whole
 unless ``max_items`` also cuts it to a seeded subset that keeps every item relevant to a kept query
 (smoke runs only: a smaller pool makes retrieval easier, so those scores are not comparable).
+A model trained on fold f of an FAQ set (``data.train: faq:<set>``, ``data.fold: f``; clsr.data.faq's
+``fold_split``) is scored on that set's fold-f test queries only (``test_fold``; the five folds' trials
+are averaged by the study, as seeds are), and selected on the MAP of the fold's dev queries
+(``dev_map``). Other FAQ sets are scored as above.
 A request for the ``faq`` group scores every FAQ data set whose files are present and skips (with a
 warning) the ones that are not; a data set named explicitly must be present.
 """
@@ -36,13 +40,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from clsr.data.faq import CANDIDATE_FIELDS, FAQ_TASKS, FAQData, load_faq
+from clsr.data.faq import CANDIDATE_FIELDS, FAQ_TASKS, FOLD_SEED, FAQData, fold_split, load_faq, query_folds
 from clsr.data.sources import DataUnavailableError, resolve_data_dir
 
 if TYPE_CHECKING:
     from clsr.eval.embed import Embedder
 
-SEED = 1111
+SEED = FOLD_SEED
 KS = (1, 3, 5)
 GROUP = "faq"
 DISPLAY_NAMES = {"stackfaq": "StackFAQ", "faqir": "FAQIR", "cough": "COUGH"}
@@ -129,19 +133,12 @@ def retrieval_metrics(
 
 def faq_folds(n_queries: int, folds: int = 5, seed: int = SEED) -> list[np.ndarray]:
     """Seeded split of ``range(n_queries)`` into ``min(folds, n_queries)`` near-equal sorted folds."""
-    if folds < 1:
-        raise ValueError(f"folds must be at least 1 (given {folds})")
-    if n_queries < 1:
-        raise ValueError("no queries to split into folds")
-    permutation = np.random.default_rng(seed).permutation(n_queries)
-    return [np.sort(part) for part in np.array_split(permutation, min(folds, n_queries))]
+    return query_folds(n_queries, folds, seed)
 
 
-def subsample_queries(data: FAQData, max_queries: int | None, seed: int = SEED) -> FAQData:
-    """A seeded subsample of ``max_queries`` queries (original order kept); the collection is whole."""
-    if max_queries is None or max_queries >= len(data):
-        return data
-    keep = np.sort(np.random.default_rng(seed).choice(len(data), size=max_queries, replace=False)).tolist()
+def select_queries(data: FAQData, positions: Sequence[int]) -> FAQData:
+    """``data`` with the queries at ``positions`` only (in that order); the collection is whole."""
+    keep = [int(i) for i in positions]
     return FAQData(
         data.name,
         [data.query_ids[i] for i in keep],
@@ -152,6 +149,20 @@ def subsample_queries(data: FAQData, max_queries: int | None, seed: int = SEED) 
         data.answers,
         data.dropped,
     )
+
+
+def dev_map(data: FAQData, fold: int, embed: Embedder, candidate: str = "question_answer") -> float:
+    """MAP × 100 of fold ``fold``'s dev queries against the whole collection (model selection)."""
+    dev = select_queries(data, fold_split(len(data), fold).dev)
+    return score_faq(dev, embed, folds=1, candidate=candidate).map
+
+
+def subsample_queries(data: FAQData, max_queries: int | None, seed: int = SEED) -> FAQData:
+    """A seeded subsample of ``max_queries`` queries (original order kept); the collection is whole."""
+    if max_queries is None or max_queries >= len(data):
+        return data
+    keep = np.sort(np.random.default_rng(seed).choice(len(data), size=max_queries, replace=False))
+    return select_queries(data, keep)
 
 
 def subsample_items(data: FAQData, max_items: int | None, seed: int = SEED) -> FAQData:
@@ -219,6 +230,7 @@ def evaluate_faq(
     max_queries: int | None = None,
     candidate: str = "question_answer",
     max_items: int | None = None,
+    test_fold: tuple[str, int] | None = None,
 ) -> dict[str, FAQScore]:
     """Score ``embed`` on FAQ retrieval; ``datasets``: names or the ``faq`` group (see the module doc)."""
     if max_queries is not None and max_queries < 1:
@@ -240,8 +252,11 @@ def evaluate_faq(
             skipped.append(f"{name}: {err}")
             warnings.warn(f"FAQ evaluation skips {err}", stacklevel=2)
             continue
+        parts = folds
+        if test_fold is not None and test_fold[0] == name:  # trained on this set: its fold's test part
+            data, parts = select_queries(data, fold_split(len(data), test_fold[1]).test), 1
         data = subsample_items(subsample_queries(data, max_queries, seed), max_items, seed)
-        scores[name] = score_faq(data, embed, folds, seed, candidate)
+        scores[name] = score_faq(data, embed, parts, seed, candidate)
     if not scores and skipped:
         raise DataUnavailableError("no FAQ data set could be loaded:\n" + "\n".join(skipped))
     return scores

@@ -25,6 +25,12 @@ Eq. 3, the final model with 2N "contrastive regulators" (stage 2, from the pretr
 (the paper's first numerator reads ``ind_j``, a typo for ``ind_i``); k runs over the in-batch tuples,
 hard negatives never enter the regulators, and every regulator has weight 1 [unverified].
 
+Checkpoint of an entropy model: its best-dev weights (``best_model.pt``, STS-B dev Spearman; our choice).
+The loop scores the best-dev weights on the test sets (Table 5) and stage 2 embeds with the same weights
+(``entropy_weights: best``), so the regulators come from the model Table 5 reports; the paper keeps the
+best dev checkpoint of its final models and says nothing else, and early stopping on the training loss
+(after 3 stalled steps) only ends stage 1. ``last`` (``state.pt``) remains an option.
+
 Input contract: rows ``anchor`` (query), ``positive`` (index), ``negative`` (hard negative, unless
 ``hard_negatives: false``). Stage 2 (``rcl``) embeds every query and index of the training rows with each
 entropy model once per study (``prepare_shared``, shared through Ray's object store); its batches carry
@@ -195,9 +201,10 @@ class RCLConfig(_RCLConfig):
         "once per study",
     )
     entropy_weights: Literal["last", "best"] = Field(
-        "last",
-        description="last: weights when stage 1 stopped (paper: early stop on the training loss); "
-        "best: its best-dev weights (best_model.pt)",
+        "best",
+        description="best (our choice): an entropy model's best-dev weights (best_model.pt), the ones its "
+        "trial scores for Table 5, as the paper keeps the best dev checkpoint; last: the weights when "
+        "stage 1 stopped early (state.pt)",
     )
     store_dtype: Literal["float16", "float32"] = Field(
         "float16", description="dtype of the stored entropy-model embeddings (memory in the object store)"

@@ -149,13 +149,13 @@ def shared_inputs(
     study: Study, trials: list[dict[str, Any]], outputs: Outputs | None = None
 ) -> dict[str, dict[str, Any]]:
     """shared_key -> the config of the first trial that needs it: one build per distinct key."""
-    from clsr.train.loop import build_method
+    from clsr.train.loop import build_method, is_evaluation_only
 
     wanted: dict[str, dict[str, Any]] = {}
     for t in trials:  # a sampled ablation's entry holds its base (overrides: {}); samples share it
         trial = resolve_trial(study, t["ablation"], t["overrides"], t["seed"], outputs or {})
         key = build_method(trial).shared_key(trial)
-        if key is not None:
+        if key is not None and not is_evaluation_only(trial):  # it trains nothing with the input
             wanted.setdefault(key, trial.model_dump())
     return wanted
 

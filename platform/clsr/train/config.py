@@ -58,8 +58,15 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+FAQ_PREFIX = "faq:"  # data.train: faq:<set> trains on an FAQ set's fold (clsr.data.faq.fold_split)
+
+
 class DataConfig(Section):
-    train: str = Field("wiki1m", description="training data set name from the catalog (clsr.data.catalog)")
+    train: str = Field(
+        "wiki1m",
+        description="training data set name from the catalog (clsr.data.catalog), or faq:<stackfaq|faqir|"
+        "cough>: (query, relevant FAQ item) rows of data.fold's training queries (RCL Table 2)",
+    )
     data_dir: str | None = Field(None, description="local data folder; default: $CLSR_DATA_DIR, else the hub")
     max_rows: int | None = Field(
         None, ge=1, le=MAX_ROWS, description="seeded random subset of the training rows (at most 10**10)"
@@ -67,12 +74,42 @@ class DataConfig(Section):
     subset_seed: Seed | None = Field(
         None, description="seed of the max_rows subset; default trainer.seed (a fixed value keeps one sample)"
     )
+    fold: int | None = Field(
+        None,
+        ge=0,
+        le=4,
+        description="with train faq:<set>: the cross-validation fold 0-4 whose queries are the test part "
+        "(RCL: 5-fold; dev = 10 % of the other folds, methods.md §6.5's proposal)",
+    )
+
+    @model_validator(mode="after")
+    def _fold_with_faq(self) -> DataConfig:
+        from clsr.data.faq import FAQ_TASKS
+
+        faq = self.train.startswith(FAQ_PREFIX)
+        if faq and self.train[len(FAQ_PREFIX) :] not in FAQ_TASKS:
+            raise ValueError(
+                f"data.train {self.train!r}: allowed FAQ sets are faq:{', faq:'.join(FAQ_TASKS)}"
+            )
+        if faq != (self.fold is not None):
+            raise ValueError(
+                "data.fold (0-4) goes with data.train: faq:<set>, and faq:<set> needs a data.fold"
+            )
+        return self
+
+    def faq_set(self) -> str | None:
+        """The FAQ set trained on (train: faq:<set>), else None."""
+        return self.train[len(FAQ_PREFIX) :] if self.train.startswith(FAQ_PREFIX) else None
 
 
 class TrainerConfig(Section):
     epochs: float = Field(1.0, gt=0, le=MAX_EPOCHS, description="training epochs (at most 10,000)")
     max_steps: int | None = Field(
-        None, ge=1, le=MAX_STEPS, description="stop after this many optimiser steps (at most 10**9)"
+        None,
+        ge=0,
+        le=MAX_STEPS,
+        description="stop after this many optimiser steps (at most 10**9); 0: an evaluation-only point that "
+        "trains nothing and scores its starting model (our choice: e.g. a paper's untrained baseline row)",
     )
     stop_when_loss_stalls: int | None = Field(
         None,
@@ -184,10 +221,14 @@ class TrainerConfig(Section):
 
 
 class EvalConfig(Section):
-    dev_tasks: list[Literal["stsb", "sickr"]] = Field(
-        default_factory=lambda: ["stsb"], description="dev splits scored every eval_steps"
+    dev_tasks: list[Literal["stsb", "sickr", "faq"]] = Field(
+        default_factory=lambda: ["stsb"],
+        description="dev splits scored every eval_steps; faq: MAP of the dev queries of the FAQ set and "
+        "fold trained on (data.train faq:<set>), as RCL selects its FAQ models",
     )
-    select_on: Literal["stsb", "sickr"] = Field("stsb", description="dev task that picks the best checkpoint")
+    select_on: Literal["stsb", "sickr", "faq"] = Field(
+        "stsb", description="dev task that picks the best checkpoint"
+    )
 
     @model_validator(mode="after")
     def _select_on_scored(self) -> EvalConfig:
@@ -202,7 +243,13 @@ class EvalConfig(Section):
     )
     transfer_mode: Literal["test", "fast"] = Field(
         "test",
-        description="transfer tasks: 'test' = SentEval's 10-fold protocol, 'fast' = 5 folds, smaller C grid",
+        description="transfer tasks: 'test' = SentEval's 10-fold protocol, 'fast' = SimCSE's 'fasttest' "
+        "(5 folds, RMSprop classifier)",
+    )
+    transfer_classifier: Literal["senteval_pytorch", "liblinear", "lbfgs"] = Field(
+        "senteval_pytorch",
+        description="transfer tasks: SentEval's PyTorch logistic regression (default: the setting SimCSE "
+        "reports, released code), its scikit-learn liblinear path, or L-BFGS (our choice, fastest)",
     )
     transfer_max_examples: int | None = Field(
         None,
@@ -271,6 +318,32 @@ class TrialConfig(Section):
             raise ValueError(
                 f"trainer.gradcache_chunk_rows={chunk}: method {method.name!r} has no in-batch-negative "
                 f"loss over one encoder pass, so GradCache does not apply; unset it for this method"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _data_has_method_columns(self) -> TrialConfig:
+        """The catalogue set has every column the method encodes: said now, not when the trial loads it."""
+        from clsr.data.catalog import DATASETS
+        from clsr.methods import get_method
+
+        method, spec = get_method(self.method["name"]), DATASETS.get(self.data.train)
+        if spec is None or method.encoder_type != "transformer":
+            return self
+        needed = method(method.Config(**self.method)).required_columns()
+        if missing := [c for c in needed if c not in spec.columns]:
+            fits = [name for name, s in DATASETS.items() if set(needed) <= set(s.columns)]
+            raise ValueError(
+                f"data.train: {spec.name!r} lacks columns {missing} that method {method.name!r} needs with "
+                f"these settings (allowed: {', '.join(fits) or 'none of the catalogue sets'})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _faq_dev_needs_faq_training(self) -> TrialConfig:
+        if "faq" in self.eval.dev_tasks and self.data.faq_set() is None:
+            raise ValueError(
+                "eval.dev_tasks 'faq' scores the dev queries of data.train: faq:<set>; train on one"
             )
         return self
 

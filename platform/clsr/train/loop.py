@@ -3,6 +3,7 @@
 The loop knows nothing about any method: the method builds the model, orders the rows into batches
 and computes the loss. Rank 0 evaluates on the dev set every ``eval_steps`` steps, keeps the best
 weights (the SimCSE protocol) and logs to MLflow; every rank reports to Ray Train at the same steps.
+``trainer.max_steps: 0`` makes an evaluation-only point (``evaluate_only``): the starting model is scored.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import torch
 from torch import nn
 
 from clsr.data.catalog import load_rows
+from clsr.data.faq import fold_split, load_faq
+from clsr.data.faq import training_rows as faq_training_rows
 from clsr.data.sources import resolve_data_dir
 from clsr.data.sts import load_sts
 from clsr.eval.alignment import alignment_uniformity
-from clsr.eval.faq import evaluate_faq, faq_summary_metrics
+from clsr.eval.faq import dev_map, evaluate_faq, faq_summary_metrics
 from clsr.eval.sts import evaluate_sts, summary_metrics
 from clsr.eval.transfer import evaluate_transfer, split_eval_tasks, transfer_summary_metrics
 from clsr.methods import get_method
@@ -38,6 +41,7 @@ from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, war
 from clsr.train.session import node_tags
 
 DEV_SPLIT = "dev"
+EVAL_ONLY_TAG = "clsr.eval_only"  # "true" on the MLflow run of a point that trained nothing
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -69,7 +73,12 @@ def plan_steps(num_rows: int, trial: TrialConfig, world: int) -> tuple[int, int]
             f"lower trainer.batch_size or raise data.max_rows"
         )
     total = math.ceil(t.epochs * steps_per_epoch)
-    return steps_per_epoch, min(total, t.max_steps or total)
+    return steps_per_epoch, total if t.max_steps is None else min(total, t.max_steps)
+
+
+def is_evaluation_only(trial: TrialConfig) -> bool:
+    """``trainer.max_steps: 0``: the point trains nothing and scores its starting model."""
+    return trial.trainer.max_steps == 0
 
 
 def compiled(model: nn.Module, t: TrainerConfig) -> nn.Module:
@@ -103,10 +112,14 @@ class Evaluator:
         return self.method.make_embedder(unwrap(model), self.pipeline, self.cfg.batch_size)
 
     def dev(self, model: nn.Module) -> dict[str, float]:
-        if not self.cfg.dev_tasks:
-            return {}
-        scores = evaluate_sts(self.embedder(model), self.cfg.dev_tasks, DEV_SPLIT, self.data_dir)
-        return {f"dev_{task}": s.all for task, s in scores.items()}
+        sts = [task for task in self.cfg.dev_tasks if task != "faq"]
+        scores = evaluate_sts(self.embedder(model), sts, DEV_SPLIT, self.data_dir) if sts else {}
+        metrics = {f"dev_{task}": s.all for task, s in scores.items()}
+        if "faq" in self.cfg.dev_tasks:  # MAP of the trained FAQ set's dev queries (RCL Table 2)
+            faq_set = self.trial.data.faq_set()
+            data = load_faq(faq_set, resolve_data_dir(self.data_dir))
+            metrics["dev_faq"] = dev_map(data, self.trial.data.fold, self.embedder(model))
+        return metrics
 
     def log_model(self, model: nn.Module, logger: RunLogger) -> None:
         """The best model as the run's ``model/`` artifacts, in a format users load without clsr."""
@@ -129,6 +142,7 @@ class Evaluator:
                 self.data_dir,
                 mode=self.cfg.transfer_mode,
                 max_examples=self.cfg.transfer_max_examples,
+                classifier=self.cfg.transfer_classifier,
             )
             metrics |= transfer_summary_metrics(scores)
         if faq_tasks:  # 5-fold CV over the queries, whole collection as the pool (methods.md §6.5)
@@ -138,6 +152,7 @@ class Evaluator:
                 self.data_dir,
                 max_queries=self.cfg.faq_max_queries,
                 max_items=self.cfg.faq_max_items,
+                test_fold=(faq_set, self.trial.data.fold) if (faq_set := self.trial.data.faq_set()) else None,
             )
             metrics |= faq_summary_metrics(scores)
         if self.cfg.alignment_uniformity:
@@ -196,6 +211,15 @@ def load_checkpoint(
 
 def training_rows(trial: TrialConfig) -> list[dict[str, str]]:
     subset_seed = trial.data.subset_seed if trial.data.subset_seed is not None else trial.trainer.seed
+    if (faq_set := trial.data.faq_set()) is not None:  # an FAQ set's fold: its training queries' rows
+        data = load_faq(faq_set, resolve_data_dir(trial.data.data_dir))
+        rows = faq_training_rows(data, fold_split(len(data), trial.data.fold).train)
+        if trial.data.max_rows is not None and trial.data.max_rows < len(rows):
+            keep = np.sort(
+                np.random.default_rng(subset_seed).choice(len(rows), trial.data.max_rows, replace=False)
+            )
+            rows = [rows[i] for i in keep]
+        return rows
     return load_rows(trial.data.train, trial.data.data_dir, trial.data.max_rows, seed=subset_seed)
 
 
@@ -223,13 +247,15 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     np.random.seed(t.seed + session.rank)
 
     method = build_method(trial)
+    if is_evaluation_only(trial):
+        return evaluate_only(trial, method, session, logger, clock)
     check_gradcache(method, t.gradcache_chunk_rows)
     if shared is None and method.shared_key(trial) is not None:
         shared = method.prepare_shared(trial)
     pipeline = method.text_pipeline(trial, shared)
     rows = training_rows(trial)
     batcher = method.prepare_rows(rows, pipeline, trial)
-    steps_per_epoch, total_steps = plan_steps(len(rows), trial, session.world_size)
+    steps_per_epoch, total_steps = method.plan_steps(len(rows), trial, session.world_size)
     micro_rows = t.batch_size // t.grad_accum_steps  # global rows per forward pass
     local_rows = micro_rows // session.world_size
     eval_every = max(1, round(t.eval_epochs * steps_per_epoch)) if t.eval_epochs else t.eval_steps
@@ -350,6 +376,20 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     return finish(model, state, best_weights, evaluator, logger, session, clock)
 
 
+def evaluate_only(trial: TrialConfig, method: Method, session, logger: RunLogger, clock: TrialClock):
+    """An evaluation-only point: no training rows, optimiser, steps or checkpoints. The starting model is
+    scored on the dev set (the best-dev selection falls back to it, step 0) and on the test sets."""
+    pipeline = method.text_pipeline(trial, None)  # no shared input: nothing is trained with it
+    model = session.prepare_model(method.build_model(trial.model, pipeline))
+    state: dict[str, Any] = {"step": 0, "best_score": -math.inf, "best_step": 0}
+    evaluator = Evaluator(trial, method, pipeline) if session.rank == 0 else None
+    if evaluator is not None:
+        logger.set_tags(node_tags() | {EVAL_ONLY_TAG: "true"})  # the method's "start" files describe
+        # its training input (SelfCCL's scored rows): only the "final" ones are logged, by finish
+        state["best_score"] = evaluator.dev(model).get(f"dev_{trial.eval.select_on}", -math.inf)
+    return finish(model, state, None, evaluator, logger, session, clock)
+
+
 def loss_stalled(state: dict, loss: float, patience: int | None) -> bool:
     """Early stopping on the training loss: True once ``patience`` steps in a row brought no new lowest
     loss (the count lives in ``state``, so it survives a resume). Every rank sees the same global loss."""
@@ -374,7 +414,7 @@ def finish(model, state, best_weights, evaluator, logger, session, clock: TrialC
             unwrap(model).load_state_dict(best_weights)
         final |= evaluator.final(model)
         evaluator.artifacts(model, "final", logger)
-        if best_weights is not None:
+        if state["best_score"] > -math.inf:  # a dev score picked the weights (step 0: the starting model)
             final |= {
                 "best_step": state["best_step"],
                 f"best_dev_{evaluator.cfg.select_on}": state["best_score"],
