@@ -186,7 +186,7 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
         _, children = study_runs(client, "rcl_ablations-smoke")
         stage_one = [r for r in children if r.data.tags.get("clsr.ablation") != "regulators"]
         done = [r for r in stage_one if r.info.status == "FINISHED"]
-        return done if len(done) == 4 else None
+        return done if len(done) == 5 else None
 
     stage_one = wait_until(stage_one_finished, proc, "stage 1 to finish")
     writer = next(r for r in stage_one if r.data.tags["clsr.ablation"] == "entropy_models")
@@ -196,7 +196,7 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     assert proc.returncode == 0, output[-4000:]
 
     _, children = study_runs(client, "rcl_ablations-smoke")
-    assert len(children) == 7
+    assert len(children) == 9
     entropy = {
         r.data.params["method.phi"]: r.data.tags["clsr.checkpoint"]
         for r in children
@@ -204,16 +204,19 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     }
     assert all(uri.startswith(f"s3://{BUCKET}/rcl/") for uri in entropy.values()), entropy
     regulators = [r for r in children if r.data.tags["clsr.ablation"] == "regulators"]
-    assert len(regulators) == 3
+    assert len(regulators) == 4
     by_point = {(r.data.tags["clsr.ablation"], r.data.tags["clsr.point"]): r for r in children}
     assert sorted(by_point) == [
         ("attention_dropout", "0.1"), ("drophead", "0.1"), ("entropy_models", "0.01"),
-        ("entropy_models", "0.02"), ("regulators", "0"), ("regulators", "2"), ("regulators", "4"),
+        ("entropy_models", "0.02"), ("faq_eq1", "data.train=faq:stackfaq, data.fold=0"), ("regulators", "0"), ("regulators", "2"),
+        ("regulators", "4"), ("regulators", "SRoBERTa-base"),
     ]  # fmt: skip
     for run in children:
         tags, metrics = run.data.tags, run.data.metrics
         assert tags["clsr.status"] == "finished" and run.info.status == "FINISHED", tags
-        assert 20 < metrics["test_stsb"] < 95 and "best_dev_sickr" in metrics
+        assert "best_dev_sickr" in metrics
+        if tags["clsr.ablation"] != "faq_eq1":  # the FAQ protocol scores its set's test fold only
+            assert 20 < metrics["test_stsb"] < 95
         for key in ("top1", "top3", "top5", "map"):
             assert 0 < metrics[f"test_stackfaq_{key}"] <= 100
         assert metrics["test_stackfaq_top1"] <= metrics["test_stackfaq_top3"] <= metrics["test_stackfaq_top5"]
@@ -228,11 +231,21 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     assert embedded == {"0.01", "0.02"}, embedded
     for run in regulators:  # stage 2 ran elsewhere and read the lost node's checkpoint from the bucket
         assert run.data.tags["clsr.node_id"] != lost_node
-        if run.data.tags["clsr.point"] != "0":
+        if run.data.tags["clsr.point"] not in ("0", "SRoBERTa-base"):
             assert run.data.params[f"method.entropy_models.{writer.data.params['method.phi']}"] == (
                 writer.data.tags["clsr.checkpoint"]
             )
     assert output.count("preparing 1 shared input set(s)") == 1
+
+    # an evaluation-only point scores its starting model and trains nothing; Eq. 1 one more epoch is its own row
+    start, eq1 = by_point["regulators", "SRoBERTa-base"], by_point["regulators", "0"]
+    assert start.data.tags.get("clsr.eval_only") == "true"
+    assert client.get_metric_history(start.info.run_id, "loss") == []
+    assert "clsr.eval_only" not in eq1.data.tags and client.get_metric_history(eq1.info.run_id, "loss")
+    assert start.data.metrics["test_stsb"] != eq1.data.metrics["test_stsb"]
+    # Eq. 1 on StackFAQ's fold 0: selected on the fold's dev MAP, its test fold scored
+    faq = by_point["faq_eq1", "data.train=faq:stackfaq, data.fold=0"].data.metrics
+    assert 0 < faq["best_dev_faq"] <= 100 and 0 < faq["test_stackfaq_map"] <= 100
 
 
 def test_storage_guards(cluster, tmp_path, monkeypatch, capsys):

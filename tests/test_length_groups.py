@@ -84,6 +84,7 @@ def test_methods_batch_with_the_trainer_group_size(encoder):
 
     trial = TrialConfig(
         model={"name": encoder.cfg.name, "pooling": "avg"},
+        data={"train": "nli_triplets"},
         trainer={"length_group_size": 6},
         method={"name": "simcse_sup"},
     )

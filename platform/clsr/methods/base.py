@@ -29,6 +29,7 @@ from torch import nn
 from clsr.data.batching import TextViewBatcher, shuffled_batches
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
 from clsr.train.distributed import gather_with_grad
+from clsr.train.steps import plan_steps
 
 
 class MethodConfig(BaseModel):
@@ -104,10 +105,8 @@ class Method(ABC):
 
     def plan_steps(self, num_rows: int, trial: Any, world: int) -> tuple[int, int]:
         """(steps per epoch, total steps): the loop asks ``batch_order`` for epoch ``step // steps per
-        epoch`` and schedules the LR over the total. Default ``clsr.train.loop.plan_steps``; a method whose
+        epoch`` and schedules the LR over the total. Default ``clsr.train.steps.plan_steps``; a method whose
         data does not come in ⌊k/B⌋-step epochs (SelfCCL's per-epoch pacing) returns its own total."""
-        from clsr.train.loop import plan_steps  # the loop imports the methods
-
         return plan_steps(num_rows, trial, world)
 
     # --- model and loss --------------------------------------------------------------------------

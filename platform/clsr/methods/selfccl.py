@@ -76,6 +76,7 @@ from clsr.data.batching import shuffled_batches
 from clsr.encoders.pooling import PoolingName
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.simcse_sup import simcse_sup_loss
+from clsr.train.steps import plan_steps
 
 EASY, SEMI_HARD, HARD = 0, 1, 2
 CLASS_NAMES = ("easy", "semi_hard", "hard")
@@ -374,8 +375,6 @@ class SelfCCL(Method):
     # --- phase 2: the list and its pacing ----------------------------------------------------------
     def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> Any:
         """Classifies and orders the rows, and keeps the plan (T, B, seed, epochs) for ``batch_order``."""
-        from clsr.train.loop import plan_steps
-
         self.check_columns(rows)
         if self._scores is None:
             self._scores = self.prepare_shared(trial)

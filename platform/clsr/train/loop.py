@@ -58,24 +58,6 @@ def autocast_context(precision: str, device: torch.device) -> contextlib.Abstrac
     return torch.autocast(device.type, dtype=dtype)
 
 
-def plan_steps(num_rows: int, trial: TrialConfig, world: int) -> tuple[int, int]:
-    """(steps per epoch, total steps), with the batch-size checks that would otherwise fail mid-run."""
-    t = trial.trainer
-    if t.batch_size % (t.grad_accum_steps * world):
-        raise ValueError(
-            f"trainer.batch_size={t.batch_size} must be divisible by grad_accum_steps × workers "
-            f"= {t.grad_accum_steps} × {world}"
-        )
-    steps_per_epoch = num_rows // t.batch_size
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"data set {trial.data.train!r} has {num_rows} rows, fewer than one batch of {t.batch_size}; "
-            f"lower trainer.batch_size or raise data.max_rows"
-        )
-    total = math.ceil(t.epochs * steps_per_epoch)
-    return steps_per_epoch, total if t.max_steps is None else min(total, t.max_steps)
-
-
 def is_evaluation_only(trial: TrialConfig) -> bool:
     """``trainer.max_steps: 0``: the point trains nothing and scores its starting model."""
     return trial.trainer.max_steps == 0
