@@ -75,6 +75,11 @@ def test_max_steps_zero_is_an_evaluation_point_and_negative_is_refused():
     assert tiny_trial(max_steps=0).trainer.max_steps == 0
     with pytest.raises(ValidationError, match="max_steps"):
         tiny_trial(max_steps=-1)
+    # a word-vector TextCNN starts from random filters: nothing pretrained to score
+    with pytest.raises(ValidationError, match="evaluation only.*'gclsr' trains a textcnn encoder"):
+        TrialConfig.model_validate(
+            {"model": {"type": "textcnn"}, "trainer": {"max_steps": 0}, "method": {"name": "gclsr"}}
+        )
 
 
 def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(data_dir, tmp_path):
@@ -99,7 +104,7 @@ def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(
             "trainer": {"batch_size": 8, "max_steps": 0},
             "method": {"name": "simcse_sup"},
             "eval": {
-                "dev_tasks": ["sickr"],
+                "dev_tasks": ["sickr", "stsb"],
                 "select_on": "sickr",
                 "tasks": ["stsb"],
                 "log_model": False,
@@ -119,6 +124,7 @@ def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(
 
     assert abs(final["test_stsb"] - spearman("stsb", "test")) < 0.05
     assert abs(final["best_dev_sickr"] - spearman("sickr", "dev")) < 0.05
+    assert abs(final["best_dev_stsb"] - spearman("stsb", "dev")) < 0.05  # every dev task, not only select_on
     assert final["step"] == 0 and final["best_step"] == 0 and "loss_avg" not in final
     assert session.latest is None and len(session.reports) == 1  # no checkpoint, one (final) report
     run = client.get_run(run_id)

@@ -340,6 +340,20 @@ class TrialConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _evaluation_only_needs_a_pretrained_encoder(self) -> TrialConfig:
+        """``max_steps: 0`` scores the starting model; a word-vector TextCNN starts from random filters."""
+        from clsr.methods import get_method
+
+        method = get_method(self.method["name"])
+        if self.trainer.max_steps == 0 and method.encoder_type != "transformer":
+            raise ValueError(
+                f"trainer.max_steps: 0 (evaluation only) scores a pretrained starting model; method "
+                f"{method.name!r} trains a {method.encoder_type} encoder from random weights: set "
+                f"trainer.max_steps >= 1"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _faq_dev_needs_faq_training(self) -> TrialConfig:
         if "faq" in self.eval.dev_tasks and self.data.faq_set() is None:
             raise ValueError(

@@ -342,6 +342,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
             metrics |= evaluator.dev(model)
             if select_key in metrics and metrics[select_key] > state["best_score"]:
                 state["best_score"], state["best_step"] = metrics[select_key], step
+                state["best_dev"] = dev_scores(metrics)
                 best_weights = copy.deepcopy({k: v.cpu() for k, v in unwrap(model).state_dict().items()})
             if best_weights is not None:
                 metrics[f"best_{select_key}"] = state["best_score"]
@@ -368,8 +369,14 @@ def evaluate_only(trial: TrialConfig, method: Method, session, logger: RunLogger
     if evaluator is not None:
         logger.set_tags(node_tags() | {EVAL_ONLY_TAG: "true"})  # the method's "start" files describe
         # its training input (SelfCCL's scored rows): only the "final" ones are logged, by finish
-        state["best_score"] = evaluator.dev(model).get(f"dev_{trial.eval.select_on}", -math.inf)
+        state["best_dev"] = evaluator.dev(model)
+        state["best_score"] = state["best_dev"].get(f"dev_{trial.eval.select_on}", -math.inf)
     return finish(model, state, None, evaluator, logger, session, clock)
+
+
+def dev_scores(metrics: dict[str, float]) -> dict[str, float]:
+    """The dev-set scores of one evaluation (``dev_<task>``), kept for the step that was selected."""
+    return {key: float(value) for key, value in metrics.items() if key.startswith("dev_")}
 
 
 def loss_stalled(state: dict, loss: float, patience: int | None) -> bool:
@@ -397,10 +404,10 @@ def finish(model, state, best_weights, evaluator, logger, session, clock: TrialC
         final |= evaluator.final(model)
         evaluator.artifacts(model, "final", logger)
         if state["best_score"] > -math.inf:  # a dev score picked the weights (step 0: the starting model)
-            final |= {
-                "best_step": state["best_step"],
-                f"best_dev_{evaluator.cfg.select_on}": state["best_score"],
-            }
+            # every dev task's score at the selected step: a study metric may be another dev task than
+            # the one that selects (the FAQ protocol selects on dev_faq, the study ranks on best_dev_stsb)
+            final |= {f"best_{key}": value for key, value in state.get("best_dev", {}).items()}
+            final |= {"best_step": state["best_step"], f"best_dev_{evaluator.cfg.select_on}": state["best_score"]}
         if evaluator.cfg.log_model and logger.active:
             evaluator.log_model(model, logger)
         final |= clock.cost(session) | logger.stop_system_metrics()
