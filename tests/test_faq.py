@@ -474,3 +474,16 @@ def test_an_faq_fold_trial_scores_its_test_fold_and_selects_on_dev_map(tiny_root
         assert score.queries == 1 and score.map == pytest.approx(100 / 3 if query in (2, 3) else 100.0)
         (dev,) = split.dev
         assert dev_map(data, fold, embed) == pytest.approx(100 / 3 if dev in (2, 3) else 100.0)
+
+
+def test_an_faq_fold_gives_pairs_so_a_method_needing_negatives_is_refused_at_validation() -> None:
+    from clsr.train.config import TrialConfig
+
+    doc = {
+        "data": {"train": "faq:stackfaq", "fold": 0},
+        "eval": {"dev_tasks": ["faq"], "select_on": "faq", "tasks": ["stackfaq"]},
+    }
+    with pytest.raises(ValidationError, match="'faq:stackfaq' lacks columns \\['negative'\\].*hard_negatives: false"):
+        TrialConfig.model_validate(doc | {"method": {"name": "rcl", "phis": []}})
+    trial = TrialConfig.model_validate(doc | {"method": {"name": "rcl", "phis": [], "hard_negatives": False}})
+    assert trial.data.faq_set() == "stackfaq" and trial.data.fold == 0

@@ -328,14 +328,17 @@ class TrialConfig(Section):
         from clsr.methods import get_method
 
         method, spec = get_method(self.method["name"]), DATASETS.get(self.data.train)
-        if spec is None or method.encoder_type != "transformer":
+        faq = self.data.faq_set() is not None  # an FAQ fold's rows are (query, relevant item) pairs
+        if (spec is None and not faq) or method.encoder_type != "transformer":
             return self
+        columns = ("anchor", "positive") if faq else spec.columns
         needed = method(method.Config(**self.method)).required_columns()
-        if missing := [c for c in needed if c not in spec.columns]:
+        if missing := [c for c in needed if c not in columns]:
             fits = [name for name, s in DATASETS.items() if set(needed) <= set(s.columns)]
             raise ValueError(
-                f"data.train: {spec.name!r} lacks columns {missing} that method {method.name!r} needs with "
-                f"these settings (allowed: {', '.join(fits) or 'none of the catalogue sets'})"
+                f"data.train: {self.data.train!r} lacks columns {missing} that method {method.name!r} needs "
+                f"with these settings (allowed: {', '.join(fits) or 'none of the catalogue sets'}"
+                f"{'; for an FAQ set, method.hard_negatives: false' if faq else ''})"
             )
         return self
 
