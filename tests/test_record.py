@@ -126,12 +126,17 @@ def test_sigterm_to_the_process_group_records_interrupted(tmp_path):
     assert statuses(children) == [("KILLED", "interrupted")]
 
 
-def test_a_sigkilled_driver_is_taken_over_by_resume(tmp_path):
+def test_a_sigkilled_driver_is_taken_over_by_resume(tmp_path, monkeypatch):
     trainer = {"max_steps": 150, "eval_steps": 10, "log_every": 5}
     one = {"one": {"grid": {"method.temperature": [0.05]}}}
     study_file, uri = tiny_study(tmp_path, "killed", trainer, one, **IN_PROCESS)
+    # Tune snapshots its experiment state (which checkpoint each trial has) every 10 s by default: a driver
+    # killed sooner restarts the trial from scratch. Snapshot every second, and kill after two of them.
+    monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "1")
     proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri, start_new_session=True)
+    monkeypatch.delenv("TUNE_GLOBAL_CHECKPOINT_S")
     wait_for(checkpointed(tmp_path), proc, "the first checkpoint")
+    time.sleep(2.5)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     _, parents, children = runs_of(uri, "killed")
