@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -144,7 +144,12 @@ def load_rows(
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
     rows = _cached_rows(name, resolve_data_dir(data_dir), seed)
-    if max_rows is not None and max_rows < len(rows):
-        keep = sorted(random.Random(seed).sample(range(len(rows)), max_rows))
-        rows = tuple(rows[i] for i in keep)
-    return [dict(row) for row in rows]
+    return [dict(row) for row in seeded_subset(rows, max_rows, seed)]
+
+
+def seeded_subset(rows: Sequence[Row], max_rows: int | None, seed: int) -> Sequence[Row]:
+    """``max_rows`` rows drawn with ``seed``, kept in their original order (all rows when None)."""
+    if max_rows is None or max_rows >= len(rows):
+        return rows
+    keep = sorted(random.Random(seed).sample(range(len(rows)), max_rows))
+    return [rows[i] for i in keep]

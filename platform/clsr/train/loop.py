@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from clsr.data.catalog import load_rows
+from clsr.data.catalog import load_rows, seeded_subset
 from clsr.data.faq import fold_split, load_faq
 from clsr.data.faq import training_rows as faq_training_rows
 from clsr.data.sources import resolve_data_dir
@@ -196,12 +196,7 @@ def training_rows(trial: TrialConfig) -> list[dict[str, str]]:
     if (faq_set := trial.data.faq_set()) is not None:  # an FAQ set's fold: its training queries' rows
         data = load_faq(faq_set, resolve_data_dir(trial.data.data_dir))
         rows = faq_training_rows(data, fold_split(len(data), trial.data.fold).train)
-        if trial.data.max_rows is not None and trial.data.max_rows < len(rows):
-            keep = np.sort(
-                np.random.default_rng(subset_seed).choice(len(rows), trial.data.max_rows, replace=False)
-            )
-            rows = [rows[i] for i in keep]
-        return rows
+        return list(seeded_subset(rows, trial.data.max_rows, subset_seed))
     return load_rows(trial.data.train, trial.data.data_dir, trial.data.max_rows, seed=subset_seed)
 
 
