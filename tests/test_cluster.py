@@ -184,7 +184,8 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
 
     def stage_one_finished():
         _, children = study_runs(client, "rcl_ablations-smoke")
-        stage_one = [r for r in children if r.data.tags.get("clsr.ablation") != "regulators"]
+        later = ("regulators", "faq_entropy_models", "faq_rcl")
+        stage_one = [r for r in children if r.data.tags.get("clsr.ablation") not in later]
         done = [r for r in stage_one if r.info.status == "FINISHED"]
         return done if len(done) == 5 else None
 
@@ -196,7 +197,7 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     assert proc.returncode == 0, output[-4000:]
 
     _, children = study_runs(client, "rcl_ablations-smoke")
-    assert len(children) == 9
+    assert len(children) == 11
     entropy = {
         r.data.params["method.phi"]: r.data.tags["clsr.checkpoint"]
         for r in children
@@ -206,16 +207,18 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     regulators = [r for r in children if r.data.tags["clsr.ablation"] == "regulators"]
     assert len(regulators) == 4
     by_point = {(r.data.tags["clsr.ablation"], r.data.tags["clsr.point"]): r for r in children}
+    fold0 = "data.train=faq:stackfaq, data.fold=0"
     assert sorted(by_point) == [
         ("attention_dropout", "0.1"), ("drophead", "0.1"), ("entropy_models", "0.01"),
-        ("entropy_models", "0.02"), ("faq_eq1", "data.train=faq:stackfaq, data.fold=0"), ("regulators", "0"), ("regulators", "2"),
-        ("regulators", "4"), ("regulators", "SRoBERTa-base"),
+        ("entropy_models", "0.02"), ("faq_entropy_models", f"{fold0}, method.phi=0.01"), ("faq_eq1", fold0),
+        ("faq_rcl", fold0), ("regulators", "0"), ("regulators", "2"), ("regulators", "4"),
+        ("regulators", "SRoBERTa-base"),
     ]  # fmt: skip
     for run in children:
         tags, metrics = run.data.tags, run.data.metrics
         assert tags["clsr.status"] == "finished" and run.info.status == "FINISHED", tags
         assert "best_dev_sickr" in metrics
-        if tags["clsr.ablation"] != "faq_eq1":  # the FAQ protocol scores its set's test fold only
+        if not tags["clsr.ablation"].startswith("faq_"):  # the FAQ protocol scores its set's test fold only
             assert 20 < metrics["test_stsb"] < 95
         for key in ("top1", "top3", "top5", "map"):
             assert 0 < metrics[f"test_stackfaq_{key}"] <= 100
@@ -235,7 +238,7 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
             assert run.data.params[f"method.entropy_models.{writer.data.params['method.phi']}"] == (
                 writer.data.tags["clsr.checkpoint"]
             )
-    assert output.count("preparing 1 shared input set(s)") == 1
+    assert output.count("preparing 1 shared input set(s)") == 2  # regulators' wave, then faq_rcl's
 
     # an evaluation-only point scores its starting model and trains nothing; Eq. 1 one more epoch is its own row
     start, eq1 = by_point["regulators", "SRoBERTa-base"], by_point["regulators", "0"]
@@ -244,8 +247,13 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     assert "clsr.eval_only" not in eq1.data.tags and client.get_metric_history(eq1.info.run_id, "loss")
     assert start.data.metrics["test_stsb"] != eq1.data.metrics["test_stsb"]
     # Eq. 1 on StackFAQ's fold 0: selected on the fold's dev MAP, its test fold scored
-    faq = by_point["faq_eq1", "data.train=faq:stackfaq, data.fold=0"].data.metrics
+    faq = by_point["faq_eq1", fold0].data.metrics
     assert 0 < faq["best_dev_faq"] <= 100 and 0 < faq["test_stackfaq_map"] <= 100
+    # Table 2's RCL chain stays in its fold: Eq. 1 model -> entropy model from it -> RCL with its regulators
+    entropy_faq = by_point["faq_entropy_models", f"{fold0}, method.phi=0.01"]
+    assert entropy_faq.data.params["model.init_checkpoint"] == by_point["faq_eq1", fold0].data.tags["clsr.checkpoint"]
+    rcl_faq = by_point["faq_rcl", fold0]
+    assert rcl_faq.data.params["method.entropy_models.0.01"] == entropy_faq.data.tags["clsr.checkpoint"]
 
 
 def test_storage_guards(cluster, tmp_path, monkeypatch, capsys):

@@ -5,6 +5,7 @@ and the reference check."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import html
 import math
@@ -485,3 +486,86 @@ def test_rows_of_one_configuration_and_evaluation_only_rows_are_marked(store, tm
     assert by_point[("temperature", "method.temperature=0.1")]["eval_only"] == "False"
     md = (tmp_path / "out" / "report.md").read_text()
     assert "tagged (evaluation only)" in md and "same as batch[trainer.batch_size=16]" in md
+
+
+FOLDED = {
+    "name": "report_folds",
+    "method": "simcse_unsup",
+    "base": {"model": {"name": "minilm"}, "trainer": {"batch_size": 16}},
+    "seeds": [1, 2],
+    "ablations": {  # method.temperature stands for data.fold: average_over takes any grid key
+        "kfold": {
+            "paper_metric": "test_stsb",
+            "grid": {"model.pooling": ["cls", "avg", "mean"], "method.temperature": [0.05, 0.1, 0.2]},
+            "average_over": "method.temperature",
+            "paper": {"cls": {"test_stsb": 70.0, "test_sts16": 60.0}},
+            "reference": "avg",
+        }
+    },
+}
+# (pooling, fold temperature) -> seed -> test_stsb; avg's fold 0.2 seed 2 fails, mean has 2 folds of seed 1
+FOLD_VALUES = {
+    ("cls", 0.05): {1: 70.0, 2: 73.0},
+    ("cls", 0.1): {1: 71.0, 2: 74.0},
+    ("cls", 0.2): {1: 72.0, 2: 78.0},
+    ("avg", 0.05): {1: 60.0, 2: 61.0},
+    ("avg", 0.1): {1: 62.0, 2: 63.0},
+    ("avg", 0.2): {1: 64.0},
+    ("mean", 0.05): {1: 50.0},
+    ("mean", 0.1): {1: 50.0},
+}
+
+
+def test_average_over_makes_one_row_per_fold_set_with_seed_means(store, tmp_path):
+    path = tmp_path / "folds.yaml"
+    path.write_text(yaml.safe_dump(FOLDED, sort_keys=False))
+    client, uri = store["client"], store["uri"]
+    parent = start_parent_run(client, "report_folds", "x", None)
+    for (pooling, fold), seeds in FOLD_VALUES.items():
+        label = f"model.pooling={pooling}, method.temperature={fold}"
+        for seed, value in seeds.items():
+            metrics = {"test_stsb": value, "test_sts16": value - 10 * seed}
+            metrics |= {"only_in_one_fold": 1.0} if fold == 0.05 else {}
+            add_trial(client, uri, parent, "kfold", label, seed, metrics=metrics)
+    add_trial(client, uri, parent, "kfold", "model.pooling=avg, method.temperature=0.2", 2, status="failed", error="boom")  # fmt: skip
+    (ab,) = build_report(load_study(path), client, parent, uri).ablations
+    rows = {r.label: r for r in ab.rows}  # named by the other keys; paper and reference by the bare value
+    assert list(rows) == [f"model.pooling={p}" for p in ("cls", "avg", "mean")]
+    assert len(ab.trials) == 14  # the fold runs behind the rows
+    cls, avg, mx = rows.values()
+    assert cls.values("test_stsb") == {1: 71.0, 2: 75.0}  # each seed: the mean of its 3 folds
+    assert cls.values("test_sts16") == {1: 61.0, 2: 55.0}
+    assert "only_in_one_fold" not in cls.trials[1].metrics  # a metric counts when every fold logged it
+    mean, std, low, high = scipy_cell([71.0, 75.0])
+    s = cls.stats["test_stsb"]
+    assert (s.mean, s.n) == (mean, 2) and math.isclose(s.std, std) and math.isclose(s.ci_low, low)
+    assert cls.paper_value("test_stsb") == 70.0 and cls.paper_value("test_sts16") == 60.0
+    assert avg.reference and avg.values("test_stsb") == {1: 62.0}  # seed 2: a fold failed
+    assert avg.trials_text() == "1/2 ok, 1 failed" and mx.trials_text() == "0/2 ok, 2 missing"
+    assert cls.test.n == 1 and cls.test.mean_diff == 9.0 and math.isnan(cls.test.p_value)
+    text = render_text(build_report(load_study(path), client, parent, uri))
+    assert "each row is the mean over its method.temperature points (3) per seed" in text
+    assert "model.pooling=avg, method.temperature=0.2 seed 2: failed: boom" in text
+    assert "model.pooling=mean, method.temperature=0.2 seed 1: missing (no run)" in text
+
+
+def test_average_over_names_a_grid_key_and_rows_are_named_without_it(tmp_path):
+    path = tmp_path / "folds.yaml"
+    doc = copy.deepcopy(FOLDED)
+    doc["ablations"]["kfold"]["average_over"] = "data.fold"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(StudyError, match=r"average_over names a key of the ablation's grid \(given: 'data.fold'; allowed: \['model.pooling', 'method.temperature'\]\)"):  # fmt: skip
+        load_study(path)
+    doc["ablations"]["kfold"]["average_over"] = "method.temperature"
+    doc["ablations"]["kfold"]["reference"] = "model.pooling=avg, method.temperature=0.1"  # a fold, not a row
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(StudyError, match=r"reference: no such point \(given: .*; allowed: \['model.pooling=cls', 'model.pooling=avg', 'model.pooling=mean'\]\)"):  # fmt: skip
+        load_study(path)
+
+
+def test_an_ablation_set_to_null_in_smoke_is_left_out_of_the_smoke_run(tmp_path):
+    path = tmp_path / "smoke.yaml"
+    doc = copy.deepcopy(STUDY) | {"smoke": {"seeds": [1], "ablations": {"pooling": None}}}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert list(load_study(path, smoke=True).ablations) == ["temperature"]
+    assert list(load_study(path).ablations) == ["temperature", "pooling"]

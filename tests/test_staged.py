@@ -211,3 +211,102 @@ def test_a_trained_encoder_loads_from_a_checkpoint_folder_file_or_uri(tmp_path):
         load_trained_encoder(str(folder), cfg, "best")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_trained_encoder(str(tmp_path / "nowhere.pt"), cfg)
+
+
+# --- match: a chain per fold (RCL Table 2: entropy models from their fold's Eq. 1 model) ---------------
+
+FOLDS: dict[str, Any] = {
+    "name": "per_fold",
+    "method": "rcl",
+    "base": SMALL,
+    "seeds": [1],
+    "ablations": {
+        "eq1": {  # a one-value second key, so the upstream labels have two parts as a fold's do
+            "grid": {"trainer.lr": [1e-5, 2e-5], "trainer.warmup_ratio": [0.0]},
+            "base": {"method": {"phis": []}},
+        },
+        "entropy": {
+            "method": "rcl_entropy",
+            "needs": {"model.init_checkpoint": {"ablation": "eq1", "match": ["trainer.lr"]}},
+            "grid": {"trainer.lr": [1e-5, 2e-5], "method.phi": [0.01, 0.02]},
+        },
+        "rcl": {
+            "needs": {
+                "method.entropy_models": {"ablation": "entropy", "by": "method.phi", "match": ["trainer.lr"]}
+            },
+            "grid": {"trainer.lr": [1e-5, 2e-5]},
+            "base": {"method": {"phis": [0.01, 0.02]}},
+        },
+    },
+}
+
+
+def per_fold(**changes: Any):
+    raw = copy.deepcopy(FOLDS)
+    for name, body in changes.items():
+        raw["ablations"][name] = body
+    return study_from_dict(raw, "per_fold.yaml", Path("."))
+
+
+def test_match_chains_each_point_to_the_upstream_points_that_share_its_keys():
+    s = per_fold()
+    assert stages(s) == [["eq1"], ["entropy"], ["rcl"]]
+    entropy = resolve_trial(s, "entropy", {"trainer.lr": 2e-5, "method.phi": 0.01}, 1)
+    assert (
+        entropy.model.init_checkpoint
+        == "<checkpoint of eq1[trainer.lr=2e-05, trainer.warmup_ratio=0.0] seed 1>"
+    )
+    rcl = resolve_trial(s, "rcl", {"trainer.lr": 1e-5}, 1)
+    assert rcl.method["entropy_models"] == {
+        0.01: "<checkpoint of entropy[trainer.lr=1e-05, method.phi=0.01] seed 1>",
+        0.02: "<checkpoint of entropy[trainer.lr=1e-05, method.phi=0.02] seed 1>",
+    }
+    outputs = {("entropy", "trainer.lr=1e-05, method.phi=0.01", 1): "/ckpt/a"}  # the other fold's are missing
+    trials = [{"ablation": "rcl", "label": f"trainer.lr={lr}", "overrides": {"trainer.lr": lr}, "seed": 1}
+              for lr in (1e-5, 2e-5)]  # fmt: skip
+    ready, blocked = ready_trials(s, trials, outputs)
+    assert ready == [] and [reason for _, reason in blocked] == [
+        "upstream trials without a checkpoint: ablations.entropy[trainer.lr=1e-05, method.phi=0.02] seed 1",
+        "upstream trials without a checkpoint: ablations.entropy[trainer.lr=2e-05, method.phi=0.01] seed 1, "
+        "ablations.entropy[trainer.lr=2e-05, method.phi=0.02] seed 1",
+    ]
+
+
+def test_bad_match_keys_are_refused_with_the_keys_allowed():
+    entropy = copy.deepcopy(FOLDS["ablations"]["entropy"])
+    entropy["needs"]["model.init_checkpoint"]["match"] = ["method.phi"]
+    with pytest.raises(StudyError) as caught:
+        per_fold(entropy=entropy)
+    assert caught.value.problems[0] == (
+        "ablations.entropy.needs.model.init_checkpoint.match: ['method.phi'] not set by every point of "
+        "'eq1' (allowed: ['trainer.lr', 'trainer.warmup_ratio'])"
+    )
+    entropy["needs"]["model.init_checkpoint"]["match"] = ["trainer.lr"]
+    entropy["grid"]["trainer.lr"] = [1e-5, 3e-5]
+    with pytest.raises(StudyError) as caught:
+        per_fold(entropy=entropy)
+    assert caught.value.problems[0].startswith(
+        "ablations.entropy.needs.model.init_checkpoint.match: no point of 'eq1' has {'trainer.lr': 3e-05}"
+    )
+
+
+def test_a_trial_starts_from_an_upstream_checkpoint_with_model_init_checkpoint(tmp_path):
+    from clsr.methods import get_method
+
+    cfg = ModelConfig(name="minilm", pooling="avg", max_seq_length=16)
+    trained = TransformerEncoder(cfg)
+    with torch.no_grad():
+        trained.backbone.embeddings.word_embeddings.weight.mul_(3)
+    folder = tmp_path / "checkpoint_000002"
+    folder.mkdir()
+    torch.save({"model": {k: v * 0 for k, v in trained.state_dict().items()}}, folder / "state.pt")
+    torch.save(trained.state_dict(), folder / "best_model.pt")
+    rcl = get_method("rcl")
+    method = rcl(rcl.Config(phis=[]))
+    start = cfg.model_copy(update={"init_checkpoint": str(folder)})
+    weights = method.build_model(start).backbone.embeddings.word_embeddings.weight
+    assert torch.equal(weights, trained.backbone.embeddings.word_embeddings.weight)  # best by default
+    last = method.build_model(start.model_copy(update={"init_weights": "last"}))
+    assert last.backbone.embeddings.word_embeddings.weight.abs().sum() == 0
+    fresh = method.build_model(cfg).backbone.embeddings.word_embeddings.weight
+    assert torch.allclose(fresh * 3, weights)

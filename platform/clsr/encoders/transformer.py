@@ -46,6 +46,15 @@ class ModelConfig(BaseModel):
         description="attention kernel: PyTorch's scaled_dot_product_attention (sdpa) or the plain "
         "matmul-softmax (eager); None: transformers' default for the model (sdpa where supported)",
     )
+    init_checkpoint: str | None = Field(
+        None,
+        description="start from the weights of a trainer checkpoint folder (local or s3://) of a model "
+        "with this name and pooling, e.g. filled by needs from an upstream trial (RCL's FAQ entropy "
+        "models start from the fold's Eq. 1 model); None: the pretrained model.name",
+    )
+    init_weights: Literal["best", "last"] = Field(
+        "best", description="which weights of init_checkpoint: best (best dev score) or last"
+    )
 
     @field_validator("attention_dropout", "drophead")
     @classmethod

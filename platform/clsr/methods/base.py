@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from clsr.data.batching import TextViewBatcher, shuffled_batches
+from clsr.encoders.trained import load_trained_encoder
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
 from clsr.train.distributed import gather_with_grad
 from clsr.train.steps import plan_steps
@@ -111,6 +112,8 @@ class Method(ABC):
 
     # --- model and loss --------------------------------------------------------------------------
     def build_model(self, model_cfg: ModelConfig, pipeline: Any = None) -> nn.Module:
+        if model_cfg.init_checkpoint:  # a later stage continuing an upstream trial's model
+            return load_trained_encoder(model_cfg.init_checkpoint, model_cfg, model_cfg.init_weights)
         return TransformerEncoder(model_cfg)
 
     def param_group_lrs(self) -> dict[str, float]:

@@ -44,7 +44,7 @@ from clsr.data.faq import FAQ_TASKS
 from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
 from clsr.study.fingerprint import digest
-from clsr.study.schema import Ablation, Study, find_point, grid_points, resolve_trial
+from clsr.study.schema import Ablation, Study, find_point, grid_points, report_points, resolve_trial
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import (
     SUPERSEDED_TAG,
@@ -263,6 +263,7 @@ class Row:
     config: str | None = None  # hash of the resolved trial config (seed aside); None: not planned
     planned_eval_only: bool = False  # the point sets trainer.max_steps: 0
     same_as: list[str] = field(default_factory=list)  # "<ablation>[<label>]" of identical rows elsewhere
+    folds: list[Row] = field(default_factory=list)  # average_over: the points averaged into this row
 
     @property
     def eval_only(self) -> bool:
@@ -286,6 +287,12 @@ class Row:
 
     def missing(self) -> list[int]:
         return [s for s in self.seeds if s not in self.trials]
+
+    def runs(self) -> list[Trial]:
+        """The MLflow runs behind the row: its trials, or its folds' (an averaged row's are not runs)."""
+        return (
+            [t for r in self.folds for t in r.trials.values()] if self.folds else list(self.trials.values())
+        )
 
     def trials_text(self) -> str:
         """``2/3 ok, 1 failed``: every planned trial is accounted for."""
@@ -370,7 +377,8 @@ class AblationReport:
 
     @property
     def trials(self) -> list[Trial]:
-        return [t for r in self.rows for t in r.trials.values()]
+        """Every run behind the rows (the folds' runs of an averaged row)."""
+        return [t for r in self.rows for t in r.runs()]
 
 
 def plan_rows(study: Study, name: str, trials: list[Trial]) -> list[Row]:
@@ -389,7 +397,44 @@ def plan_rows(study: Study, name: str, trials: list[Trial]) -> list[Row]:
         rows[label].trials[seed] = trial
     for row in rows.values():
         row.paper = row.paper or paper_from_tags(row.trials.values())
-    return list(rows.values())
+    return average_rows(spec, list(rows.values())) if spec.average_over else list(rows.values())
+
+
+def average_rows(spec: Ablation, rows: list[Row]) -> list[Row]:
+    """``average_over``: one row per report point, each seed's trial the mean of its folds' trials.
+
+    A seed counts only when every fold of it finished (a k-fold estimate with a fold missing is another
+    number); a failed fold makes the seed failed, a fold not run yet makes it missing. Metrics are those
+    every fold logged. Rows of runs the study no longer plans stay as they are."""
+    by_label = {r.label: r for r in rows}
+    out = []
+    for point in report_points(spec):
+        folds = [by_label.pop(label) for label in point["members"] if label in by_label]
+        row = Row(point["label"], point["overrides"], dict(point["paper"]), list(folds[0].seeds), folds=folds)
+        row.paper = row.paper or folds[0].paper
+        row.planned_eval_only = all(f.planned_eval_only for f in folds)
+        for seed in sorted({s for f in folds for s in f.trials}, key=lambda s: (s is None, s or 0)):
+            merged = fold_mean(row.label, seed, [f.trials.get(seed) for f in folds])
+            if merged is not None:
+                row.trials[seed] = merged
+        out.append(row)
+    return out + list(by_label.values())
+
+
+def fold_mean(label: str, seed: int | None, trials: list[Trial | None]) -> Trial | None:
+    """One seed of an averaged row: the folds' mean when all finished, the first failure when one
+    failed, None (missing) when a fold has no run yet."""
+    failed = [t for t in trials if t is not None and not t.ok]
+    if failed:
+        return replace(failed[0], point=label, metrics={})
+    if any(t is None for t in trials):
+        return None
+    done = [t for t in trials if t is not None]
+    shared = set.intersection(*(set(t.metrics) for t in done))
+    metrics = {m: float(np.mean([t.metrics[m] for t in done])) for m in shared}
+    return replace(
+        done[0], run_id="", point=label, metrics=metrics, start_time=min(t.start_time for t in done)
+    )
 
 
 def planned_config(study: Study, name: str, overrides: dict[str, Any]) -> tuple[str | None, bool]:
@@ -616,11 +661,12 @@ def problems(ab: AblationReport) -> list[str]:
     """Every planned trial without a finished run, with why, so nothing disappears from the means."""
     lines = []
     for row in ab.rows:
-        for seed, trial in sorted(row.trials.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
-            if not trial.ok:
-                why = f": {trial.error_line()}" if trial.error_line() else ""
-                lines.append(f"{row.label} seed {seed}: {trial.status}{why} (run {trial.run_id})")
-        lines += [f"{row.label} seed {seed}: missing (no run)" for seed in row.missing()]
+        for part in row.folds or [row]:  # an averaged row's failures are its folds' runs
+            for seed, trial in sorted(part.trials.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+                if not trial.ok:
+                    why = f": {trial.error_line()}" if trial.error_line() else ""
+                    lines.append(f"{part.label} seed {seed}: {trial.status}{why} (run {trial.run_id})")
+            lines += [f"{part.label} seed {seed}: missing (no run)" for seed in part.missing()]
         if not row.in_study:
             lines.append(f"{row.label}: runs of a point the study file does not have")
     return lines
@@ -652,6 +698,11 @@ def ablation_notes(ab: AblationReport) -> list[str]:
         if ref is not None
         else "no rows: no point planned and no run found"
     )
+    if ab.spec.average_over:
+        lines.append(
+            f"each row is the mean over its {ab.spec.average_over} points ({len(ab.spec.grid[ab.spec.average_over])}) "
+            f"per seed; a seed counts once all of them finished (the runs of each are in MLflow)"
+        )
     return lines + ab.notes
 
 
@@ -928,7 +979,7 @@ def plot_curves(ab: AblationReport, study: Study, client: MlflowClient, path: Pa
     windows = {1}
     for i, row in enumerate(ab.rows):
         colour, labelled = colours(i % colours.N), False
-        for trial in row.trials.values():
+        for trial in row.runs():
             for ax, key in zip(axes, keys, strict=True):
                 data = curves.get(trial.run_id, {}).get(key)
                 if data is None or not len(data):

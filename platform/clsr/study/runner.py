@@ -114,7 +114,7 @@ def ready_trials(
             resolve_trial(study, trial["ablation"], trial["overrides"], trial["seed"], outputs)
             ready.append(trial)
         except (UpstreamMissing, ValueError) as err:
-            missing = missing_upstream(study, trial["ablation"], trial["seed"], outputs)
+            missing = missing_upstream(study, trial["ablation"], trial["seed"], outputs, trial["overrides"])
             reason = f"upstream trials without a checkpoint: {', '.join(missing)}" if missing else str(err)
             blocked.append((trial, reason))
     return ready, blocked

@@ -86,7 +86,8 @@ class Need(Strict):
 
     ``by`` set: the field gets a mapping ``{upstream value of <by>: that point's output}`` over the
     upstream points (RCL: ``{φ: entropy-model checkpoint}``). ``by`` unset: the field gets one output,
-    of the upstream ablation's only point or of the point labelled ``point``.
+    of the upstream ablation's only point or of the point labelled ``point``. ``match`` first narrows
+    the upstream points to those that set its keys as the trial's own point does (a per-fold chain).
     """
 
     ablation: str = Field(description="the upstream ablation (grid or points) of the same study")
@@ -97,6 +98,11 @@ class Need(Strict):
     )
     output: Literal["checkpoint"] = Field(
         "checkpoint", description="what is filled in: the upstream trial's last checkpoint folder (URI)"
+    )
+    match: list[str] = Field(
+        default_factory=list,
+        description="grid keys the upstream point must share with the trial's own point (data.train, "
+        "data.fold: the upstream trial of the same FAQ set and fold); the others are chosen as above",
     )
 
     @field_validator("seed")
@@ -127,7 +133,9 @@ class Ablation(Strict):
     points: list[Point] = Field(default_factory=list)
     space: dict[str, Distribution] = Field(default_factory=dict)
     paper_metric: str = Field("dev_stsb", description="the metric the published numbers are")
-    paper: dict[str, float] = Field(default_factory=dict, description="published number per grid point label")
+    paper: dict[str, float | dict[str, float]] = Field(
+        default_factory=dict, description="published number(s) per grid point label (per report row)"
+    )
     paper_choice: str | None = Field(None, description="label of the row the paper chose")
     reference: str | None = Field(
         None,
@@ -140,6 +148,12 @@ class Ablation(Strict):
     needs: dict[str, Need] = Field(
         default_factory=dict,
         description="dotted.key -> upstream ablation whose finished trials fill it (a staged study)",
+    )
+    average_over: str | None = Field(
+        None,
+        description="a grid key whose values are parts of one measurement (data.fold: the folds of a "
+        "k-fold protocol): the report shows one row per value of the other keys, each seed's value the "
+        "mean over this key's points; paper, reference and paper_choice name those rows",
     )
 
     @field_validator("seeds")
@@ -170,6 +184,15 @@ class Ablation(Strict):
         if len(kinds) != 1:
             raise ValueError(
                 f"an ablation needs exactly one of grid, points, space (given: {kinds or 'none'})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _average_over_a_grid_key(self) -> Ablation:
+        if self.average_over is not None and self.average_over not in self.grid:
+            raise ValueError(
+                f"average_over names a key of the ablation's grid (given: {self.average_over!r}; "
+                f"allowed: {list(self.grid)})"
             )
         return self
 
@@ -353,10 +376,41 @@ def grid_points(ablation: Ablation) -> list[dict[str, Any]]:
     for values in itertools.product(*(ablation.grid[k] for k in keys)):
         overrides = dict(zip(keys, values, strict=True))
         label = point_label(overrides)
-        short = str(values[0]) if len(values) == 1 else label
-        paper = ablation.paper.get(label, ablation.paper.get(short))
+        # a fold of an averaged ablation carries its row's numbers (the trial's clsr.paper.* tags)
+        row_label = report_label(ablation, overrides) if ablation.average_over else label
+        paper = ablation.paper.get(row_label, ablation.paper.get(_short(row_label, overrides, ablation)))
         points.append({"label": label, "overrides": overrides, "paper": _paper_value(paper, ablation)})
     return points
+
+
+def _short(label: str, overrides: dict[str, Any], ablation: Ablation) -> str:
+    """The bare value of a one-key point (``'256'``): how study files name such rows."""
+    rest = [v for k, v in overrides.items() if k != ablation.average_over]
+    return str(rest[0]) if len(rest) == 1 else label
+
+
+def report_label(ablation: Ablation, overrides: dict[str, Any]) -> str:
+    """The report row a point belongs to: its own label, or with ``average_over`` the label of the
+    other keys (``mean over <key>`` when the grid has no other key)."""
+    if ablation.average_over is None:
+        return point_label(overrides)
+    rest = {k: v for k, v in overrides.items() if k != ablation.average_over}
+    return point_label(rest) if rest else f"mean over {ablation.average_over}"
+
+
+def report_points(ablation: Ablation) -> list[dict[str, Any]]:
+    """The report's rows as points (``label``, ``overrides``, ``paper``, ``members``: the labels of
+    the grid points averaged into it): ``grid_points`` itself unless the ablation has ``average_over``."""
+    points = grid_points(ablation)
+    if ablation.average_over is None:
+        return [{**p, "members": [p["label"]]} for p in points]
+    rows: dict[str, dict[str, Any]] = {}
+    for p in points:
+        label = report_label(ablation, p["overrides"])
+        rest = {k: v for k, v in p["overrides"].items() if k != ablation.average_over}
+        row = rows.setdefault(label, {"label": label, "overrides": rest, "paper": p["paper"], "members": []})
+        row["members"].append(p["label"])
+    return list(rows.values())
 
 
 def find_point(points: list[dict[str, Any]], name: str | None) -> dict[str, Any] | None:
@@ -392,7 +446,7 @@ def trial_document(
     for key, value in overrides.items():
         doc = set_dotted(doc, key, value)
     if spec is not None:
-        for key, value in need_values(study, ablation, seed, outputs).items():
+        for key, value in need_values(study, ablation, seed, outputs, overrides).items():
             doc = set_dotted(doc, key, value)
     return set_dotted(doc, "trainer.seed", seed)
 
@@ -426,8 +480,14 @@ def stages(study: Study) -> list[list[str]]:
     return waves
 
 
-def need_values(study: Study, ablation: str, seed: int, outputs: Outputs | None = None) -> dict[str, Any]:
-    """The values an ablation's ``needs`` fill for one trial of ``seed``.
+def need_values(
+    study: Study,
+    ablation: str,
+    seed: int,
+    outputs: Outputs | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The values an ablation's ``needs`` fill for the trial of point ``overrides`` and ``seed``.
 
     A ``by`` mapping holds the upstream points that have an output (the method's own validation says
     when one it uses is missing); a single output that is missing raises ``UpstreamMissing``.
@@ -435,7 +495,7 @@ def need_values(study: Study, ablation: str, seed: int, outputs: Outputs | None 
     values: dict[str, Any] = {}
     for key, need in study.ablations[ablation].needs.items():
         upstream_seed = seed if need.seed == "same" else need.seed
-        points = grid_points(study.ablations[need.ablation])
+        points = upstream_points(study, need, overrides or {})
         if need.by is None:
             label = need.point or points[0]["label"]
             values[key] = _upstream_output(need, label, upstream_seed, outputs)
@@ -452,6 +512,14 @@ def need_values(study: Study, ablation: str, seed: int, outputs: Outputs | None 
     return values
 
 
+def upstream_points(study: Study, need: Need, overrides: dict[str, Any]) -> list[dict[str, Any]]:
+    """The upstream points a trial of point ``overrides`` may use: those that agree on ``need.match``
+    (the ablation's grid sets every match key; validation checks it)."""
+    points = grid_points(study.ablations[need.ablation])
+    wanted = {k: overrides.get(k) for k in need.match}
+    return [p for p in points if all(p["overrides"].get(k) == v for k, v in wanted.items())]
+
+
 def _upstream_output(need: Need, label: str, seed: int, outputs: Outputs | None) -> str:
     if outputs is None:
         return f"<{need.output} of {need.ablation}[{label}] seed {seed}>"
@@ -463,12 +531,14 @@ def _upstream_output(need: Need, label: str, seed: int, outputs: Outputs | None)
         ) from None
 
 
-def missing_upstream(study: Study, ablation: str, seed: int, outputs: Outputs) -> list[str]:
-    """Every upstream trial a trial of ``ablation`` could use that has no output."""
+def missing_upstream(
+    study: Study, ablation: str, seed: int, outputs: Outputs, overrides: dict[str, Any] | None = None
+) -> list[str]:
+    """Every upstream trial the trial of point ``overrides`` could use that has no output."""
     missing = []
     for need in study.ablations[ablation].needs.values():
         upstream_seed = seed if need.seed == "same" else need.seed
-        points = grid_points(study.ablations[need.ablation])
+        points = upstream_points(study, need, overrides or {})
         labels = [need.point or points[0]["label"]] if need.by is None else [p["label"] for p in points]
         missing += [
             f"ablations.{need.ablation}[{label}] seed {upstream_seed}"
@@ -512,6 +582,10 @@ def _check_need(study: Study, name: str, key: str, need: Need) -> list[str]:
         ]
     points = grid_points(upstream)
     labels = [p["label"] for p in points]
+    problems += _check_match(name, ablation, where, need, points)
+    if need.match:  # the choice below is made among one point's matching upstream points
+        points = upstream_points(study, need, grid_points(ablation)[0]["overrides"]) or points
+        labels = [p["label"] for p in points]
     if need.by is not None and any(need.by not in p["overrides"] for p in points):
         keys = sorted({k for p in points for k in p["overrides"]})
         problems.append(
@@ -535,6 +609,28 @@ def _check_need(study: Study, name: str, key: str, need: Need) -> list[str]:
             f"or use one of its seeds for every trial (seed: {upstream_seeds[0]})"
         )
     return problems
+
+
+def _check_match(
+    name: str, ablation: Ablation, where: str, need: Need, upstream: list[dict[str, Any]]
+) -> list[str]:
+    """Each match key is set by every point on both sides, and every point finds an upstream point."""
+    if not need.match:
+        return []
+    if ablation.space:
+        return [f"{where}.match: a sampled ablation (space) has no points to match (given: {need.match})"]
+    for side, points in (("ablation", grid_points(ablation)), (need.ablation, upstream)):
+        unset = [k for k in need.match if any(k not in p["overrides"] for p in points)]
+        if unset:
+            keys = sorted({k for p in points for k in p["overrides"]})
+            return [f"{where}.match: {unset} not set by every point of {side!r} (allowed: {keys})"]
+    for point in grid_points(ablation):
+        values = {k: point["overrides"][k] for k in need.match}
+        if not any(all(p["overrides"][k] == v for k, v in values.items()) for p in upstream):
+            return [
+                f"{where}.match: no point of {need.ablation!r} has {values} (the point {point['label']!r})"
+            ]
+    return []
 
 
 # --- trial counts ----------------------------------------------------------------------------------
@@ -687,7 +783,7 @@ def _check_references(study: Study) -> list[str]:
                 f"{where}: a sampled ablation (space) has no points to name (given: {ablation.reference!r})"
             )
             continue
-        points = grid_points(ablation)
+        points = report_points(ablation)
         if find_point(points, ablation.reference) is None:
             labels = [p["label"] for p in points]
             problems.append(f"{where}: no such point (given: {ablation.reference!r}; allowed: {labels})")
@@ -767,7 +863,8 @@ def load_study(path: str | Path, overrides: list[tuple[str, Any]] = (), smoke: b
 
 
 def apply_smoke(raw: dict[str, Any], source: str) -> dict[str, Any]:
-    """The study's ``smoke:`` section merged over it (``base`` deeply, other keys replaced).
+    """The study's ``smoke:`` section merged over it (``base`` deeply, other keys replaced; an ablation
+    set to null there is left out of the smoke run).
 
     A smoke run gets its own name (``<name>-smoke``) so its MLflow parent run and Ray storage never mix
     with the real study's, and it skips points that cannot run here instead of failing.
@@ -778,6 +875,8 @@ def apply_smoke(raw: dict[str, Any], source: str) -> dict[str, Any]:
             source, ["--smoke needs a 'smoke:' section (e.g. seeds, base overrides) in the file"]
         )
     merged = deep_merge({k: v for k, v in raw.items() if k != "smoke"}, smoke)
+    if isinstance(merged.get("ablations"), dict):  # `<ablation>: null` leaves it out of the smoke run
+        merged["ablations"] = {k: v for k, v in merged["ablations"].items() if v is not None}
     merged["name"] = f"{raw.get('name', 'study')}-smoke"
     merged.setdefault("skip_unavailable", True)
     return merged
