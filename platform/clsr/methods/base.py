@@ -29,6 +29,7 @@ from torch import nn
 from clsr.data.batching import TextViewBatcher, shuffled_batches
 from clsr.encoders.trained import load_trained_encoder
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+from clsr.methods.losses import full_precision
 from clsr.train.distributed import gather_with_grad
 from clsr.train.steps import plan_steps
 
@@ -130,8 +131,11 @@ class Method(ABC):
         return None
 
     def training_loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Encode all views of all rows in one forward pass, gather across workers, apply the loss."""
-        return self.embeddings_loss(gather_with_grad(self.encode_rows(model, batch)).float(), batch)
+        """Encode all views of all rows in one forward pass (under the loop's autocast), gather across
+        workers, apply the loss in float32 (autocast off: ``full_precision``)."""
+        embeddings = gather_with_grad(self.encode_rows(model, batch)).float()
+        with full_precision(embeddings):
+            return self.embeddings_loss(embeddings, batch)
 
     def encode_rows(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
         """This worker's pooled embeddings ``(rows, views, dim)`` of a batch from ``collate``: every view

@@ -54,6 +54,7 @@ from clsr.augment.pwva import PWVAConfig, augment
 from clsr.encoders.textcnn import TextCNNConfig, TextCNNEncoder
 from clsr.encoders.word_vectors import WordTable, build_word_table
 from clsr.methods.base import Method, MethodConfig
+from clsr.methods.losses import full_precision
 from clsr.train.distributed import gather_with_grad
 
 Augmentation = Literal["pwva", "full", "none", "eda", "back_translation"]
@@ -399,7 +400,9 @@ class GCLSR(Method):
 
     def training_loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         outputs = model(batch["ids"], batch["mask"], batch.get("ids2"), batch.get("mask2"))
-        return self.loss_from_embeddings(gather_with_grad(torch.stack(outputs, dim=1)).float())
+        embeddings = gather_with_grad(torch.stack(outputs, dim=1)).float()
+        with full_precision(embeddings):  # the cosines of the loss in float32 under bf16 autocast
+            return self.loss_from_embeddings(embeddings)
 
     def loss_from_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
         """``embeddings``: (rows, 4, dim) holding p1, p2, z1, z2 of every row of the global batch."""

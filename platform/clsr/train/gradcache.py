@@ -28,7 +28,9 @@ import torch
 from torch import nn
 
 from clsr.methods.base import Method
+from clsr.methods.losses import full_precision
 from clsr.train.distributed import gather_with_grad
+from clsr.train.rng import restore_rng, rng_state
 
 
 def check_gradcache(method: Method, chunk_rows: int | None) -> None:
@@ -39,19 +41,6 @@ def check_gradcache(method: Method, chunk_rows: int | None) -> None:
             f"(its loss has no in-batch negatives over embeddings of one encoder pass, or it overrides "
             f"training_loss); unset trainer.gradcache_chunk_rows for this method"
         )
-
-
-def rng_state() -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The CPU and CUDA random states (what dropout draws its masks from)."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    return torch.get_rng_state(), cuda
-
-
-def restore_rng(state: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
-    cpu, cuda = state
-    torch.set_rng_state(cpu)
-    if cuda:
-        torch.cuda.set_rng_state_all(cuda)
 
 
 def gradcache_backward(
@@ -66,6 +55,7 @@ def gradcache_backward(
     scale: float,
     autocast: contextlib.AbstractContextManager | None = None,
     sync: bool = True,
+    grad_scaler: torch.amp.GradScaler | None = None,
 ) -> float:
     """Accumulate into ``.grad`` the gradient of ``scale × loss`` of one micro-batch and return the loss.
 
@@ -73,27 +63,30 @@ def gradcache_backward(
     ``device`` (what ``method.embeddings_loss`` reads besides the embeddings); chunks of ``chunk_rows``
     rows (the last one may be smaller) are collated and encoded one at a time. ``scale``: the loop's
     ``world_size / grad_accum_steps``. ``sync``: let DDP all-reduce in the last chunk's backward (the
-    last micro-batch of a step); every other backward runs under ``model.no_sync()``.
+    last micro-batch of a step); every other backward runs under ``model.no_sync()``. ``grad_scaler``:
+    fp16's loss scaling (the replayed chunks back-propagate the scaled embedding gradients). The loss
+    runs in float32 outside autocast, as the loop's does.
     """
     autocast = autocast if autocast is not None else contextlib.nullcontext()
     chunks, states, cached = [], [], []
     for start in range(0, len(rows), chunk_rows):  # 1. embeddings without a graph
         part = batcher.collate(rows[start : start + chunk_rows])
         chunks.append({k: v.to(device) if torch.is_tensor(v) else v for k, v in part.items()})
-        states.append(rng_state())
+        states.append(rng_state(device))
         with torch.no_grad(), autocast:
             cached.append(method.encode_rows(model, chunks[-1]).float())
 
     cache = torch.cat(cached).requires_grad_()  # 2. d loss / d embeddings on the global batch
-    with autocast:
+    with full_precision(cache):
         loss = method.embeddings_loss(gather_with_grad(cache), batch)
-    (loss * scale).backward()
+    scaled = loss * scale
+    (grad_scaler.scale(scaled) if grad_scaler is not None else scaled).backward()
     grads = cache.grad.split([len(c) for c in cached])
 
     for i, (chunk, state, grad) in enumerate(zip(chunks, states, grads, strict=True)):  # 3. replay
         last = sync and i == len(chunks) - 1
         no_sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
-        restore_rng(state)  # the same dropout masks as in step 1
+        restore_rng(state, device)  # the same dropout masks as in step 1
         with no_sync:
             with autocast:
                 embeddings = method.encode_rows(model, chunk).float()

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from clsr.data.catalog import load_rows, seeded_subset
-from clsr.data.faq import fold_split, load_faq
+from clsr.data.faq import FAQData, fold_split, load_faq
 from clsr.data.faq import training_rows as faq_training_rows
 from clsr.data.sources import resolve_data_dir
 from clsr.data.sts import load_sts
@@ -38,24 +38,39 @@ from clsr.train import checkpoint_files
 from clsr.train.config import TrainerConfig, TrialConfig
 from clsr.train.gradcache import check_gradcache, gradcache_backward
 from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, warmup_steps
+from clsr.train.rng import restore_rng, rng_state
 from clsr.train.session import node_tags
 
 DEV_SPLIT = "dev"
 EVAL_ONLY_TAG = "clsr.eval_only"  # "true" on the MLflow run of a point that trained nothing
 
 
+CPU = torch.device("cpu")
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
 
+def resolved_precision(precision: str, device: torch.device) -> str:
+    """``auto``: bf16 on a GPU that supports it, else fp32."""
+    if precision != "auto":
+        return precision
+    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+
+
 def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    if precision == "auto":
-        use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        precision = "bf16" if use_bf16 else "fp32"
+    precision = resolved_precision(precision, device)
     if precision == "fp32":
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device.type, dtype=dtype)
+
+
+def loss_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """fp16's dynamic loss scaling (small gradients underflow in fp16 otherwise); a disabled scaler,
+    which passes everything through, for bf16 and fp32 (bf16 has fp32's exponent range)."""
+    return torch.amp.GradScaler(device.type, enabled=resolved_precision(precision, device) == "fp16")
 
 
 def is_evaluation_only(trial: TrialConfig) -> bool:
@@ -84,6 +99,7 @@ class Evaluator:
         self.method = method
         self.pipeline = pipeline  # the tokenizer or word table the method encodes text with
         self.trial = trial
+        self._faq_data: FAQData | None = None  # the trained FAQ set, read once per trial for its dev scores
 
     def artifacts(self, model: nn.Module, stage: str, logger: RunLogger) -> None:
         """The method's own files for the MLflow run ("start": untrained model, "final": best)."""
@@ -98,9 +114,9 @@ class Evaluator:
         scores = evaluate_sts(self.embedder(model), sts, DEV_SPLIT, self.data_dir) if sts else {}
         metrics = {f"dev_{task}": s.all for task, s in scores.items()}
         if "faq" in self.cfg.dev_tasks:  # MAP of the trained FAQ set's dev queries (RCL Table 2)
-            faq_set = self.trial.data.faq_set()
-            data = load_faq(faq_set, resolve_data_dir(self.data_dir))
-            metrics["dev_faq"] = dev_map(data, self.trial.data.fold, self.embedder(model))
+            if self._faq_data is None:
+                self._faq_data = load_faq(self.trial.data.faq_set(), resolve_data_dir(self.data_dir))
+            metrics["dev_faq"] = dev_map(self._faq_data, self.trial.data.fold, self.embedder(model))
         return metrics
 
     def log_model(self, model: nn.Module, logger: RunLogger) -> None:
@@ -143,22 +159,29 @@ class Evaluator:
         return metrics
 
 
-def save_checkpoint(model: nn.Module, optimizer, scheduler, state: dict, best_weights: dict | None) -> Path:
+def save_checkpoint(
+    model: nn.Module,
+    optimizer,
+    scheduler,
+    state: dict,
+    best_weights: dict | None,
+    device: torch.device = CPU,
+    grad_scaler: torch.amp.GradScaler | None = None,
+) -> Path:
     """A fresh folder with ``state.pt`` (and ``best_model.pt``), each written atomically, and a
-    ``manifest.json`` of their SHA-256 written last; nothing is left behind when a write fails."""
+    ``manifest.json`` of their SHA-256 written last; nothing is left behind when a write fails. The
+    random states are the CPU's and ``device``'s only (``clsr.train.rng``: placement-independent)."""
     folder = Path(tempfile.mkdtemp(prefix="clsr-ckpt-"))
     try:
-        rng = {
-            "cpu": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        }
         saved = {
             "model": unwrap(model).state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
-            "rng": rng,
+            "rng": rng_state(device),
             **state,
         }
+        if grad_scaler is not None and grad_scaler.is_enabled():
+            saved["grad_scaler"] = grad_scaler.state_dict()
         hashes = {"state.pt": checkpoint_files.save_tensors(saved, folder / "state.pt")}
         if best_weights is not None:
             hashes["best_model.pt"] = checkpoint_files.save_tensors(best_weights, folder / "best_model.pt")
@@ -170,7 +193,15 @@ def save_checkpoint(model: nn.Module, optimizer, scheduler, state: dict, best_we
 
 
 def load_checkpoint(
-    folder: Path, model, optimizer, scheduler, state: dict, session, seed: int
+    folder: Path,
+    model,
+    optimizer,
+    scheduler,
+    state: dict,
+    session,
+    seed: int,
+    device: torch.device = CPU,
+    grad_scaler: torch.amp.GradScaler | None = None,
 ) -> dict | None:
     """Restore what ``save_checkpoint`` wrote into the live objects and ``state``; the best weights.
 
@@ -179,12 +210,13 @@ def load_checkpoint(
     unwrap(model).load_state_dict(saved.pop("model"))
     optimizer.load_state_dict(saved.pop("optimizer"))
     scheduler.load_state_dict(saved.pop("scheduler"))
+    scaler_state = saved.pop("grad_scaler", None)
+    if grad_scaler is not None and grad_scaler.is_enabled() and scaler_state is not None:
+        grad_scaler.load_state_dict(scaler_state)  # the loss scale it had found, not the initial 2^16
     state.update(saved)
     rng = state.pop("rng")  # rank 0's dropout masks continue as if the run had never stopped
     if session.rank == 0:
-        torch.set_rng_state(rng["cpu"])
-        if rng["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        restore_rng(rng, device)
     else:  # other ranks keep masks of their own
         torch.manual_seed(seed + session.rank + 7919 * state["step"])
     best = folder / "best_model.pt"
@@ -243,6 +275,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     scheduler = build_scheduler(optimizer, t, total_steps, steps_per_epoch)
     warmup = warmup_steps(t, total_steps, steps_per_epoch)
     autocast = autocast_context(t.precision, device)
+    grad_scaler = loss_scaler(t.precision, device)
     is_main = session.rank == 0
     evaluator = Evaluator(trial, method, pipeline) if is_main else None
     if is_main:
@@ -254,7 +287,9 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     best_weights: dict | None = None
     with session.restored() as restore:  # a local copy of the last checkpoint, removed after loading
         if restore is not None:  # resume a retried or restored trial where its last checkpoint left it
-            best_weights = load_checkpoint(restore, model, optimizer, scheduler, state, session, t.seed)
+            best_weights = load_checkpoint(
+                restore, model, optimizer, scheduler, state, session, t.seed, device, grad_scaler
+            )
             logger.load_from(restore)  # what the earlier attempt had not sent to MLflow yet
             logger.log({"resumed_from_step": state["step"]}, state["step"])  # one point per retry or resume
 
@@ -288,6 +323,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
                     scale=session.world_size / t.grad_accum_steps,
                     autocast=autocast,
                     sync=last_micro,
+                    grad_scaler=grad_scaler,
                 )
                 step_loss += loss_value / t.grad_accum_steps
                 continue
@@ -298,15 +334,17 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
                 with autocast:
                     loss = method.training_loss(model, batch)
                 # every rank holds the global loss; × world makes DDP's gradient average its gradient
-                (loss * session.world_size / t.grad_accum_steps).backward()
+                grad_scaler.scale(loss * session.world_size / t.grad_accum_steps).backward()
             step_loss += loss.item() / t.grad_accum_steps
         if not math.isfinite(step_loss):
             raise FloatingPointError(f"loss became {step_loss} at step {state['step'] + 1}; lower trainer.lr")
+        grad_scaler.unscale_(optimizer)  # fp16: clip and log the true gradient, not the scaled one
         grad_norm = (
             torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm) if t.max_grad_norm else None
         )
         momentum = set_momentum(optimizer, t, state["step"], warmup)
-        optimizer.step()
+        grad_scaler.step(optimizer)  # fp16: skipped when a gradient overflowed (the scale then drops)
+        grad_scaler.update()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         state["step"] += 1
@@ -344,7 +382,9 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
             metrics["samples_per_s"] = step * t.batch_size / (time.perf_counter() - started)
             logger.log({k: v for k, v in metrics.items() if k != "step"}, step)
             logger.flush()
-            checkpoint = save_checkpoint(model, optimizer, scheduler, state, best_weights)
+            checkpoint = save_checkpoint(
+                model, optimizer, scheduler, state, best_weights, device, grad_scaler
+            )
             logger.save_to(checkpoint)  # a retry elsewhere sends what MLflow has not taken yet
         session.report(metrics, checkpoint)
         if checkpoint is not None:  # Ray has copied it to the run's storage (LocalSession moved it)
@@ -402,7 +442,10 @@ def finish(model, state, best_weights, evaluator, logger, session, clock: TrialC
             # every dev task's score at the selected step: a study metric may be another dev task than
             # the one that selects (the FAQ protocol selects on dev_faq, the study ranks on best_dev_stsb)
             final |= {f"best_{key}": value for key, value in state.get("best_dev", {}).items()}
-            final |= {"best_step": state["best_step"], f"best_dev_{evaluator.cfg.select_on}": state["best_score"]}
+            final |= {
+                "best_step": state["best_step"],
+                f"best_dev_{evaluator.cfg.select_on}": state["best_score"],
+            }
         if evaluator.cfg.log_model and logger.active:
             evaluator.log_model(model, logger)
         final |= clock.cost(session) | logger.stop_system_metrics()
