@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
@@ -72,6 +73,24 @@ def test_eval_prints_the_table_and_logs_to_mlflow(tmp_path, monkeypatch, capsys,
     client = MlflowClient(uri)
     run = client.search_runs([client.get_experiment_by_name("eval").experiment_id])[0]
     assert round(run.data.metrics["test_sts16"], 2) == 78.99
+    assert (run.data.params["device"], run.data.params["precision"]) == ("cpu", "fp32")  # auto, no GPU here
+    # the precision asked for is the one used: bf16 rounding moves the score, a little
+    assert main(["eval", "--model", "minilm", "--pooling", "mean", "--tasks", "sts16", "--precision", "bf16", "--mlflow"]) == 0  # fmt: skip
+    bf16 = client.search_runs(
+        [client.get_experiment_by_name("eval").experiment_id], "params.precision = 'bf16'"
+    )
+    assert bf16[0].data.metrics["test_sts16"] != run.data.metrics["test_sts16"]
+    assert abs(bf16[0].data.metrics["test_sts16"] - 78.99) < 0.5
+
+
+def test_eval_refuses_a_device_this_machine_does_not_have(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: --device cuda is valid here")
+    assert main(["eval", "--model", "minilm", "--device", "cuda"]) == 2
+    assert (
+        "--device: device 'cuda': no CUDA GPU is visible here; use --device cpu (or auto)"
+        in capsys.readouterr().err
+    )
 
 
 def test_summary_rows_show_the_averages_a_trial_has():
@@ -89,7 +108,9 @@ def test_summary_rows_show_the_averages_a_trial_has():
             data=SimpleNamespace(tags={**labels, "clsr.status": "finished", **tags}, metrics=metrics),
         )
 
-    smoke = run(1, 1, {"best_dev_sickr": 80.0, "test_stsb": 82.5, "test_mr": 70.0, "test_transfer_avg": 75.25})
+    smoke = run(
+        1, 1, {"best_dev_sickr": 80.0, "test_stsb": 82.5, "test_mr": 70.0, "test_transfer_avg": 75.25}
+    )
     full = run(2, 2, {"test_sts_avg": 81.0, "test_stsb": 84.0})
     old = run(0, 2, {"test_sts_avg": 1.0}, **{"clsr.superseded": "v2"})
     rows = summary_rows([full, old, smoke], study)

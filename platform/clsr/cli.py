@@ -147,6 +147,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--batch-size", type=int, default=128)
     ev.add_argument(
+        "--device",
+        default="auto",
+        help="auto (the GPU when one is visible, else the CPU), cpu, cuda or cuda:N",
+    )
+    ev.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "fp32", "bf16", "fp16"],
+        help="autocast of the forward pass: auto = bf16 on a GPU that has it, else fp32 (a trial's own "
+        "evaluation uses its trainer.precision)",
+    )
+    ev.add_argument(
         "--data-dir", default=None, help="local data folder (default: $CLSR_DATA_DIR, else the hub)"
     )
     ev.add_argument("--mlflow", action="store_true", help="also log the scores as an MLflow run")
@@ -301,6 +313,7 @@ def cmd_study_report(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from clsr.encoders.export import load_model, make_embedder, pooling_of
+    from clsr.encoders.precision import resolve_device, resolved_precision
     from clsr.eval.sts import evaluate_sts, format_table, summary_metrics
     from clsr.eval.transfer import (
         evaluate_transfer,
@@ -318,10 +331,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             print(f"error: {flag} must be at least 1", file=sys.stderr)
             return 2
+    try:
+        device = resolve_device(args.device)
+    except (ValueError, RuntimeError) as err:  # RuntimeError: torch's own words for a malformed device
+        print(f"error: --device: {err}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     encoder, pipeline = load_model(args.model, pooling=args.pooling)
     args.pooling = pooling_of(encoder)  # an exported model's own pooling when --pooling is left out
-    embed = make_embedder(encoder, pipeline, batch_size=args.batch_size)
+    encoder.to(device)
+    embed = make_embedder(encoder, pipeline, batch_size=args.batch_size, precision=args.precision)
     metrics: dict[str, float] = {}
     tables: dict[str, str] = {}
     if sts_tasks:
@@ -380,6 +399,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         mlflow.set_experiment(args.experiment)
         with mlflow.start_run(run_name=f"eval {args.model}"):
             params = {"model": args.model, "pooling": args.pooling, "split": args.split, "tasks": args.tasks}
+            params |= {"device": str(device), "precision": resolved_precision(args.precision, device)}
             if transfer_tasks:
                 params |= {"transfer_mode": args.transfer_mode, "max_examples": args.max_examples}
                 params |= {"transfer_classifier": args.transfer_classifier}

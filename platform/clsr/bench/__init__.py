@@ -79,7 +79,7 @@ def resolve_precision(precision: str, device: Any) -> str:
 
 def autocast(precision: str, device: Any) -> contextlib.AbstractContextManager:
     """The trainer's autocast for a resolved precision (``fp32``: none)."""
-    from clsr.train.loop import autocast_context
+    from clsr.encoders.precision import autocast_context
 
     return autocast_context(precision, device)
 

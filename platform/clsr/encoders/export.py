@@ -525,14 +525,15 @@ def load_model(source: str, pooling: str | None = None) -> tuple[nn.Module, Any]
     return encoder.eval(), load_tokenizer(source)
 
 
-def make_embedder(encoder: nn.Module, pipeline: Any, batch_size: int = 128):
-    """The platform's evaluation embedder for what :func:`load_model` returned."""
+def make_embedder(encoder: nn.Module, pipeline: Any, batch_size: int = 128, precision: str = "auto"):
+    """The platform's evaluation embedder for what :func:`load_model` returned, on the encoder's device
+    (move it first) in ``precision`` (transformers; TextCNN runs in float32)."""
     from clsr.encoders.textcnn import TextCNNEncoder
     from clsr.eval.embed import textcnn_embedder, transformer_embedder
 
     if isinstance(encoder, TextCNNEncoder):
         return textcnn_embedder(encoder, pipeline, batch_size=max(batch_size, 512))
-    return transformer_embedder(encoder, pipeline, batch_size=batch_size)
+    return transformer_embedder(encoder, pipeline, batch_size=batch_size, precision=precision)
 
 
 def pooling_of(encoder: nn.Module) -> str:

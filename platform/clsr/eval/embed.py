@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from clsr.encoders.precision import autocast_context
+
 Embedder = Callable[[Sequence[str]], np.ndarray]
 
 
@@ -23,8 +25,11 @@ def position_limit(encoder: nn.Module) -> int:
     return positions - 2 if getattr(config, "model_type", "") in ("roberta", "xlm-roberta") else positions
 
 
-def transformer_embedder(model: nn.Module, tokenizer: Any, batch_size: int = 128) -> Embedder:
-    """SimCSE evaluation: no truncation below the model's limit, dynamic padding, eval-mode pooling."""
+def transformer_embedder(
+    model: nn.Module, tokenizer: Any, batch_size: int = 128, precision: str = "auto"
+) -> Embedder:
+    """SimCSE evaluation: no truncation below the model's limit, dynamic padding, eval-mode pooling, on
+    the model's device in ``precision`` (``auto``: bf16 on a GPU that has it, else fp32)."""
     encoder = _unwrap(model)
     max_length = min(getattr(tokenizer, "model_max_length", 512), 512, position_limit(encoder))
 
@@ -40,7 +45,7 @@ def transformer_embedder(model: nn.Module, tokenizer: Any, batch_size: int = 128
         for start in range(0, len(order), batch_size):
             chunk = [ids[i] for i in order[start : start + batch_size]]
             batch = tokenizer.pad({"input_ids": chunk}, return_tensors="pt")
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            with autocast_context(precision, device):
                 out = encoder(batch["input_ids"].to(device), batch["attention_mask"].to(device))
             for i, row in zip(order[start : start + batch_size], out.float().cpu().numpy(), strict=True):
                 vectors[i] = row

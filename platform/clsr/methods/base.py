@@ -185,8 +185,8 @@ class Method(ABC):
         save_sentence_transformer(model, pipeline, trial.model, folder, method=self.name)
 
     def make_embedder(
-        self, model: nn.Module, pipeline: Any, batch_size: int = 128
+        self, model: nn.Module, pipeline: Any, batch_size: int = 128, precision: str = "auto"
     ) -> Callable[[list[str]], np.ndarray]:
         from clsr.eval.embed import transformer_embedder
 
-        return transformer_embedder(model, pipeline, batch_size=batch_size)
+        return transformer_embedder(model, pipeline, batch_size=batch_size, precision=precision)

@@ -418,8 +418,9 @@ class GCLSR(Method):
         save_textcnn(encoder, pipeline.table, trial.model, folder, method=self.name)
 
     def make_embedder(
-        self, model: nn.Module, pipeline: GCLSRShared, batch_size: int = 128
+        self, model: nn.Module, pipeline: GCLSRShared, batch_size: int = 128, precision: str = "auto"
     ) -> Callable[[list[str]], np.ndarray]:
+        """TextCNN scores in float32 whatever ``precision`` says (a small CNN: autocast gains nothing)."""
         from clsr.eval.embed import textcnn_embedder
 
         encoder = model.encoder if hasattr(model, "encoder") else model

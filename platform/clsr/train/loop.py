@@ -27,6 +27,7 @@ from clsr.data.faq import FAQData, fold_split, load_faq
 from clsr.data.faq import training_rows as faq_training_rows
 from clsr.data.sources import resolve_data_dir
 from clsr.data.sts import load_sts
+from clsr.encoders.precision import autocast_context, resolved_precision
 from clsr.eval.alignment import alignment_uniformity
 from clsr.eval.faq import dev_map, evaluate_faq, faq_summary_metrics
 from clsr.eval.sts import evaluate_sts, summary_metrics
@@ -50,21 +51,6 @@ CPU = torch.device("cpu")
 
 def unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
-
-
-def resolved_precision(precision: str, device: torch.device) -> str:
-    """``auto``: bf16 on a GPU that supports it, else fp32."""
-    if precision != "auto":
-        return precision
-    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-
-
-def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    precision = resolved_precision(precision, device)
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
 
 
 def loss_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
@@ -107,7 +93,10 @@ class Evaluator:
             self.method.log_artifacts(stage, self.embedder(model), logger, self.trial)
 
     def embedder(self, model: nn.Module):
-        return self.method.make_embedder(unwrap(model), self.pipeline, self.cfg.batch_size)
+        """Scores in the precision the trial trains in (``trainer.precision``)."""
+        return self.method.make_embedder(
+            unwrap(model), self.pipeline, self.cfg.batch_size, self.trial.trainer.precision
+        )
 
     def dev(self, model: nn.Module) -> dict[str, float]:
         sts = [task for task in self.cfg.dev_tasks if task != "faq"]
