@@ -105,7 +105,7 @@ def gradcache_step(method, model, batcher, chunk: int = CHUNK) -> tuple[float, d
     loss = gradcache_backward(
         method, model, batcher, ORDER, batch, chunk, device=torch.device("cpu"), scale=1.0
     )
-    return loss, grads(model)
+    return float(loss), grads(model)
 
 
 def assert_same_step(got, expected) -> None:
@@ -220,7 +220,7 @@ def _ddp_worker(rank: int, world: int, init_file: str, tiny_bert: str, out: str)
         for start in (0, 4):
             mine = ORDER[start : start + 4][rank * 2 : (rank + 1) * 2]
             batch = batcher.collate(mine)
-            loss += (
+            loss += float(
                 gradcache_backward(
                     method,
                     ddp,

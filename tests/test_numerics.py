@@ -1,6 +1,6 @@
-"""Numerics a GPU run depends on, checked on CPU: the loss in float32 under bf16 autocast (CPU bf16
-autocast rounds as CUDA's does), fp16's loss scaling, and random states that do not tie a checkpoint
-to the GPUs it was written on."""
+"""The GPU path checked on CPU: the loss in float32 under bf16 autocast (CPU bf16 autocast rounds as
+CUDA's does), fp16's loss scaling, random states that do not tie a checkpoint to the GPUs it was written
+on, and per-step metrics read back a window at a time."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from clsr.methods import METHODS, get_method
 from clsr.methods.losses import cos_sim
 from clsr.train import loop, rng
 from clsr.train.gradcache import gradcache_backward
+from clsr.train.readback import PendingSteps
 
 CONFIGS = {"rcl": {"phis": []}}  # the regulators' stored embeddings are another test's business
 BF16 = torch.autocast("cpu", dtype=torch.bfloat16)
@@ -151,3 +152,20 @@ def test_a_checkpoint_keeps_only_the_current_devices_random_state(tmp_path, monk
     assert calls == [([1], 0), ([8], 1)] and "none for cuda:1" in str(caught[0].message)
     rng.restore_rng(saved, cpu)  # a GPU state is not restored on CPU
     assert len(calls) == 2
+
+
+def test_step_metrics_are_read_back_a_window_at_a_time_and_divergence_names_its_step():
+    pending = PendingSteps()
+    for step, loss in enumerate([2.0, 1.5, 1.25], start=11):
+        pending.add(step, torch.tensor(loss), torch.tensor(loss / 2), step / 100, None)
+    assert pending.read() == [
+        (11, {"loss": 2.0, "lr": 0.11, "grad_norm": 1.0, "momentum": None}),
+        (12, {"loss": 1.5, "lr": 0.12, "grad_norm": 0.75, "momentum": None}),
+        (13, {"loss": 1.25, "lr": 0.13, "grad_norm": 0.625, "momentum": None}),
+    ]
+    assert pending.read() == []  # the window was emptied
+    pending.add(14, torch.tensor(1.0), None, 0.1, 0.9)  # no clipping: no gradient norm
+    pending.add(15, torch.tensor(float("nan")), None, 0.1, 0.9)
+    pending.add(16, torch.tensor(float("inf")), None, 0.1, 0.9)
+    with pytest.raises(FloatingPointError, match=r"^loss became nan at step 15; lower trainer.lr$"):
+        pending.read()

@@ -108,16 +108,18 @@ class PlatformStep:
         tokens = (int(mask.sum()), grouped_width_tokens(mask, cpu_batch.get("length_group_size")))
         batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in cpu_batch.items()}
         if t.gradcache_chunk_rows:
-            loss = gradcache_backward(
-                self.method,
-                self.model,
-                self.batcher,
-                list(indices),
-                batch,
-                t.gradcache_chunk_rows,
-                device=self.device,
-                scale=1.0,
-                autocast=self.autocast,
+            loss = float(
+                gradcache_backward(
+                    self.method,
+                    self.model,
+                    self.batcher,
+                    list(indices),
+                    batch,
+                    t.gradcache_chunk_rows,
+                    device=self.device,
+                    scale=1.0,
+                    autocast=self.autocast,
+                )
             )
         else:
             with self.autocast:

@@ -56,8 +56,9 @@ def gradcache_backward(
     autocast: contextlib.AbstractContextManager | None = None,
     sync: bool = True,
     grad_scaler: torch.amp.GradScaler | None = None,
-) -> float:
-    """Accumulate into ``.grad`` the gradient of ``scale × loss`` of one micro-batch and return the loss.
+) -> torch.Tensor:
+    """Accumulate into ``.grad`` the gradient of ``scale × loss`` of one micro-batch and return the loss
+    (a detached tensor on the device: the loop reads it back at log steps).
 
     ``rows``: this worker's row indices of the micro-batch, ``batch``: ``batcher.collate(rows)`` on
     ``device`` (what ``method.embeddings_loss`` reads besides the embeddings); chunks of ``chunk_rows``
@@ -91,4 +92,4 @@ def gradcache_backward(
             with autocast:
                 embeddings = method.encode_rows(model, chunk).float()
             embeddings.backward(grad)
-    return loss.item()
+    return loss.detach()

@@ -39,6 +39,7 @@ from clsr.train import checkpoint_files
 from clsr.train.config import TrainerConfig, TrialConfig
 from clsr.train.gradcache import check_gradcache, gradcache_backward
 from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, warmup_steps
+from clsr.train.readback import PendingSteps
 from clsr.train.rng import restore_rng, rng_state
 from clsr.train.session import node_tags
 
@@ -286,6 +287,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     stalled = patience is not None and state["stalled_steps"] >= patience  # restored after stopping early
     epoch_batches: tuple[int, list[list[int]]] = (-1, [])
     recent_losses: list[float] = []
+    pending = PendingSteps()  # losses and gradient norms on the device until a log step reads them
     started = time.perf_counter()
     model.train()
     while state["step"] < total_steps and not stalled:
@@ -294,14 +296,14 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
             epoch_batches = (epoch, method.batch_order(rows, t.batch_size, epoch, t.seed))
         global_batch = epoch_batches[1][position]
 
-        step_loss = 0.0
+        step_loss = torch.zeros((), device=device)
         for start in range(0, t.batch_size, micro_rows):
             micro = global_batch[start : start + micro_rows]
             mine = micro[session.rank * local_rows : (session.rank + 1) * local_rows]
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batcher.collate(mine).items()}
             last_micro = start + micro_rows >= t.batch_size
             if t.gradcache_chunk_rows:  # the same loss and step, encoded a chunk of rows at a time
-                loss_value = gradcache_backward(
+                loss = gradcache_backward(
                     method,
                     model,
                     batcher,
@@ -314,7 +316,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
                     sync=last_micro,
                     grad_scaler=grad_scaler,
                 )
-                step_loss += loss_value / t.grad_accum_steps
+                step_loss += loss / t.grad_accum_steps
                 continue
             sync = (
                 contextlib.nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
@@ -324,9 +326,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
                     loss = method.training_loss(model, batch)
                 # every rank holds the global loss; × world makes DDP's gradient average its gradient
                 grad_scaler.scale(loss * session.world_size / t.grad_accum_steps).backward()
-            step_loss += loss.item() / t.grad_accum_steps
-        if not math.isfinite(step_loss):
-            raise FloatingPointError(f"loss became {step_loss} at step {state['step'] + 1}; lower trainer.lr")
+            step_loss += loss.detach() / t.grad_accum_steps
         grad_scaler.unscale_(optimizer)  # fp16: clip and log the true gradient, not the scaled one
         grad_norm = (
             torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm) if t.max_grad_norm else None
@@ -338,17 +338,14 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
         optimizer.zero_grad(set_to_none=True)
         state["step"] += 1
         step = state["step"]
-        recent_losses.append(step_loss)
-        stalled = loss_stalled(state, step_loss, patience)
-        logger.log(
-            {
-                "loss": step_loss,
-                "lr": scheduler.get_last_lr()[0],
-                "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                "momentum": momentum,
-            },
-            step,
-        )
+        pending.add(step, step_loss, grad_norm, scheduler.get_last_lr()[0], momentum)
+        at_eval = step % eval_every == 0 or step == total_steps
+        # one read-back per log window; every step when early stopping watches the loss
+        if step % t.log_every == 0 or at_eval or patience is not None:
+            for logged_step, logged in pending.read():  # raises on a diverged loss, naming its step
+                recent_losses.append(logged["loss"])
+                stalled = loss_stalled(state, logged["loss"], patience)
+                logger.log(logged, logged_step)
         if step % t.log_every == 0:
             logger.flush()
 
