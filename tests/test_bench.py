@@ -20,12 +20,12 @@ def test_bench_train_prints_both_trainers_and_a_ratio(data_dir, tiny_bert, tmp_p
     args += ["--model", tiny_bert, "--length-group", "4", "--attention", "eager"]
     assert main([*args, "--device", "cpu", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "clsr simcse_sup" in text and "sentence-transformers MNRL" in text
+    assert "clsr simcse_sup" in text and "SentenceTransformerTrainer MNRL" in text
     assert re.search(r"ratio clsr / sentence-transformers \(sentences/s\): \d+\.\d\d", text)
     assert "machine:" in text and "torch" in text
     figures = json.loads(out.read_text())
     assert figures["ratio_clsr_over_st"] > 0 and figures["machine"]["cpu_cores"] >= 1
-    # the same rows, columns and truncation on both sides: the same real tokens
+    # the same rows (one epoch of them: no warm-up), columns and truncation: the same real tokens
     assert figures["clsr"]["tokens"] == figures["sentence_transformers"]["tokens"]
     assert figures["length_group_size"] == 4 and "in groups of 4 sentences" in text
     assert figures["attention"] == "eager" and "eager attention" in text
@@ -86,6 +86,22 @@ def test_bench_suite_reads_its_targets_off_the_parts():
     rows = target_rows(gpu)
     assert rows[0][2:] == [1.6, "yes"] and rows[1][2] == pytest.approx(275.602) and rows[1][3] == "no"
     assert rows[2][2:] == [None, "-"]  # the GCLSR study did not run
+    # with an STS-B dev evaluation and a checkpoint every 125 steps of 512: ceil(275,602 / 64,000) = 5
+    train512 = train | {"batch": 512}
+    assert epoch_seconds(train512, {"dev_eval_s": 2.0, "checkpoint_s": 1.0}) == pytest.approx(275.602 + 15)
+
+
+def test_bench_measures_an_evaluation_and_a_checkpoint(tiny_bert, data_dir):
+    from clsr.bench.suite import eval_and_checkpoint, format_eval_and_checkpoint
+    from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+
+    part = eval_and_checkpoint(tiny_bert, "cpu")
+    assert part["dev_eval_s"] > 0 and part["checkpoint_s"] > 0
+    params = sum(
+        p.numel() for p in TransformerEncoder(ModelConfig(name=tiny_bert, pooling="cls")).parameters()
+    )
+    assert part["checkpoint_bytes"] > 4 * 4 * params  # weights + 2 AdamW moments + best weights, float32
+    assert "MiB written" in format_eval_and_checkpoint(part)
 
 
 def test_shaped_random_encoder_loads_with_the_given_tokenizer(tiny_bert, tmp_path):

@@ -25,6 +25,8 @@ from clsr.bench import format_table, resolve_device
 
 # rows of SimCSE's supervised training set (nli_for_simcse.csv: SNLI + MNLI entailment/contradiction)
 SIMCSE_SUP_TRIPLETS = 275_602
+SIMCSE_SUP_EVAL_STEPS = 125  # SimCSE's run_sup_example.sh: STS-B dev (and a checkpoint) every 125 steps
+SIMCSE_SUP_BATCH = 512
 TARGETS = {  # the issue's targets (README, Performance)
     "cpu_train_ratio": 1.3,  # simcse_sup, MiniLM, batch 64, length 32: clsr / sentence-transformers
     "cpu_sts_eval_ratio": 0.7,  # clsr / sentence-transformers wall time
@@ -106,6 +108,9 @@ def model_parts(device: str, steps: int, warmup: int, small: str, large: str | N
             lambda batch=batch: run_train("simcse_sup", large, batch, 32, steps, warmup, device=device),
         )
     model = large or small
+    parts["eval_and_checkpoint"] = attempt(
+        "STS-B dev evaluation and checkpoint", lambda: eval_and_checkpoint(model, device)
+    )
     parts["memory"] = attempt(
         "memory", lambda: run_memory((64, 256, 512), 16, "simcse_sup", model, 32, "auto", device)
     )
@@ -128,12 +133,53 @@ def study_parts(small: str, gpu: bool) -> dict[str, Any]:
     return parts
 
 
-def epoch_seconds(train: dict[str, Any]) -> float | None:
-    """One SimCSE-sup epoch from a batch's rows per second (clsr side)."""
+def eval_and_checkpoint(model: str, device: str) -> dict[str, Any]:
+    """Seconds of what a training epoch does besides its steps, at each ``eval_steps``: one STS-B dev
+    evaluation (1,500 pairs, the trial's precision) and one checkpoint (model, AdamW state, best weights:
+    what ``clsr.train.loop.save_checkpoint`` writes), with the bytes written."""
+    import shutil
+    import time
+
+    import torch
+
+    from clsr.bench import synchronize
+    from clsr.encoders.precision import resolved_precision
+    from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+    from clsr.eval.embed import transformer_embedder
+    from clsr.eval.sts import evaluate_sts
+    from clsr.train.loop import save_checkpoint
+
+    dev = resolve_device(device)
+    encoder = TransformerEncoder(ModelConfig(name=model, pooling="cls")).to(dev)
+    optimizer = torch.optim.AdamW(encoder.parameters(), lr=1e-5)
+    encoder(torch.ones(2, 8, dtype=torch.long, device=dev), torch.ones(2, 8, device=dev)).sum().backward()
+    optimizer.step()  # AdamW's moments exist, as in a checkpoint after the first step
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    embed = transformer_embedder(encoder, load_tokenizer(model), 128, resolved_precision("auto", dev))
+    started = time.perf_counter()
+    evaluate_sts(embed, ["stsb"], "dev", None)
+    synchronize(dev)
+    eval_s = time.perf_counter() - started
+    best = {k: v.detach().clone() for k, v in encoder.state_dict().items()}
+    started = time.perf_counter()
+    folder = save_checkpoint(encoder, optimizer, scheduler, {"step": 1}, best, dev)
+    checkpoint_s = time.perf_counter() - started
+    written = sum(f.stat().st_size for f in folder.iterdir())
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"dev_eval_s": eval_s, "checkpoint_s": checkpoint_s, "checkpoint_bytes": written}
+
+
+def epoch_seconds(train: dict[str, Any], extras: dict[str, Any] | None = None) -> float | None:
+    """One SimCSE-sup epoch (clsr side): its steps at the measured rows per second, plus an STS-B dev
+    evaluation and a checkpoint every ``SIMCSE_SUP_EVAL_STEPS`` steps (and at the end) when measured."""
     if "clsr" not in train:
         return None
     rows_per_s = train["clsr"]["sentences_per_s"] / len(train["columns"])
-    return SIMCSE_SUP_TRIPLETS / rows_per_s
+    seconds = SIMCSE_SUP_TRIPLETS / rows_per_s
+    if extras and "dev_eval_s" in extras:
+        evaluations = -(-SIMCSE_SUP_TRIPLETS // (train["batch"] * SIMCSE_SUP_EVAL_STEPS))
+        seconds += evaluations * (extras["dev_eval_s"] + extras["checkpoint_s"])
+    return seconds
 
 
 def target_rows(f: dict[str, Any]) -> list[list[Any]]:
@@ -150,12 +196,12 @@ def target_rows(f: dict[str, Any]) -> list[list[Any]]:
         rows += [["STS eval time vs ST", f"≤ {TARGETS['cpu_sts_eval_ratio']}", sts]]
     else:
         train = ratio("train_simcse_sup_bert_base_b512", "ratio_clsr_over_st")
-        epoch = epoch_seconds(f.get("train_simcse_sup_bert_base_b512", {}))
+        epoch = epoch_seconds(f.get("train_simcse_sup_bert_base_b512", {}), f.get("eval_and_checkpoint"))
         study = f.get("study_gclsr", {}).get("wall_s")
         rows += [["simcse_sup BERT-base b512 bf16 speed vs ST", f"≥ {TARGETS['gpu_train_ratio']}", train]]
         rows += [
             [
-                f"SimCSE-sup epoch ({SIMCSE_SUP_TRIPLETS:,} triplets), s",
+                f"SimCSE-sup epoch ({SIMCSE_SUP_TRIPLETS:,} triplets, evaluations and checkpoints), s",
                 f"≤ {TARGETS['gpu_epoch_s']:.0f}",
                 epoch,
             ]
@@ -169,6 +215,13 @@ def target_rows(f: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+def format_eval_and_checkpoint(part: dict[str, Any]) -> str:
+    return (
+        f"STS-B dev evaluation {part['dev_eval_s']:.1f} s; checkpoint {part['checkpoint_s']:.1f} s, "
+        f"{part['checkpoint_bytes'] / 2**20:,.0f} MiB written (model, AdamW state, best weights)"
+    )
+
+
 def format_suite(f: dict[str, Any]) -> str:
     from clsr.bench.memory import format_memory
     from clsr.bench.sts_eval import format_sts_eval
@@ -176,7 +229,7 @@ def format_suite(f: dict[str, Any]) -> str:
     from clsr.bench.train import format_train
 
     formats = {"train": format_train, "memory": format_memory, "sts_eval": format_sts_eval}
-    formats |= {"study": format_study}
+    formats |= {"study": format_study, "eval_and_checkpoint": format_eval_and_checkpoint}
     out = []
     for name, part in f.items():
         kind = next((k for k in formats if name.startswith(k)), None)
