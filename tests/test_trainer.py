@@ -131,3 +131,50 @@ def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(
     assert run.data.tags["clsr.eval_only"] == "true"
     assert run.data.metrics["test_stsb"] == final["test_stsb"]
     assert not {"loss", "lr", "grad_norm", "loss_avg", "samples_per_s"} & set(run.data.metrics)
+
+
+def test_checkpoint_every_n_evaluations_and_always_at_the_last(data_dir, tmp_path):
+    session = LocalSession(tmp_path / "c")
+    final = fit(tiny_trial(max_steps=5, eval_steps=1, checkpoint_every=2), session)
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["step_2", "step_4", "step_5"]
+    assert [r["step"] for r in session.reports] == [1, 2, 3, 4, 5, 5]
+    saved = torch.load(session.latest / "state.pt", weights_only=True)
+    assert saved["evaluations"] == 5 and saved["step"] == 5
+    # what checkpointing cost the trial is a metric of its run
+    sizes = sum(
+        f.stat().st_size for step in ("step_2", "step_4", "step_5") for f in (tmp_path / "c" / step).iterdir()
+    )
+    assert final["trial_checkpoint_bytes"] == sizes and final["trial_checkpoint_s"] > 0
+
+
+def test_frozen_parameters_stay_out_of_checkpoints_and_are_rebuilt(tmp_path):
+    """GCLSR's frozen word table (gigabytes for word2vec) is rebuilt from the config, not saved."""
+    from torch import nn
+
+    from clsr.train.loop import load_checkpoint, save_checkpoint, trained_state
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Embedding.from_pretrained(torch.randn(50, 4)), nn.Linear(4, 2))
+        return net
+
+    trained = model()
+    optimizer = torch.optim.AdamW([p for p in trained.parameters() if p.requires_grad])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    with torch.no_grad():
+        trained[1].weight.add_(1.0)
+    best = {k: v.clone() for k, v in trained_state(trained).items()}
+    assert set(best) == {"1.weight", "1.bias"}  # the frozen table is not in it
+    folder = save_checkpoint(trained, optimizer, scheduler, {"step": 3}, best)
+    saved = torch.load(folder / "state.pt", weights_only=True)
+    assert set(saved["model"]) == {"1.weight", "1.bias"}
+    fresh = model()  # build_model rebuilds the same table
+    got_best = load_checkpoint(folder, fresh, optimizer, scheduler, {}, type("S", (), {"rank": 0}), 0)
+    assert torch.equal(fresh[1].weight, trained[1].weight) and torch.equal(fresh[0].weight, trained[0].weight)
+    assert set(got_best) == {"1.weight", "1.bias"}
+    unfrozen = nn.Sequential(nn.Embedding(50, 4), nn.Linear(4, 2))  # a trainable table must be in it
+    try:
+        load_checkpoint(folder, unfrozen, optimizer, scheduler, {}, type("S", (), {"rank": 0}), 0)
+        raise AssertionError("a checkpoint without a trainable parameter loaded")
+    except RuntimeError as err:
+        assert "missing ['0.weight']" in str(err)

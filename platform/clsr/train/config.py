@@ -186,6 +186,13 @@ class TrainerConfig(Section):
     log_every: int = Field(
         10, ge=1, le=MAX_STEPS, description="send per-step metrics to MLflow every N steps"
     )
+    checkpoint_every: int = Field(
+        1,
+        ge=1,
+        le=MAX_STEPS,
+        description="write the resumable checkpoint at every N-th evaluation (and always at the last); "
+        "a lost worker resumes from the last one written",
+    )
     seed: Seed = Field(42, description="0 <= seed < 2**32")
 
     @model_validator(mode="after")

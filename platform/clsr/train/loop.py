@@ -9,7 +9,6 @@ weights (the SimCSE protocol) and logs to MLflow; every rank reports to Ray Trai
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import shutil
 import tempfile
@@ -149,6 +148,28 @@ class Evaluator:
         return metrics
 
 
+def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state a checkpoint keeps: everything but its frozen parameters (GCLSR's word table,
+    gigabytes for word2vec), which ``build_model`` rebuilds from the trial's config on a resume."""
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    return {k: v for k, v in model.state_dict().items() if k not in frozen}
+
+
+def load_trained_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load what ``trained_state`` kept; only frozen parameters may be missing."""
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - frozen:
+        raise RuntimeError(
+            f"the checkpoint does not fit the model: missing {sorted(set(missing) - frozen)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}; was it written by a trial of another model config?"
+        )
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+
+
 def save_checkpoint(
     model: nn.Module,
     optimizer,
@@ -164,7 +185,7 @@ def save_checkpoint(
     folder = Path(tempfile.mkdtemp(prefix="clsr-ckpt-"))
     try:
         saved = {
-            "model": unwrap(model).state_dict(),
+            "model": trained_state(unwrap(model)),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "rng": rng_state(device),
@@ -197,7 +218,7 @@ def load_checkpoint(
 
     Files are checked against the folder's manifest and loaded as tensors and plain data only."""
     saved = checkpoint_files.load_tensors(folder / "state.pt")
-    unwrap(model).load_state_dict(saved.pop("model"))
+    load_trained_state(unwrap(model), saved.pop("model"))
     optimizer.load_state_dict(saved.pop("optimizer"))
     scheduler.load_state_dict(saved.pop("scheduler"))
     scaler_state = saved.pop("grad_scaler", None)
@@ -362,16 +383,24 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
             if select_key in metrics and metrics[select_key] > state["best_score"]:
                 state["best_score"], state["best_step"] = metrics[select_key], step
                 state["best_dev"] = dev_scores(metrics)
-                best_weights = copy.deepcopy({k: v.cpu() for k, v in unwrap(model).state_dict().items()})
+                # a copy on the model's device (no host round trip), without the frozen tensors
+                best_weights = {k: v.detach().clone() for k, v in trained_state(unwrap(model)).items()}
             if best_weights is not None:
                 metrics[f"best_{select_key}"] = state["best_score"]
             metrics["samples_per_s"] = step * t.batch_size / (time.perf_counter() - started)
             logger.log({k: v for k, v in metrics.items() if k != "step"}, step)
             logger.flush()
-            checkpoint = save_checkpoint(
-                model, optimizer, scheduler, state, best_weights, device, grad_scaler
-            )
-            logger.save_to(checkpoint)  # a retry elsewhere sends what MLflow has not taken yet
+            state["evaluations"] = state.get("evaluations", 0) + 1
+            # every checkpoint_every-th evaluation, and the last one (a test evaluation cut short resumes
+            # from there, not from an earlier step)
+            if state["evaluations"] % t.checkpoint_every == 0 or step == total_steps or stalled:
+                written = time.perf_counter()
+                checkpoint = save_checkpoint(
+                    model, optimizer, scheduler, state, best_weights, device, grad_scaler
+                )
+                state["checkpoint_s"] = state.get("checkpoint_s", 0.0) + time.perf_counter() - written
+                state["checkpoint_bytes"] = state.get("checkpoint_bytes", 0) + folder_bytes(checkpoint)
+                logger.save_to(checkpoint)  # a retry elsewhere sends what MLflow has not taken yet
         session.report(metrics, checkpoint)
         if checkpoint is not None:  # Ray has copied it to the run's storage (LocalSession moved it)
             shutil.rmtree(checkpoint, ignore_errors=True)
@@ -418,10 +447,15 @@ def finish(model, state, best_weights, evaluator, logger, session, clock: TrialC
     final: dict[str, float] = {"step": state["step"], "finished": 1}  # not "done": Tune would end the trial
     if "loss_avg" in state:
         final["loss_avg"] = state["loss_avg"]
+    if "checkpoint_s" in state:  # what checkpoints cost this trial (written on rank 0)
+        final |= {
+            "trial_checkpoint_s": state["checkpoint_s"],
+            "trial_checkpoint_bytes": state["checkpoint_bytes"],
+        }
     clock.stop_training(session)  # every rank, before rank 0 evaluates alone
     if evaluator is not None:
         if best_weights is not None:
-            unwrap(model).load_state_dict(best_weights)
+            load_trained_state(unwrap(model), best_weights)
         final |= evaluator.final(model)
         evaluator.artifacts(model, "final", logger)
         if state["best_score"] > -math.inf:  # a dev score picked the weights (step 0: the starting model)
