@@ -92,6 +92,8 @@ def run_study_bench(
                     "batch": int(run.data.params.get("trainer.batch_size", 0)),
                     "run_s": (end - run.info.start_time) / 1000,
                     "trial_wall_s": run.data.metrics.get("trial_wall_s"),
+                    "checkpoint_s": run.data.metrics.get("trial_checkpoint_s"),
+                    "checkpoint_mib": (run.data.metrics.get("trial_checkpoint_bytes") or 0) / 2**20 or None,
                     **step_times(client, run),
                     "interval": (run.info.start_time / 1000, end / 1000),
                 }
@@ -118,7 +120,8 @@ def run_study_bench(
 
 def format_study(f: dict[str, Any]) -> str:
     table = format_table(
-        ["trial", "status", "steps", "batch", "run s", "trial_wall_s", "loop s", "steps s", "outside steps"],
+        ["trial", "status", "steps", "batch", "run s", "trial_wall_s", "loop s", "steps s", "outside steps"]
+        + ["ckpt s", "ckpt MiB"],
         [
             [
                 t["run"],
@@ -130,6 +133,8 @@ def format_study(f: dict[str, Any]) -> str:
                 t["loop_s"],
                 t["step_s"],
                 f"{1 - t['step_s'] / t['run_s']:.0%}" if t["step_s"] and t["run_s"] else None,
+                t.get("checkpoint_s"),
+                t.get("checkpoint_mib"),
             ]
             for t in f["per_trial"]
         ],
@@ -145,6 +150,8 @@ def format_study(f: dict[str, Any]) -> str:
             f"outside training steps: {f['outside_steps_fraction']:.0%} of wall × {f['trials_at_once']} "
             f"(start-up, data, evaluation, checkpoints, logging); outside the training loop: "
             f"{f['outside_loop_fraction']:.0%}",
+            "ckpt s / MiB: seconds spent writing checkpoints and what they wrote, per trial "
+            "(trial_checkpoint_s/_bytes). "
             "run s: the trial's MLflow run from open to close (Ray Train start-up included); loop s: step × "
             "batch / samples_per_s at the last evaluation (dev evaluations inside); steps s: mean clean "
             "gap between per-step loss stamps × steps.",
