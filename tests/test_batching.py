@@ -31,6 +31,32 @@ def test_collate_lays_out_rows_then_views_and_pads_to_the_longest():
     assert batch["num_rows"] == 2 and batch["input_ids"].dtype == torch.long
 
 
+def reference_collate(rows, views, tokenizer, max_length, indices):
+    """The batch built one sentence at a time (what collate did before its padded tables)."""
+    sequences = [
+        tokenizer([rows[i][v]], max_length=max_length)["input_ids"][0] for i in indices for v in views
+    ]
+    longest = max(len(s) for s in sequences)
+    ids = [s + [tokenizer.pad_token_id] * (longest - len(s)) for s in sequences]
+    return ids, [[1] * len(s) + [0] * (longest - len(s)) for s in sequences]
+
+
+def test_collate_from_padded_tables_equals_building_the_batch_sentence_by_sentence(data_dir):
+    from clsr.data.catalog import load_rows
+    from clsr.encoders.transformer import load_tokenizer
+
+    rows = load_rows("nli_triplets", data_dir, max_rows=200, seed=0)
+    tokenizer = load_tokenizer("minilm")
+    views = ("anchor", "positive", "negative")
+    batcher = TextViewBatcher(rows, views, tokenizer, max_length=24)
+    assert batcher.tokens["anchor"].dtype == torch.int32 and batcher.tokens["anchor"].shape[0] == 200
+    for indices in ([5, 3, 199, 0], list(range(100, 164)), [7]):
+        batch = batcher.collate(indices)
+        ids, mask = reference_collate(rows, views, tokenizer, 24, indices)
+        assert batch["input_ids"].tolist() == ids and batch["attention_mask"].tolist() == mask
+        assert batch["input_ids"].dtype == batch["attention_mask"].dtype == torch.long
+
+
 def test_no_duplicate_batches_never_repeat_a_text_in_a_batch():
     rows = [{"anchor": f"s{i % 3}", "positive": f"p{i}"} for i in range(12)]
     for batch in no_duplicate_batches(rows, ("anchor", "positive"), batch_size=3, epoch=0, seed=0):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,10 @@ class TextViewBatcher:
     Sentences of a batch are laid out row-major: row 0 view 0, row 0 view 1, ..., so that the pooled
     output reshapes to ``(rows, views, dim)``. With ``length_group_size`` the batch tells the encoder to
     run its sentences in groups of similar length (``TransformerEncoder.forward``).
+
+    Each column is tokenised once (the fast tokenizer encodes the list in one call, on its own threads)
+    and padded once into a contiguous int32 table with the lengths beside it, so that ``collate`` is
+    tensor indexing: building a batch one sentence at a time in Python took 88 ms for 512 triplets.
     """
 
     def __init__(
@@ -36,24 +41,36 @@ class TextViewBatcher:
         self.length_group_size = length_group_size  # the encoder's length groups (trainer.length_group_size)
         self.num_rows = len(rows)
         self.pad_id = tokenizer.pad_token_id or 0
-        self.ids: dict[str, list[list[int]]] = {}
-        for column in dict.fromkeys(self.views):
-            texts = [row[column] for row in rows]
-            encoded = tokenizer(texts, truncation=True, max_length=max_length, add_special_tokens=True)
-            self.ids[column] = encoded["input_ids"]
+        encoded = {
+            column: tokenizer([row[column] for row in rows], truncation=True, max_length=max_length)[
+                "input_ids"
+            ]
+            for column in dict.fromkeys(self.views)
+        }
+        width = max((len(ids) for column in encoded.values() for ids in column), default=1)
+        self.tokens: dict[str, torch.Tensor] = {}  # column -> (rows, width) int32, padded with pad_id
+        self.lengths: dict[str, torch.Tensor] = {}  # column -> (rows,) int64
+        for column, sequences in encoded.items():
+            lengths = np.fromiter((len(ids) for ids in sequences), dtype=np.int64, count=len(sequences))
+            table = np.full((len(sequences), width), self.pad_id, dtype=np.int32)
+            # row-major: the True cells of the mask, in order, are the concatenated sequences
+            table[np.arange(width) < lengths[:, None]] = np.fromiter(
+                itertools.chain.from_iterable(sequences), dtype=np.int32, count=int(lengths.sum())
+            )
+            self.tokens[column] = torch.from_numpy(table)
+            self.lengths[column] = torch.from_numpy(lengths)
 
     def __len__(self) -> int:
         return self.num_rows
 
     def collate(self, indices: Sequence[int]) -> dict[str, Any]:
-        sequences = [self.ids[view][i] for i in indices for view in self.views]
-        longest = max(len(s) for s in sequences)
-        input_ids = torch.full((len(sequences), longest), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(sequences), longest), dtype=torch.long)
-        for row, seq in enumerate(sequences):
-            input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            attention_mask[row, : len(seq)] = 1
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "num_rows": len(indices)}
+        rows = torch.as_tensor(list(indices), dtype=torch.long)
+        lengths = torch.stack([self.lengths[view][rows] for view in self.views], dim=1).reshape(-1)
+        longest = int(lengths.max())
+        input_ids = torch.stack([self.tokens[view][rows, :longest] for view in self.views], dim=1)
+        input_ids = input_ids.reshape(-1, longest).long()
+        attention_mask = (torch.arange(longest) < lengths[:, None]).long()
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "num_rows": len(rows)}
         return batch | ({"length_group_size": self.length_group_size} if self.length_group_size else {})
 
 

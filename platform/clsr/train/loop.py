@@ -148,6 +148,16 @@ class Evaluator:
         return metrics
 
 
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The batch's tensors on ``device``; to a GPU from pinned host memory without blocking, so the
+    copy overlaps the work queued before it (the host does not wait for the GPU between steps)."""
+    if device.type != "cuda":
+        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    return {
+        k: v.pin_memory().to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
+    }
+
+
 def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's state a checkpoint keeps: everything but its frozen parameters (GCLSR's word table,
     gigabytes for word2vec), which ``build_model`` rebuilds from the trial's config on a resume."""
@@ -321,7 +331,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
         for start in range(0, t.batch_size, micro_rows):
             micro = global_batch[start : start + micro_rows]
             mine = micro[session.rank * local_rows : (session.rank + 1) * local_rows]
-            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batcher.collate(mine).items()}
+            batch = to_device(batcher.collate(mine), device)
             last_micro = start + micro_rows >= t.batch_size
             if t.gradcache_chunk_rows:  # the same loss and step, encoded a chunk of rows at a time
                 loss = gradcache_backward(
