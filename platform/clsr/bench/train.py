@@ -85,6 +85,7 @@ class PlatformStep:
         started = time.perf_counter()
         self.batcher = self.method.prepare_rows(rows, pipeline, trial)  # tokenised once per trial
         self.tokenise_s = time.perf_counter() - started
+        self.collate_s: list[float] = []  # per step: building the batch from the token tables
         self.model = compiled(self.method.build_model(trial.model, pipeline), t).to(device)
         self.optimizer = build_optimizer(
             self.model, t, self.method.param_group_lrs(), self.method.fixed_lr_prefixes()
@@ -107,7 +108,9 @@ class PlatformStep:
         from clsr.train.gradcache import gradcache_backward
 
         t = self.trial.trainer
+        started = time.perf_counter()
         cpu_batch = self.batcher.collate(indices)
+        self.collate_s.append(time.perf_counter() - started)
         mask = cpu_batch["attention_mask"]
         tokens = (int(mask.sum()), grouped_width_tokens(mask, cpu_batch.get("length_group_size")))
         batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in cpu_batch.items()}
@@ -334,6 +337,7 @@ def run_train(
     group = clsr_step.trial.trainer.resolved_length_group_size()
     clsr_attention = clsr_step.model.backbone.config._attn_implementation  # what the model runs
     tokenise_s = clsr_step.tokenise_s
+    collate_ms = 1000 * sum(clsr_step.collate_s[warmup:]) / max(len(clsr_step.collate_s[warmup:]), 1)
     del clsr_step
     gc.collect()
     if dev.type == "cuda":
@@ -368,6 +372,7 @@ def run_train(
         "params_non_embedding": dense,
         "peak_bf16_flops": peak,
         "clsr_tokenise_once_s": tokenise_s,
+        "clsr_collate_ms_per_step": collate_ms,
         "clsr_tokenised_rows": len(rows),
         "clsr": clsr,
         "sentence_transformers": st,
@@ -413,7 +418,8 @@ def format_train(f: dict[str, Any]) -> str:
             f"ratio clsr / sentence-transformers (sentences/s): {f['ratio_clsr_over_st']:.2f}",
             f"note: sentence-transformers tokenises every batch in the timed step (its data collator); clsr "
             f"tokenises every row once per trial, outside the step ({f['clsr_tokenised_rows']} rows in "
-            f"{f['clsr_tokenise_once_s']:.2f} s, not in the figures above).",
+            f"{f['clsr_tokenise_once_s']:.2f} s, not in the figures above); building a batch from its "
+            f"token tables (collate, inside the step) took {f.get('clsr_collate_ms_per_step', 0):.2f} ms a step.",
             "note: clsr encodes all columns in one forward pass, "
             + (
                 f"sorted by length in groups of {f['length_group_size']} sentences, each padded to its own "
