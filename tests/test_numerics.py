@@ -169,3 +169,26 @@ def test_step_metrics_are_read_back_a_window_at_a_time_and_divergence_names_its_
     pending.add(16, torch.tensor(float("inf")), None, 0.1, 0.9)
     with pytest.raises(FloatingPointError, match=r"^loss became nan at step 15; lower trainer.lr$"):
         pending.read()
+
+
+def test_flash_attention_is_refused_where_no_gpu_runs_it(tmp_path):
+    from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+    from clsr.study.schema import StudyError, study_from_dict
+
+    doc = {
+        "name": "fa2",
+        "method": "simcse_unsup",
+        "base": {"model": {"name": "minilm", "attention": "flash_attention_2"}},
+        "ablations": {"t": {"grid": {"method.temperature": [0.05]}, "reference": "0.05"}},
+    }
+    with pytest.raises(StudyError) as caught:
+        study_from_dict(doc, "fa2.yaml", tmp_path)
+    assert caught.value.problems == [
+        "ablations.t[method.temperature=0.05].model.attention: flash_attention_2 runs on CUDA GPUs only, and resources.gpus_per_worker is 0 "
+        "(given: 'flash_attention_2'; allowed here: sdpa, eager); give the trials GPUs or use sdpa"
+    ]
+    doc["resources"] = {"gpus_per_worker": 1}
+    study_from_dict(doc, "fa2.yaml", tmp_path)  # a GPU study may ask for it
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs a CUDA GPU, and this trial runs on the CPU; use sdpa"):
+            TransformerEncoder(ModelConfig(name="minilm", attention="flash_attention_2"))

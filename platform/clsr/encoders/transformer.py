@@ -41,10 +41,11 @@ class ModelConfig(BaseModel):
     drophead: float | None = Field(
         None, description="DropHead (Zhou et al. 2020): drop whole attention heads in training, p per head"
     )
-    attention: Literal["sdpa", "eager"] | None = Field(
+    attention: Literal["sdpa", "eager", "flash_attention_2"] | None = Field(
         None,
-        description="attention kernel: PyTorch's scaled_dot_product_attention (sdpa) or the plain "
-        "matmul-softmax (eager); None: transformers' default for the model (sdpa where supported)",
+        description="attention kernel: PyTorch's scaled_dot_product_attention (sdpa), the plain "
+        "matmul-softmax (eager) or FlashAttention-2 (flash_attention_2: CUDA GPUs with the flash-attn "
+        "package); None: transformers' default for the model (sdpa where supported)",
     )
     init_checkpoint: str | None = Field(
         None,
@@ -72,6 +73,22 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
         raise describe_load_failure(name, err) from err
 
 
+def check_flash_attention() -> None:
+    """FlashAttention-2 runs on CUDA GPUs with the ``flash-attn`` package only: say so before loading."""
+    import importlib.util
+
+    if not torch.cuda.is_available():
+        raise ValueError(
+            "model.attention flash_attention_2 needs a CUDA GPU, and this trial runs on the CPU; use "
+            "sdpa (PyTorch's fused attention) here, or give the study GPUs (resources.gpus_per_worker: 1)"
+        )
+    if importlib.util.find_spec("flash_attn") is None:
+        raise ValueError(
+            "model.attention flash_attention_2 needs the flash-attn package (pip install flash-attn "
+            "--no-build-isolation, built for this torch and CUDA); or use sdpa"
+        )
+
+
 def _load_backbone(
     name: str, dropout: float | None, attention_dropout: float | None = None, attention: str | None = None
 ) -> nn.Module:
@@ -94,6 +111,8 @@ def _load_backbone(
         for attr in attrs:
             setattr(config, attr, attention_dropout)
     kwargs: dict[str, Any] = {"config": config}
+    if attention == "flash_attention_2":
+        check_flash_attention()
     if attention is not None:
         kwargs["attn_implementation"] = attention
     hf_logging.set_verbosity_error()  # the load report lists BERT's unused pretrained pooler: expected

@@ -747,6 +747,7 @@ def _check_trials(study: Study) -> list[str]:
             per_trial += [(where, p.removeprefix(where)) for p in found]
             if not found:
                 per_trial += [(where, rest) for rest in _metric_problems(study, name, point, seed)]
+                per_trial += [(where, rest) for rest in _device_problems(study, name, point, seed)]
     base = _format_pydantic_or_none(lambda: resolve_trial(study, None, {}, study.seeds[0]), "base.")
     shared = [p.removeprefix("base") for p in base]
     shared = [p for p in shared if any(p == rest for _, rest in per_trial)]
@@ -755,6 +756,20 @@ def _check_trials(study: Study) -> list[str]:
         + [f"base{p}" for p in shared]
         + [where + rest for where, rest in per_trial if rest not in shared]
     )
+
+
+def _device_problems(study: Study, ablation: str, point: dict[str, Any], seed: int) -> list[str]:
+    """A GPU-only setting in a study whose trials get no GPU fails now, not on the cluster."""
+    trial = resolve_trial(study, ablation, point["overrides"], seed)
+    if (
+        getattr(trial.model, "attention", None) == "flash_attention_2"
+        and study.resources.gpus_per_worker == 0
+    ):
+        return [
+            ".model.attention: flash_attention_2 runs on CUDA GPUs only, and resources.gpus_per_worker is 0 "
+            "(given: 'flash_attention_2'; allowed here: sdpa, eager); give the trials GPUs or use sdpa"
+        ]
+    return []
 
 
 def _metric_problems(study: Study, ablation: str, point: dict[str, Any], seed: int) -> list[str]:
