@@ -377,8 +377,10 @@ def test_final_evaluation_of_the_training_loop_runs_faq(tiny_root: Path) -> None
     cfg = EvalConfig(tasks=["stackfaq"], alignment_uniformity=False, dev_tasks=[])
     from clsr.train.config import DataConfig
 
-    trial = SimpleNamespace(eval=cfg, data=DataConfig(data_dir=str(tiny_root)))
-    method = SimpleNamespace(make_embedder=lambda model, pipeline, batch_size: keyword_embedder())
+    trial = SimpleNamespace(
+        eval=cfg, data=DataConfig(data_dir=str(tiny_root)), trainer=SimpleNamespace(precision="auto")
+    )
+    method = SimpleNamespace(make_embedder=lambda model, pipeline, batch_size, precision: keyword_embedder())
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a named data set that is present: no skip warning
         metrics = Evaluator(trial, method, pipeline=None).final(model=object())
@@ -483,7 +485,9 @@ def test_an_faq_fold_gives_pairs_so_a_method_needing_negatives_is_refused_at_val
         "data": {"train": "faq:stackfaq", "fold": 0},
         "eval": {"dev_tasks": ["faq"], "select_on": "faq", "tasks": ["stackfaq"]},
     }
-    with pytest.raises(ValidationError, match="'faq:stackfaq' lacks columns \\['negative'\\].*hard_negatives: false"):
+    with pytest.raises(
+        ValidationError, match="'faq:stackfaq' lacks columns \\['negative'\\].*hard_negatives: false"
+    ):
         TrialConfig.model_validate(doc | {"method": {"name": "rcl", "phis": []}})
     trial = TrialConfig.model_validate(doc | {"method": {"name": "rcl", "phis": [], "hard_negatives": False}})
     assert trial.data.faq_set() == "stackfaq" and trial.data.fold == 0

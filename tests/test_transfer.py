@@ -248,8 +248,10 @@ def test_final_evaluation_of_the_training_loop_runs_transfer_tasks(tiny_root: Pa
     from clsr.train.loop import Evaluator
 
     cfg = EvalConfig(tasks=["mr", "mrpc"], transfer_mode="fast", alignment_uniformity=False, dev_tasks=[])
-    trial = SimpleNamespace(eval=cfg, data=SimpleNamespace(data_dir=str(tiny_root)))
-    method = SimpleNamespace(make_embedder=lambda model, pipeline, batch_size: keyword_embedder())
+    trial = SimpleNamespace(
+        eval=cfg, data=SimpleNamespace(data_dir=str(tiny_root)), trainer=SimpleNamespace(precision="auto")
+    )
+    method = SimpleNamespace(make_embedder=lambda model, pipeline, batch_size, precision: keyword_embedder())
     metrics = Evaluator(trial, method, pipeline=None).final(model=object())
     assert metrics == {
         "test_mr": 100.0,
