@@ -112,7 +112,7 @@ def test_full_study_validates_with_stages_and_paper_numbers():
     smoke = load_study(STUDY, smoke=True)
     assert all(a.reference for a in smoke.ablations.values())
     assert stages(smoke) == [
-        ["entropy_models", "attention_dropout", "drophead", "faq_eq1"],
+        ["entropy_models", "faq_eq1"],
         ["regulators", "faq_entropy_models"],
         ["faq_rcl"],
     ]

@@ -55,7 +55,8 @@ def test_ctrl_c_twice_records_interrupted_and_resume_finishes_without_duplicates
     """Ctrl-C (twice) to the driver's process group: exit 130, nothing unfinished marked finished; a
     second driver is refused meanwhile; an edited file is refused on resume with its changes; resume
     finishes with one run per trial; --allow-changes runs only what changed."""
-    trainer = {"max_steps": 150, "eval_steps": 10, "log_every": 5}
+    # long enough that the trials are still training after the second driver's refusal (~10 s)
+    trainer = {"max_steps": 400, "eval_steps": 10, "log_every": 5}
     study_file, uri = tiny_study(tmp_path, "record", trainer, LR_GRID, **IN_PROCESS)
     proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri, start_new_session=True)
     wait_for(checkpointed(tmp_path), proc, "the first checkpoint")
@@ -189,7 +190,7 @@ def test_a_trial_past_its_time_limit_and_a_diverging_trial_end_once_while_the_ot
 
 # --- a tracking-server outage longer than MLflow's own retries ----------------------------------------
 
-OUTAGE_S = 90  # well past the MLflow client's retries, which the test shortens to about 10 s (below)
+OUTAGE_S = 45  # well past the MLflow client's retries, which the test shortens to about 7 s (below)
 CLIENT_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 
 
@@ -262,7 +263,7 @@ def test_a_tracking_server_outage_past_mlflows_retries_loses_no_trial_and_no_num
     """Stop the MLflow server mid-study for longer than its client's retries, with the trials finishing
     meanwhile; start it again on the same store: the study finishes, and each trial has every metric
     point, param and tag a clean run has, none twice. The client's retries (about two minutes by default)
-    are shortened to about 10 s, so a 90 s outage is well past them."""
+    are shortened to about 7 s (1 + 2 + 4 s of back-off), so a 45 s outage is well past them."""
     for key, value in CLIENT_RETRIES.items():
         monkeypatch.setenv(key, value)  # the study's processes (driver, Ray, trials) inherit them
     server = MlflowServer(tmp_path)
