@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from clsr.encoders.trained import is_checkpoint, load_trained_encoder
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder
 from clsr.study.runner import expand_trials, experiments, ready_trials, shared_inputs
-from clsr.study.schema import StudyError, grid_points, resolve_trial, stages, study_from_dict
+from clsr.study.schema import StudyError, grid_points, resolve_trial, stages, study_from_dict, trial_document
 from clsr.tracking.study_runs import (
     CHECKPOINT_TAG,
     close_run,
@@ -251,6 +251,8 @@ def per_fold(**changes: Any):
 def test_match_chains_each_point_to_the_upstream_points_that_share_its_keys():
     s = per_fold()
     assert stages(s) == [["eq1"], ["entropy"], ["rcl"]]
+    # the ablation's base document (the study record's summary) has no point to match: it still resolves
+    assert trial_document(s, "rcl", {}, 1)["method"]["entropy_models"]
     entropy = resolve_trial(s, "entropy", {"trainer.lr": 2e-5, "method.phi": 0.01}, 1)
     assert (
         entropy.model.init_checkpoint

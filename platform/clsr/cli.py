@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {mask_uri(str(err))}", file=sys.stderr)
         return 2
     except LookupError as err:  # a missing earlier run, or a missing upstream output
-        if isinstance(err, KeyError):  # a bug, not a user error: keep the traceback
+        if isinstance(err, KeyError | IndexError):  # a bug, not a user error: keep the traceback
             raise
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -513,10 +513,11 @@ def need_values(
 
 
 def upstream_points(study: Study, need: Need, overrides: dict[str, Any]) -> list[dict[str, Any]]:
-    """The upstream points a trial of point ``overrides`` may use: those that agree on ``need.match``
-    (the ablation's grid sets every match key; validation checks it)."""
+    """The upstream points a trial of point ``overrides`` may use: those that agree on the ``need.match``
+    keys the point sets (every point sets them all: validation checks it; the ablation's base document,
+    which has no point, sees every upstream point)."""
     points = grid_points(study.ablations[need.ablation])
-    wanted = {k: overrides.get(k) for k in need.match}
+    wanted = {k: overrides[k] for k in need.match if k in overrides}
     return [p for p in points if all(p["overrides"].get(k) == v for k, v in wanted.items())]
 
 
