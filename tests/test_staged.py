@@ -184,16 +184,25 @@ def test_outputs_are_read_back_from_mlflow_and_skipped_trials_are_recorded(tmp_p
     assert skipped[0].data.tags["clsr.error"].startswith("upstream trials without a checkpoint")
 
 
+def write_checkpoint(folder: Path, last: dict, best: dict) -> Path:
+    """A trainer checkpoint folder as the loop writes it: ``state.pt`` (last weights and more) and
+    ``best_model.pt`` (the best-dev weights)."""
+    folder.mkdir()
+    torch.save({"model": last, "optimizer": {}, "step": 3}, folder / "state.pt")
+    torch.save(best, folder / "best_model.pt")
+    return folder
+
+
 def test_a_trained_encoder_loads_from_a_checkpoint_folder_file_or_uri(tmp_path):
     cfg = ModelConfig(name="minilm", pooling="avg", max_seq_length=16)
     trained = TransformerEncoder(cfg)
     with torch.no_grad():
         trained.backbone.embeddings.word_embeddings.weight.mul_(2)
-    folder = tmp_path / "checkpoint_000003"
-    folder.mkdir()
-    torch.save({"model": trained.state_dict(), "optimizer": {}, "step": 3}, folder / "state.pt")
-    best = {k: v * 0 for k, v in trained.state_dict().items()}
-    torch.save(best, folder / "best_model.pt")
+    folder = write_checkpoint(
+        tmp_path / "checkpoint_000003",
+        trained.state_dict(),
+        {k: v * 0 for k, v in trained.state_dict().items()},
+    )
 
     assert is_checkpoint(str(folder)) and is_checkpoint("s3://b/c") and not is_checkpoint("minilm")
     expected = trained.backbone.embeddings.word_embeddings.weight
@@ -299,10 +308,11 @@ def test_a_trial_starts_from_an_upstream_checkpoint_with_model_init_checkpoint(t
     trained = TransformerEncoder(cfg)
     with torch.no_grad():
         trained.backbone.embeddings.word_embeddings.weight.mul_(3)
-    folder = tmp_path / "checkpoint_000002"
-    folder.mkdir()
-    torch.save({"model": {k: v * 0 for k, v in trained.state_dict().items()}}, folder / "state.pt")
-    torch.save(trained.state_dict(), folder / "best_model.pt")
+    folder = write_checkpoint(
+        tmp_path / "checkpoint_000002",
+        {k: v * 0 for k, v in trained.state_dict().items()},
+        trained.state_dict(),
+    )
     rcl = get_method("rcl")
     method = rcl(rcl.Config(phis=[]))
     start = cfg.model_copy(update={"init_checkpoint": str(folder)})

@@ -69,12 +69,10 @@ def resolve_device(name: str = "auto") -> Any:
 
 
 def resolve_precision(precision: str, device: Any) -> str:
-    """``auto``: bf16 on a GPU that supports it, else fp32 (the trainer's rule)."""
-    import torch
+    """``auto``: bf16 on a GPU that supports it, else fp32 (the trainer's rule, one copy of it)."""
+    from clsr.encoders.precision import resolved_precision
 
-    if precision != "auto":
-        return precision
-    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    return resolved_precision(precision, device)
 
 
 def autocast(precision: str, device: Any) -> contextlib.AbstractContextManager:

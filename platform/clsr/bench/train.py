@@ -10,8 +10,8 @@ The sentence-transformers side is what a user of it runs: ``SentenceTransformerT
 and its AdamW, linear schedule, clipping and autocast (``bf16``/``fp16`` arguments), on the same rows,
 batch size, length, learning rate and number of steps; a ``TrainerCallback`` times the steps after the
 warm-up ones. Earlier versions timed a hand-written loop of the same operations instead, which left
-out the trainer's own overhead (data loader, collator, accelerate) and flattered sentence-transformers
-less than it should have: the ratio here is against the tool a user would otherwise use.
+out the trainer's own overhead (data loader, collator, accelerate): the ratio here is against the
+tool a user would otherwise use.
 """
 
 from __future__ import annotations

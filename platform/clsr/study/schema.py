@@ -383,9 +383,14 @@ def grid_points(ablation: Ablation) -> list[dict[str, Any]]:
     return points
 
 
+def _without_averaged(ablation: Ablation, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A point's overrides without its ``average_over`` key: the report row's own."""
+    return {k: v for k, v in overrides.items() if k != ablation.average_over}
+
+
 def _short(label: str, overrides: dict[str, Any], ablation: Ablation) -> str:
     """The bare value of a one-key point (``'256'``): how study files name such rows."""
-    rest = [v for k, v in overrides.items() if k != ablation.average_over]
+    rest = list(_without_averaged(ablation, overrides).values())
     return str(rest[0]) if len(rest) == 1 else label
 
 
@@ -394,7 +399,7 @@ def report_label(ablation: Ablation, overrides: dict[str, Any]) -> str:
     other keys (``mean over <key>`` when the grid has no other key)."""
     if ablation.average_over is None:
         return point_label(overrides)
-    rest = {k: v for k, v in overrides.items() if k != ablation.average_over}
+    rest = _without_averaged(ablation, overrides)
     return point_label(rest) if rest else f"mean over {ablation.average_over}"
 
 
@@ -406,8 +411,7 @@ def report_points(ablation: Ablation) -> list[dict[str, Any]]:
         return [{**p, "members": [p["label"]]} for p in points]
     rows: dict[str, dict[str, Any]] = {}
     for p in points:
-        label = report_label(ablation, p["overrides"])
-        rest = {k: v for k, v in p["overrides"].items() if k != ablation.average_over}
+        label, rest = report_label(ablation, p["overrides"]), _without_averaged(ablation, p["overrides"])
         row = rows.setdefault(label, {"label": label, "overrides": rest, "paper": p["paper"], "members": []})
         row["members"].append(p["label"])
     return list(rows.values())
@@ -747,8 +751,10 @@ def _check_trials(study: Study) -> list[str]:
             )
             per_trial += [(where, p.removeprefix(where)) for p in found]
             if not found:
-                per_trial += [(where, rest) for rest in _metric_problems(study, name, point, seed)]
-                per_trial += [(where, rest) for rest in _device_problems(study, name, point, seed)]
+                trial = resolve_trial(study, name, point["overrides"], seed)
+                per_trial += [
+                    (where, rest) for rest in _metric_problems(study, trial) + _device_problems(study, trial)
+                ]
     base = _format_pydantic_or_none(lambda: resolve_trial(study, None, {}, study.seeds[0]), "base.")
     shared = [p.removeprefix("base") for p in base]
     shared = [p for p in shared if any(p == rest for _, rest in per_trial)]
@@ -759,9 +765,8 @@ def _check_trials(study: Study) -> list[str]:
     )
 
 
-def _device_problems(study: Study, ablation: str, point: dict[str, Any], seed: int) -> list[str]:
+def _device_problems(study: Study, trial: TrialConfig) -> list[str]:
     """A GPU-only setting in a study whose trials get no GPU fails now, not on the cluster."""
-    trial = resolve_trial(study, ablation, point["overrides"], seed)
     if (
         getattr(trial.model, "attention", None) == "flash_attention_2"
         and study.resources.gpus_per_worker == 0
@@ -773,12 +778,12 @@ def _device_problems(study: Study, ablation: str, point: dict[str, Any], seed: i
     return []
 
 
-def _metric_problems(study: Study, ablation: str, point: dict[str, Any], seed: int) -> list[str]:
+def _metric_problems(study: Study, trial: TrialConfig) -> list[str]:
     """A dev-set study metric needs that dev set scored by the trial (else no result carries it)."""
     dev_task = study.metric.removeprefix("best_").removeprefix("dev_")
     if not study.metric.removeprefix("best_").startswith("dev_"):
         return []
-    dev_tasks = resolve_trial(study, ablation, point["overrides"], seed).eval.dev_tasks
+    dev_tasks = trial.eval.dev_tasks
     if dev_task in dev_tasks:
         return []
     return [

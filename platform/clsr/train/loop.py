@@ -158,16 +158,20 @@ def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     }
 
 
+def frozen_parameters(model: nn.Module) -> set[str]:
+    return {name for name, p in model.named_parameters() if not p.requires_grad}
+
+
 def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's state a checkpoint keeps: everything but its frozen parameters (GCLSR's word table,
     gigabytes for word2vec), which ``build_model`` rebuilds from the trial's config on a resume."""
-    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    frozen = frozen_parameters(model)
     return {k: v for k, v in model.state_dict().items() if k not in frozen}
 
 
 def load_trained_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load what ``trained_state`` kept; only frozen parameters may be missing."""
-    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    frozen = frozen_parameters(model)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or set(missing) - frozen:
         raise RuntimeError(
@@ -380,7 +384,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
         if step % t.log_every == 0:
             logger.flush()
 
-        if step % eval_every and step != total_steps and not stalled:
+        if not at_eval and not stalled:
             continue
         metrics = {"step": step, "epoch": step / steps_per_epoch, "loss_avg": float(np.mean(recent_losses))}
         state["loss_avg"] = metrics["loss_avg"]  # the final result carries it too (a study metric)
