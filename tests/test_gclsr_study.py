@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from clsr.study.schema import grid_points, load_study
+from clsr.tracking.study_runs import run_labels
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import REPO_ROOT, run_smoke_study, runs_of  # noqa: E402
+from test_supmpn_study import distinct_trials  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 STUDY = REPO_ROOT / "studies" / "gclsr_ablations.yaml"
@@ -22,7 +24,8 @@ STUDY = REPO_ROOT / "studies" / "gclsr_ablations.yaml"
 
 def test_full_study_validates_with_every_table():
     study = load_study(STUDY)
-    assert study.seeds == [2, 3, 4] and study.resources.gpus_per_worker == 0.25
+    assert study.seeds == [2, 3, 4] and study.resources.gpus_per_worker == 0.125  # 8 trials per GPU
+    assert study.resources.workers_per_trial == 0 and study.resources.cpus_per_worker == 2
     tables = {a.table for a in study.ablations.values()}
     assert {"GCLSR Tables 2-3", *(f"GCLSR Table {n}" for n in (4, 5, 6, 7, 8, 9, 10, 11))} <= tables
     points = {name: grid_points(a) for name, a in study.ablations.items()}
@@ -44,8 +47,10 @@ def test_gclsr_smoke_study_end_to_end(tmp_path):
         for p in grid_points(a)
         if "TransL" not in p["label"]
     }
-    seen = {(r.data.tags["clsr.ablation"], r.data.tags["clsr.point"]) for r in children}
-    assert seen == expected and len(children) == len(expected) == 47
+    seen = [label for r in children for label in run_labels(r.data.tags)]
+    assert set(seen) == expected and len(seen) == len(expected) == 47
+    # each table's paper-choice row is one configuration: identical trials ran once (47 points, 39 runs)
+    assert len(children) == distinct_trials(study, expected) == 39
     for run in children:
         assert run.data.tags["clsr.status"] == "finished", run.data.tags
         assert run.data.tags["clsr.seed"] == "1"

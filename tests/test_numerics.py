@@ -192,3 +192,17 @@ def test_flash_attention_is_refused_where_no_gpu_runs_it(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs a CUDA GPU, and this trial runs on the CPU; use sdpa"):
             TransformerEncoder(ModelConfig(name="minilm", attention="flash_attention_2"))
+
+
+def test_a_trial_sharing_a_gpu_is_capped_at_its_share_of_the_memory(monkeypatch):
+    """gpus_per_worker 0.125: eight trials on one card, each allowed 1/8 of its memory (the call PyTorch's
+    caching allocator enforces); a whole GPU or a CPU trial is left alone. The CUDA call is recorded here:
+    no GPU runs the tests."""
+    from clsr.train.session import cap_gpu_memory
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda *a: calls.append(a))
+    gpu = torch.device("cuda", 0)
+    assert cap_gpu_memory(0.125, gpu) == 0.125 and calls == [(0.125, gpu)]
+    assert cap_gpu_memory(1.0, gpu) is None and cap_gpu_memory(0.125, torch.device("cpu")) is None
+    assert len(calls) == 1

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clsr.tracking.study_runs import run_labels
 from test_e2e import platform_cmd, runs_of
 from test_resilience import tiny_study
 
@@ -57,7 +58,9 @@ def test_ctrl_c_twice_records_interrupted_and_resume_finishes_without_duplicates
     finishes with one run per trial; --allow-changes runs only what changed."""
     # long enough that the trials are still training after the second driver's refusal (~10 s)
     trainer = {"max_steps": 400, "eval_steps": 10, "log_every": 5}
-    study_file, uri = tiny_study(tmp_path, "record", trainer, LR_GRID, **IN_PROCESS)
+    # 'same' is lr's first point again: one trial, whose run stands for both (clsr.also)
+    ablations = {**LR_GRID, "same": {"grid": {"trainer.lr": [3.0e-5]}}}
+    study_file, uri = tiny_study(tmp_path, "record", trainer, ablations, **IN_PROCESS)
     proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri, start_new_session=True)
     wait_for(checkpointed(tmp_path), proc, "the first checkpoint")
 
@@ -71,18 +74,24 @@ def test_ctrl_c_twice_records_interrupted_and_resume_finishes_without_duplicates
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 130, output[-3000:]
     assert f"Continue with: platform study resume {study_file}" in output
+    assert "3 trials, 2 distinct" in output
+    assert "lr[trainer.lr=3e-05] seed=1 also stands for same[trainer.lr=3e-05]" in output
 
     client, parents, children = runs_of(uri, "record")
     assert [(p.info.status, p.data.tags["clsr.status"]) for p in parents] == [("KILLED", "interrupted")]
     assert statuses(children) == [("KILLED", "interrupted")] * 2  # never FINISHED, never RUNNING
 
+    # the edit: lr's 1e-4 becomes 2e-4, 'same' moves to 2e-4 (identical to the new point) and a new
+    # ablation repeats 3e-5 (identical to a trial already run)
     edited = yaml.safe_load(study_file.read_text())
     edited["ablations"]["lr"]["grid"]["trainer.lr"] = [3.0e-5, 2.0e-4]
+    edited["ablations"]["same"]["grid"]["trainer.lr"] = [2.0e-4]
+    edited["ablations"]["again"] = {"grid": {"trainer.lr": [3.0e-5]}}
     edited_file = tmp_path / "edited.yaml"
     edited_file.write_text(yaml.safe_dump(edited, sort_keys=False))
     code, refused = run("study", "resume", str(edited_file), tmp_path=tmp_path, uri=uri)
     assert code == 2, refused[-2000:]
-    assert "1 added: lr[trainer.lr=0.0002] seed=1" in refused and "1 removed: lr[trainer.lr=0.0001]" in refused
+    assert "lr[trainer.lr=0.0002] seed=1" in refused and "2 removed: lr[trainer.lr=0.0001]" in refused
     assert "--allow-changes" in refused and "Traceback" not in refused
 
     code, resumed = run("study", "resume", str(study_file), tmp_path=tmp_path, uri=uri)
@@ -104,6 +113,10 @@ def test_ctrl_c_twice_records_interrupted_and_resume_finishes_without_duplicates
     assert by_lr[("0.0002", None)].data.tags["clsr.status"] == "finished"
     unchanged = by_lr[("3e-05", None)]
     assert unchanged.info.run_id == kept.info.run_id  # kept, not run again
+    # the kept run stopped standing for the moved point and stands for the added identical one; the new
+    # trial stands for both of its points
+    assert run_labels(unchanged.data.tags) == [("lr", "trainer.lr=3e-05"), ("again", "trainer.lr=3e-05")]
+    assert run_labels(by_lr[("0.0002", None)].data.tags) == [("lr", "trainer.lr=0.0002"), ("same", "trainer.lr=0.0002")]
     assert len(client.get_metric_history(kept.info.run_id, "loss")) == len(
         client.get_metric_history(unchanged.info.run_id, "loss")
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import csv
 import html
+import json
 import math
 import time
 
@@ -451,14 +452,22 @@ def test_rows_of_one_configuration_and_evaluation_only_rows_are_marked(store, tm
     path.write_text(yaml.safe_dump(DUPLICATES, sort_keys=False))
     client, uri = store["client"], store["uri"]
     parent = start_parent_run(client, "report_dup", "x", None)
+    # the study ran the three identical trials once per seed: one run standing for all three points
+    also = {"clsr.also": json.dumps([["temperature", "method.temperature=0.05"], ["batch", "trainer.batch_size=16"]])}
     for ablation, label, tags in [
-        ("reference", "SimCSE", {}),
+        ("reference", "SimCSE", also),
         ("temperature", "method.temperature=0.1", {}),
         ("start", "tagged", {"clsr.eval_only": "true"}),  # the trainer's tag, on a point not planned so
     ]:
         for seed in (1, 2):
-            add_trial(client, uri, parent, ablation, label, seed, metrics={"best_dev_stsb": 70.0 + seed}, tags=tags)  # fmt: skip
+            metrics = {"best_dev_stsb": 70.0 + seed, **COST}
+            add_trial(client, uri, parent, ablation, label, seed, metrics=metrics, tags=tags)
     report = build_report(load_study(path), client, parent, uri)
+    shared = {(a.name, r.label): r.values("best_dev_stsb") for a in report.ablations for r in a.rows}
+    for row in [("reference", "SimCSE"), ("temperature", "method.temperature=0.05"), ("batch", "trainer.batch_size=16")]:
+        assert shared[row] == {1: 71.0, 2: 72.0}, row  # the one run, under each of its points
+    assert ablation_of(report, "batch").cost.runs == 2  # each ablation counts the runs it used ...
+    assert report.cost.runs == 6 and report.cost.wall_s == pytest.approx(600.0)  # ... the study each run once
     same = {(a.name, r.label): r.same_as for a in report.ablations for r in a.rows}
     assert same[("reference", "SimCSE")] == [
         "temperature[method.temperature=0.05]",

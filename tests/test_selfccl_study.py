@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from clsr.study.schema import grid_points, load_study, stages
+from clsr.tracking.study_runs import run_labels
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import REPO_ROOT, run_smoke_study, runs_of  # noqa: E402
+from test_supmpn_study import distinct_trials  # noqa: E402
 
 STUDY = REPO_ROOT / "studies" / "selfccl_ablations.yaml"
 
@@ -66,8 +68,9 @@ def test_selfccl_smoke_study_end_to_end(tmp_path):
     client, parents, children = runs_of(uri, study.name)
     assert len(parents) == 1
     planned = {(name, p["label"]) for name, a in study.ablations.items() for p in grid_points(a)}
-    seen = {(r.data.tags["clsr.ablation"], r.data.tags["clsr.point"]) for r in children}
-    assert seen == planned and len(children) == len(planned)
+    seen = [label for r in children for label in run_labels(r.data.tags)]
+    assert set(seen) == planned and len(seen) == len(planned)
+    assert len(children) == distinct_trials(study, planned) < len(planned)  # identical trials ran once
     assert {r.data.tags["clsr.method"] for r in children} == {"selfccl", "simcse_sup", "mnrl"}
     for run in children:
         assert run.data.tags["clsr.status"] == "finished", run.data.tags

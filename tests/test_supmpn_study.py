@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from clsr.study.schema import grid_points, load_study
+from clsr.study.schema import grid_points, load_study, trial_identity
+from clsr.tracking.study_runs import run_labels
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import REPO_ROOT, run_smoke_study, runs_of  # noqa: E402
@@ -39,6 +40,13 @@ def test_full_study_validates_with_every_ablation():
     assert sum(len(p) for p in points.values()) == 43
 
 
+def distinct_trials(study, labels) -> int:
+    """How many different trials these (ablation, point) labels of a one-seed study resolve to."""
+    points = {(name, p["label"]): p for name, a in study.ablations.items() for p in grid_points(a)}
+    seed = study.seeds[0]
+    return len({trial_identity(study, name, points[name, label]["overrides"], seed) for name, label in labels})
+
+
 def test_supmpn_smoke_study_end_to_end(tmp_path):
     uri, output = run_smoke_study(STUDY, tmp_path)
 
@@ -46,12 +54,22 @@ def test_supmpn_smoke_study_end_to_end(tmp_path):
     _, parents, children = runs_of(uri, study.name)
     assert len(parents) == 1
     planned = {(name, p["label"]) for name, a in study.ablations.items() for p in grid_points(a)}
-    seen = {(r.data.tags["clsr.ablation"], r.data.tags["clsr.point"]) for r in children}
-    skipped = planned - seen
+    seen = [label for r in children for label in run_labels(r.data.tags)]
+    skipped = planned - set(seen)
     assert skipped <= {("positive_augmentation", "SR"), ("positive_augmentation", "PP")}
     for _, label in skipped:
         assert f"skipped (not available here): ablations.positive_augmentation[{label}]" in output
-    assert len(children) == len(seen) >= 15
+    assert len(seen) == len(set(seen)) >= 15  # every runnable point has one run, that stands for it
+    # identical trials ran once: the reference = anchor copies = batch 4 (the smoke base) = P5 x Q5 =
+    # tau 0.05 = the released loss, one run standing for all six
+    assert len(children) == distinct_trials(study, set(seen))
+    shared = next(r for r in children if r.data.tags["clsr.ablation"] == "reference")
+    also = run_labels(shared.data.tags)[1:]
+    assert ("positive_augmentation", "None") in also and ("loss_variant", "released code") in also
+    assert sorted(a for a, _ in also) == [
+        "batch_size", "loss_variant", "positive_augmentation", "positives_negatives", "temperature"
+    ]  # fmt: skip
+    assert "identical trials run once" in output
     methods = {r.data.tags["clsr.method"] for r in children}
     assert methods == {"supmpn", "simcse_sup", "mnrl"}
     for run in children:
@@ -69,6 +87,6 @@ def test_supmpn_smoke_study_end_to_end(tmp_path):
     grid = {
         (r.data.params["method.positives"], r.data.params["method.negatives"])
         for r in children
-        if r.data.tags["clsr.ablation"] == "positives_negatives"
+        if "positives_negatives" in {a for a, _ in run_labels(r.data.tags)}
     }
     assert grid == {("1", "1"), ("1", "5"), ("5", "1"), ("5", "5")}

@@ -11,6 +11,8 @@ from clsr.bench.cli import add_bench_parser, cmd_bench
 from clsr.cluster.cli import add_cluster_parser, cmd_cluster
 from clsr.tracking.secrets import mask_uri
 
+GPU_KINDS = ("a100", "h100", "h200")  # clsr.study.projection.GPUS (not imported here: the CLI starts fast)
+
 EXAMPLES = """examples:
   platform study run studies/smoke.yaml
   platform study run studies/simcse_ablations.yaml --set trainer.max_steps=500 --set concurrency=4
@@ -21,6 +23,7 @@ EXAMPLES = """examples:
   platform study validate studies/*.yaml
   platform study report studies/smoke.yaml
   platform study report --name supmpn_ablations --out reports/supmpn
+  platform study plan studies/gclsr_ablations.yaml --from gclsr_ablations-smoke --gpus 1 --gpu h100
   platform eval --model minilm --pooling mean --tasks sts
   platform eval --model minilm --tasks sts,transfer
   platform eval --model minilm --tasks mr,trec --transfer-mode fast --max-examples 1000
@@ -102,6 +105,28 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--no-log", action="store_true", help="do not log the files on the study's parent run"
     )
+
+    plan = study.add_parser(
+        "plan",
+        help="project the study's wall time, GPU-hours and cost on N GPUs from the per-phase costs of "
+        "trials that ran (its own, or another study's: --from)",
+    )
+    plan.add_argument("study", help="study YAML file")
+    plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    plan.add_argument("--smoke", action="store_true", help="plan the file's smoke: run")
+    plan.add_argument(
+        "--from", dest="measured", default=None, metavar="STUDY",
+        help="the recorded study whose trials give the per-phase costs (default: this study's name)",
+    )  # fmt: skip
+    plan.add_argument("--gpus", type=int, default=1, help="GPUs the study gets (default 1)")
+    plan.add_argument("--gpu", choices=sorted(GPU_KINDS), default="h100", help="GPU kind (default h100)")
+    plan.add_argument(
+        "--gpu-speedup", type=float, default=None,
+        help="how many times faster the GPU runs steps and evaluations than the measured device "
+        "(default: an assumption per GPU kind, printed; 1 when measured on that GPU)",
+    )  # fmt: skip
+    plan.add_argument("--price", type=float, default=None, help="USD per GPU-hour (default: printed)")
+    plan.add_argument("--tracking-uri", default=None, help="MLflow (default: the study's, $MLFLOW_TRACKING_URI)")
 
     ev = commands.add_parser(
         "eval",
@@ -214,6 +239,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         return cmd_study_report(args)
     if args.action == "sync":
         return cmd_study_sync(args)
+    if args.action == "plan":
+        return cmd_study_plan(args)
 
     from clsr.study.record import format_rows
     from clsr.study.runner import run_study
@@ -277,6 +304,27 @@ def cmd_study_sync(args: argparse.Namespace) -> int:
         print(f"error: {left} trial run(s) could not be sent; is the MLflow server up?", file=sys.stderr)
         return 1
     print(f"study {study.name!r}: MLflow holds every trial's record")
+    return 0
+
+
+def cmd_study_plan(args: argparse.Namespace) -> int:
+    """``platform study plan``: 0 with the projection printed, 2 for a bad file or nothing measured."""
+    from clsr.study.projection import NoMeasurements, measure, project, render
+    from clsr.study.report import NoStudyRuns, open_study_runs
+    from clsr.study.schema import StudyError
+    from clsr.tracking.study_runs import children, resolve_tracking_uri
+
+    try:
+        study = _load(args.study, args.overrides, smoke=args.smoke)
+        measured_name = args.measured or study.name
+        uri = resolve_tracking_uri(args.tracking_uri or study.tracking_uri)
+        client, parent = open_study_runs(measured_name, uri)
+        measured = measure(children(client, parent.info.run_id), measured_name)
+        projection = project(study, measured, args.gpus, args.gpu, args.gpu_speedup, args.price)
+    except (StudyError, NoStudyRuns, NoMeasurements, ValueError) as err:
+        print(err if isinstance(err, StudyError) else f"error: {err}", file=sys.stderr)
+        return 2
+    print(render(projection, args.gpu, args.gpus))
     return 0
 
 

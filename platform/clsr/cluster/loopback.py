@@ -49,6 +49,7 @@ TRIAL_RESOURCE = "trial_node"
 STATE = "cluster.json"
 ENV_FILE = "env.sh"
 START_TIMEOUT_S = 120
+NODE_START_ATTEMPTS = 3  # a worker node start Ray itself timed out is tried again, this many times in all
 
 
 class ClusterError(RuntimeError):
@@ -317,12 +318,23 @@ class LoopbackCluster:
             raise ClusterError(f"worker node {index} is running")
         env = {**self._service_env(), "RAY_USAGE_STATS_ENABLED": "0"}
         address = env.pop("RAY_ADDRESS")
-        proc = self._spawn(name, [
+        cmd = [
             str(Path(sys.executable).parent / "ray"), "start", "--block", "--node-ip-address=127.0.0.1",
             "--num-gpus=0", "--disable-usage-stats", f"--address={address}", *_node_ports(),
             f"--num-cpus={self.state['cpus_per_node']}", f"--resources={json.dumps({TRIAL_RESOURCE: 1})}",
-        ], env)  # fmt: skip
-        _wait(lambda: self._blocking(name), f"Ray worker node {index}", self._log(name), proc)
+        ]  # fmt: skip
+        for attempt in range(1, NODE_START_ATTEMPTS + 1):
+            proc = self._spawn(name, cmd, env)
+            try:
+                _wait(lambda: self._blocking(name), f"Ray worker node {index}", self._log(name), proc)
+                break
+            except ClusterError as error:
+                # Ray gives a raylet a fixed 30 s to register with the GCS; on a loaded machine (a study just
+                # ended, a lost node being cleaned up) that can pass, and a second start then joins
+                self._stop_groups([self.state["groups"].pop(name)])
+                if attempt == NODE_START_ATTEMPTS or "timed out during startup" not in str(error):
+                    raise
+                print(f"worker node {index}: Ray timed out during startup; starting it again", flush=True)
         if name not in self.state["nodes"]:
             self.state["nodes"].append(name)
         self.state["node_ids"][name] = _raylet_node_id(proc.pid)

@@ -21,13 +21,14 @@ from typing import Any
 import yaml
 from mlflow.tracking import MlflowClient
 
-from clsr.study.fingerprint import compare, overall
+from clsr.study.fingerprint import compare, overall, trial_key
 from clsr.study.interrupt import Interrupts
 from clsr.study.lease import Lease, LeaseHeld, current_holder
 from clsr.study.schema import Study, grid_points, point_label, stages, trial_document
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.spool import replay_pending
 from clsr.tracking.study_runs import (
+    ALSO_TAG,
     FINGERPRINT_TAG,
     STORAGE_TAG,
     SUPERSEDED_TAG,
@@ -40,6 +41,7 @@ from clsr.tracking.study_runs import (
     parent_runs,
     record_skipped,
     resolve_tracking_uri,
+    run_labels,
     start_parent_run,
 )
 
@@ -174,10 +176,31 @@ def mlflow_artifacts_json(client, run_id: str, path: str) -> dict[str, Any]:
 
 
 def supersede(client, parent_run_id: str, keys: frozenset[str], attempt: int) -> None:
-    """Mark the runs of changed and removed trials superseded: kept in MLflow, left out of reports."""
+    """Mark the runs of changed and removed trials superseded: kept in MLflow, left out of reports. A run
+    of identical trials whose other point changed keeps its own and stops standing for that one."""
     for run in children(client, parent_run_id):
-        if run.data.tags.get(TRIAL_TAG) in keys and SUPERSEDED_TAG not in run.data.tags:
+        tags = run.data.tags
+        if SUPERSEDED_TAG in tags:
+            continue
+        if tags.get(TRIAL_TAG) in keys:
             client.set_tag(run.info.run_id, SUPERSEDED_TAG, f"v{attempt}")
+            continue
+        also = run_labels(tags)[1:]
+        kept = [[a, p] for a, p in also if trial_key(a, p, int(tags.get("clsr.seed") or 0)) not in keys]
+        if len(kept) < len(also):
+            client.set_tag(run.info.run_id, ALSO_TAG, json.dumps(kept, ensure_ascii=False))
+
+
+def attach_labels(client, run, trial: dict[str, Any]) -> None:
+    """Let a run stand for every point of ``trial`` (an entry of identical trials) it does not yet."""
+    tags = run.data.tags
+    have = {tuple(label) for label in run_labels(tags)}
+    wanted = [[trial["ablation"], trial["label"]], *trial.get("also", [])]
+    added = [list(label) for label in wanted if tuple(label) not in have]
+    if added:
+        also = [list(label) for label in run_labels(tags)[1:]] + added
+        client.set_tag(run.info.run_id, ALSO_TAG, json.dumps(also, ensure_ascii=False))
+        print(f"{tags.get(TRIAL_TAG)} also stands for " + ", ".join(f"{a}[{p}]" for a, p in added))
 
 
 def replay(uri: str, storage: str) -> int:
@@ -316,10 +339,11 @@ def summary_rows(runs, study: Study) -> list[dict[str, Any]]:
         tests |= {
             k: metrics[k] for t in FAQ_TASKS for k in (f"test_{t}_top1", f"test_{t}_map") if k in metrics
         }
+        also = "; ".join(f"{a}[{p}]" for a, p in run_labels(tags)[1:])
         rows.append(
             {
                 "ablation": tags.get("clsr.ablation"),
-                "point": tags.get("clsr.point"),
+                "point": tags.get("clsr.point", "") + (f" (also {also})" if also else ""),
                 "seed": tags.get("clsr.seed"),
                 "status": tags.get("clsr.status", "unknown"),
                 study.metric: metrics.get(study.metric),

@@ -14,8 +14,9 @@ Holm holds under any dependence between the tests (they share the reference's se
 uniformly more powerful than Bonferroni. SciPy has no Holm, so it is the few lines of ``holm``.
 
 Two rows of different ablations can be one trial configuration (SupMPN's reference, P5xQ5 and
-tau 0.05 all resolve to the paper's defaults); each such row says ``same as <ablation>[<row>]``, so a
-reader sees that they are one configuration trained once per ablation. A row whose trials only scored
+tau 0.05 all resolve to the paper's defaults): a study runs such trials once, and the run appears in each
+row (``clsr.also``); each such row says ``same as <ablation>[<row>]``, so a reader sees that they are one
+run, not independent replications. A row whose trials only scored
 their starting model (``trainer.max_steps: 0``, tag ``clsr.eval_only``) is marked evaluation only. The same tables go to
 the terminal, Markdown, CSV and a self-contained HTML page, with plots; the files are also logged on
 the parent run under ``report/``, so the report travels with the runs it was built from.
@@ -43,8 +44,15 @@ from scipy import stats as sps
 from clsr.data.faq import FAQ_TASKS
 from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
-from clsr.study.fingerprint import digest
-from clsr.study.schema import Ablation, Study, find_point, grid_points, report_points, resolve_trial
+from clsr.study.schema import (
+    Ablation,
+    Study,
+    find_point,
+    grid_points,
+    report_points,
+    resolve_trial,
+    trial_identity,
+)
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import (
     SUPERSEDED_TAG,
@@ -52,6 +60,7 @@ from clsr.tracking.study_runs import (
     children,
     find_parent_run,
     resolve_tracking_uri,
+    run_labels,
 )
 
 CONFIDENCE = 0.95
@@ -147,10 +156,15 @@ def open_study_runs(study_name: str, uri: str) -> tuple[MlflowClient, Any]:
 
 
 def load_trials(client: MlflowClient, parent_run_id: str) -> list[Trial]:
-    """Every child run that belongs to an ablation (skipped ones too: they are planned trials)."""
+    """Every child run that belongs to an ablation (skipped ones too: they are planned trials), once per
+    point it stands for (identical trials of several points ran once)."""
     runs = children(client, parent_run_id)  # a run an edited resume superseded is not the trial's result
     kept = [r for r in runs if "clsr.ablation" in r.data.tags and SUPERSEDED_TAG not in r.data.tags]
-    return [Trial.from_run(r) for r in kept]
+    trials = []
+    for run in kept:
+        trial = Trial.from_run(run)
+        trials += [replace(trial, ablation=a, point=p) for a, p in run_labels(run.data.tags)]
+    return trials
 
 
 def pick_trials(trials: Iterable[Trial]) -> dict[tuple[str, int | None], Trial]:
@@ -443,10 +457,10 @@ def planned_config(study: Study, name: str, overrides: dict[str, Any]) -> tuple[
     trains nothing (``trainer.max_steps: 0``); (None, False) when the point no longer resolves (a
     ``--name`` report of a study recorded by an older clsr)."""
     try:
-        config = resolve_trial(study, name, overrides, 0).model_dump(mode="json")
+        identity = trial_identity(study, name, overrides, 0)
     except ValueError:  # pydantic's ValidationError included
         return None, False
-    return digest(config), config["trainer"].get("max_steps") == 0
+    return identity, resolve_trial(study, name, overrides, 0).trainer.max_steps == 0
 
 
 def mark_duplicates(ablations: list[AblationReport]) -> None:
@@ -545,9 +559,9 @@ def build_report(study: Study, client: MlflowClient, parent_run_id: str, uri: st
         ablation_report(study, name, [t for t in trials if t.ablation == name]) for name in study.ablations
     ]
     mark_duplicates(ablations)
-    total = Cost()
-    for ablation in ablations:
-        total.merge(ablation.cost)
+    total = Cost()  # a run that stood for points of several ablations is counted in each, once here
+    for trial in {t.run_id: t for t in trials if t.ablation in study.ablations}.values():
+        total.add(trial)
     unknown = sorted({t.ablation for t in trials} - set(study.ablations))
     notes = [f"runs of ablations the study file does not have (not shown): {unknown}"] if unknown else []
     # the report is written to files and logged as artifacts: the store's address without credentials

@@ -15,11 +15,13 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from clsr.cluster.checks import check_cloud_storage, check_local_storage_on_cluster, is_cloud
+from clsr.study.distinct import also_keys, merge_identical, run_keys
 from clsr.study.fingerprint import fingerprint
 from clsr.study.interrupt import Interrupted, Interrupts
 from clsr.study.lease import Lease
 from clsr.study.record import (
     StudyOutcome,
+    attach_labels,
     close_lost_trials,
     close_study,
     give_up,
@@ -42,7 +44,6 @@ from clsr.study.schema import (
 from clsr.study.trial import StudyContext, key_of, run_trial
 from clsr.tracking.study_runs import (
     SUPERSEDED_TAG,
-    TRIAL_TAG,
     check_reachable,
     children,
     finished_outputs,
@@ -426,6 +427,9 @@ def _run_waves(
             planned = expand_trials(study, [p for p in points if p["ablation"] in wave])
             trials, blocked = ready_trials(study, planned, outputs)
             skip_blocked(uri, parent_run_id, blocked)
+            if ablation is None:
+                trials = merge_identical(study, trials, outputs)
+                say_merged(trials)
             if ablation is None and not trials:
                 continue  # every trial of this wave lost an upstream trial
             builds = trials if ablation is None else sampled_bases(study, ablation)
@@ -449,6 +453,20 @@ def _run_waves(
             outcome = close_study(client, uri, parent_run_id, storage, study, interrupts, status)
             interrupts.record_written = True
     return outcome
+
+
+def say_merged(trials: list[dict[str, Any]]) -> None:
+    """Which identical trials run once, standing for which points."""
+    merged = [t for t in trials if t["also"]]
+    if not merged:
+        return
+    stood_for = len(trials) + sum(len(t["also"]) for t in merged)
+    print(f"{stood_for} trials, {len(trials)} distinct: identical trials run once for all their points")
+    for trial in merged[:10]:
+        others = ", ".join(f"{a}[{p}]" for a, p in trial["also"])
+        print(f"  {key_of(trial)} also stands for {others}")
+    if len(merged) > 10:
+        print(f"  ... and {len(merged) - 10} more")
 
 
 def _fit(study: Study, ctx: StudyContext, ablation: str | None, name: str, interrupts: Interrupts) -> None:
@@ -482,12 +500,16 @@ def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_i
     """An edited resume's changed and added trials of this wave, as a new Tune experiment."""
     if ctx.attempt == 1:  # a new study: its experiments hold every trial
         return
-    done = {
-        r.data.tags.get(TRIAL_TAG)
-        for r in children(client, parent_run_id)
-        if SUPERSEDED_TAG not in r.data.tags
-    }
-    fresh = [t for t in trials if key_of(t) in ctx.skip or key_of(t) not in done]
+    done = {key: run for run in children(client, parent_run_id) if SUPERSEDED_TAG not in run.data.tags
+            for key in run_keys(run.data.tags)}  # fmt: skip
+    fresh = []
+    for trial in trials:
+        keys = [key_of(trial), *also_keys(trial)]
+        carrier = next((done[k] for k in keys if k in done), None)
+        if key_of(trial) in ctx.skip or carrier is None:
+            fresh.append(trial)
+        else:  # an added point identical to a trial already run: that run stands for it too
+            attach_labels(client, carrier, trial)
     if not fresh:
         return
     with interrupts.experiment():

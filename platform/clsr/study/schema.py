@@ -461,6 +461,16 @@ def resolve_trial(
     return TrialConfig.model_validate(trial_document(study, ablation, overrides, seed, outputs))
 
 
+def trial_identity(
+    study: Study, ablation: str | None, overrides: dict[str, Any], seed: int, outputs: Outputs | None = None
+) -> str:
+    """Equal for trials that train the same thing: the validated config (pydantic fills every default
+    and coerces types, so a point that writes out a default equals one that inherits it), seed included.
+    Identical trials of different ablations run once (``clsr.study.distinct``)."""
+    config = resolve_trial(study, ablation, overrides, seed, outputs).model_dump(mode="json")
+    return _canonical(config)
+
+
 # --- staged studies: ablations whose trials need upstream trials' outputs ----------------------------
 
 
@@ -658,10 +668,11 @@ def planned_trials(study: Study) -> int:
 
 def count_trials(study: Study) -> tuple[int, int]:
     """(trials, distinct trials): a trial is (ablation, point, seed) of a grid/points ablation, plus
-    ``search.num_samples`` per sampled ablation; distinct counts the different ``trial_document``s
-    (the same point in two ablations runs the same config twice). Resolves every point: call it on a
-    validated study only (at most ``MAX_TRIALS`` trials)."""
-    total, sampled, documents = 0, 0, set()
+    ``search.num_samples`` per sampled ablation; distinct counts the different ``trial_identity``s (the
+    same configuration in two ablations runs once). A staged trial counts with its upstream trials'
+    placeholders, so two that would read the same checkpoint count twice. Resolves every point: call it
+    on a validated study only (at most ``MAX_TRIALS`` trials)."""
+    total, sampled, identities = 0, 0, set()
     for name, ablation in study.ablations.items():
         if ablation.space:
             sampled += study.search.num_samples
@@ -669,8 +680,8 @@ def count_trials(study: Study) -> tuple[int, int]:
         for point in grid_points(ablation):
             for seed in study.seeds_of(name):
                 total += 1
-                documents.add(_canonical(trial_document(study, name, point["overrides"], seed)))
-    return total + sampled, len(documents) + sampled
+                identities.add(trial_identity(study, name, point["overrides"], seed))
+    return total + sampled, len(identities) + sampled
 
 
 def _canonical(value: Any) -> str:

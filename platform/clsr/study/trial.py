@@ -16,6 +16,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from clsr.study.distinct import also_tag
 from clsr.study.fingerprint import digest, trial_key
 from clsr.study.schema import Outputs, Study, point_label, resolve_trial
 from clsr.tracking.study_runs import (
@@ -79,6 +80,8 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         "clsr.point": label,
         "clsr.seed": seed,
         **{f"clsr.paper.{k}": v for k, v in point.get("paper", {}).items()},
+        # identical trials of other points (an edited resume may have split one off: it runs on its own)
+        **also_tag([pair for pair in point.get("also", []) if trial_key(*pair, seed) not in ctx.skip]),
     }
     _refuse_timed_out_retry(ctx, key)
     run_id = open_child_run(

@@ -7,6 +7,7 @@ run up by those tags and logs into it, so no run is ever duplicated.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import urllib.error
@@ -28,6 +29,7 @@ SUPERSEDED_TAG = "clsr.superseded"  # a trial's run that an edited resume replac
 FINGERPRINT_TAG = "clsr.fingerprint"  # sha-256 over every resolved trial (clsr.study.fingerprint)
 TIMED_OUT_ATTEMPT_TAG = "clsr.timed_out_attempt"  # the lease generation in which a trial timed out
 CHECKPOINT_TAG = "clsr.checkpoint"  # a finished trial's last checkpoint (local path or URI)
+ALSO_TAG = "clsr.also"  # the other [ablation, point] pairs a run of identical trials stands for (JSON)
 MAX_PARAM_LENGTH = 6000
 
 
@@ -258,8 +260,20 @@ def finished_outputs(
                     stacklevel=2,
                 )
                 continue
-            outputs[(tags["clsr.ablation"], tags["clsr.point"], int(tags["clsr.seed"]))] = location
+            for ablation, point in run_labels(tags):  # a run of identical trials is each point's output
+                outputs[(ablation, point, int(tags["clsr.seed"]))] = location
     return outputs
+
+
+def run_labels(tags: dict[str, str]) -> list[tuple[str, str]]:
+    """Every (ablation, point) a child run stands for: its own, then those in ``clsr.also``."""
+    labels = [(tags["clsr.ablation"], tags.get("clsr.point", ""))] if "clsr.ablation" in tags else []
+    try:
+        also = json.loads(tags.get(ALSO_TAG) or "[]")
+    except json.JSONDecodeError:
+        also = []  # a hand-edited tag: the run still stands for its own point
+    pairs = [pair for pair in also if isinstance(pair, list) and len(pair) == 2]
+    return labels + [(a, p) for a, p in pairs if isinstance(a, str) and isinstance(p, str)]
 
 
 _SAME_SCHEME = {"gs": "gcs", "s3a": "s3", "s3n": "s3"}  # pyarrow names Google Cloud Storage "gcs"

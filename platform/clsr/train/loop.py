@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +324,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     epoch_batches: tuple[int, list[list[int]]] = (-1, [])
     recent_losses: list[float] = []
     pending = PendingSteps()  # losses and gradient norms on the device until a log step reads them
+    clock.setup_done(state["step"])
     started = time.perf_counter()
     model.train()
     while state["step"] < total_steps and not stalled:
@@ -393,7 +395,8 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
         recent_losses = []
         checkpoint = None
         if is_main:
-            metrics |= evaluator.dev(model)
+            with clock.phase("dev_eval"):
+                metrics |= evaluator.dev(model)
             if select_key in metrics and metrics[select_key] > state["best_score"]:
                 state["best_score"], state["best_step"] = metrics[select_key], step
                 state["best_dev"] = dev_scores(metrics)
@@ -409,9 +412,10 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
             # from there, not from an earlier step)
             if state["evaluations"] % t.checkpoint_every == 0 or step == total_steps or stalled:
                 written = time.perf_counter()
-                checkpoint = save_checkpoint(
-                    model, optimizer, scheduler, state, best_weights, device, grad_scaler
-                )
+                with clock.phase("checkpoint"):
+                    checkpoint = save_checkpoint(
+                        model, optimizer, scheduler, state, best_weights, device, grad_scaler
+                    )
                 state["checkpoint_s"] = state.get("checkpoint_s", 0.0) + time.perf_counter() - written
                 state["checkpoint_bytes"] = state.get("checkpoint_bytes", 0) + folder_bytes(checkpoint)
                 logger.save_to(checkpoint)  # a retry elsewhere sends what MLflow has not taken yet
@@ -433,7 +437,9 @@ def evaluate_only(trial: TrialConfig, method: Method, session, logger: RunLogger
     if evaluator is not None:
         logger.set_tags(node_tags() | {EVAL_ONLY_TAG: "true"})  # the method's "start" files describe
         # its training input (SelfCCL's scored rows): only the "final" ones are logged, by finish
-        state["best_dev"] = evaluator.dev(model)
+        clock.setup_done(0)
+        with clock.phase("dev_eval"):
+            state["best_dev"] = evaluator.dev(model)
         state["best_score"] = state["best_dev"].get(f"dev_{trial.eval.select_on}", -math.inf)
     return finish(model, state, None, evaluator, logger, session, clock)
 
@@ -470,7 +476,8 @@ def finish(model, state, best_weights, evaluator, logger, session, clock: TrialC
     if evaluator is not None:
         if best_weights is not None:
             load_trained_state(unwrap(model), best_weights)
-        final |= evaluator.final(model)
+        with clock.phase("test_eval"):
+            final |= evaluator.final(model)
         evaluator.artifacts(model, "final", logger)
         if state["best_score"] > -math.inf:  # a dev score picked the weights (step 0: the starting model)
             # every dev task's score at the selected step: a study metric may be another dev task than
@@ -482,7 +489,7 @@ def finish(model, state, best_weights, evaluator, logger, session, clock: TrialC
             }
         if evaluator.cfg.log_model and logger.active:
             evaluator.log_model(model, logger)
-        final |= clock.cost(session) | logger.stop_system_metrics()
+        final |= clock.phases(state["step"]) | clock.cost(session) | logger.stop_system_metrics()
         logger.set_tags({"clsr.device": clock.device(session)})
         logger.log({k: v for k, v in final.items() if k not in ("step", "finished")}, state["step"])
         logger.flush()
@@ -491,13 +498,52 @@ def finish(model, state, best_weights, evaluator, logger, session, clock: TrialC
 
 
 class TrialClock:
-    """What a trial cost: wall seconds, CPU seconds of every worker, and GPU seconds (GPUs held × wall)."""
+    """What a trial cost: wall seconds, CPU seconds of every worker, and GPU seconds (GPUs held × wall);
+    and where this attempt's wall time went (``phases``: what ``platform study plan`` projects from)."""
 
     def __init__(self) -> None:
         self.wall_started = time.perf_counter()
         self.cpu_started = time.process_time()
         self.training_cpu_s = 0.0
         self.eval_cpu_started = 0.0
+        self.setup_s: float | None = None
+        self.first_step = 0
+        self.phase_s: dict[str, float] = {"dev_eval": 0.0, "checkpoint": 0.0, "test_eval": 0.0}
+        self.phase_count: dict[str, int] = {"dev_eval": 0, "checkpoint": 0}
+
+    def setup_done(self, step: int) -> None:
+        """Model, data and restored state are ready; this attempt trains from ``step``."""
+        self.setup_s, self.first_step = time.perf_counter() - self.wall_started, step
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phase_s[name] += time.perf_counter() - began
+            if name in self.phase_count:
+                self.phase_count[name] += 1
+
+    def phases(self, step: int) -> dict[str, float]:
+        """This attempt's wall seconds by phase (rank 0's view): set-up, optimiser steps (what is left),
+        dev evaluations, checkpoint writes and the test evaluation, with the counts that make per-unit
+        costs. Call after the test evaluation."""
+        if self.setup_s is None:
+            return {}
+        wall = time.perf_counter() - self.wall_started
+        steps = step - self.first_step
+        train = wall - self.setup_s - sum(self.phase_s.values())
+        return {
+            "trial_setup_s": self.setup_s,
+            "trial_steps_s": max(train, 0.0) if steps else 0.0,
+            "trial_steps_run": float(steps),
+            "trial_dev_eval_s": self.phase_s["dev_eval"],
+            "trial_dev_evaluations": float(self.phase_count["dev_eval"]),
+            "trial_checkpoint_write_s": self.phase_s["checkpoint"],
+            "trial_checkpoints_written": float(self.phase_count["checkpoint"]),
+            "trial_test_eval_s": self.phase_s["test_eval"],
+        }
 
     def stop_training(self, session) -> None:
         """Sum the workers' CPU seconds so far (a collective: every rank calls it)."""

@@ -113,6 +113,17 @@ def _local_copy(checkpoint: Any) -> Iterator[Path | None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def cap_gpu_memory(share: float, device: torch.device) -> float | None:
+    """A trial holding a fraction of a GPU (``gpus_per_worker`` < 1: several trials packed on one card) may
+    allocate only that fraction of the card's memory: PyTorch's caching allocator then raises an
+    out-of-memory error in this trial instead of taking the memory the others were promised (Ray shares
+    the card by its bookkeeping only). Returns the fraction set, or None (a whole GPU, or none)."""
+    if device.type != "cuda" or share >= 1:
+        return None
+    torch.cuda.set_per_process_memory_fraction(share, device)
+    return share
+
+
 def _checkpoint(kind: Any, checkpoint_dir: Path | None) -> Any:
     """``kind``: Train's or Tune's Checkpoint class (each API accepts only its own)."""
     return kind.from_directory(str(checkpoint_dir)) if checkpoint_dir else None

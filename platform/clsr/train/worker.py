@@ -6,7 +6,7 @@ from typing import Any
 
 from clsr.train.config import TrialConfig
 from clsr.train.loop import fit
-from clsr.train.session import RayTrainSession, TuneTrialSession
+from clsr.train.session import RayTrainSession, TuneTrialSession, cap_gpu_memory
 
 # Failures that happen again on every retry from the same checkpoint and random state: a diverging loss
 # (FloatingPointError), a value the trial cannot run with. Retries are for lost workers and processes.
@@ -27,6 +27,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
         shared = ray.get(config["shared"][0])
     session = TuneTrialSession() if config.get("in_process") else RayTrainSession()
     session.gpu_share = min(1.0, config.get("gpus_per_worker") or 1.0)
+    cap_gpu_memory(session.gpu_share, session.device)
     try:
         fit(trial, session, tracking=config.get("tracking"), shared=shared)
     except NON_RETRYABLE as err:

@@ -1,0 +1,56 @@
+"""Identical trials run once: points of different ablations that resolve to the same configuration and
+seed (SupMPN's reference = P5×Q5 = τ 0.05 = batch 256; each GCLSR ablation's paper-choice row) are one
+Tune trial and one MLflow child run, which carries every (ablation, point) it stands for.
+
+The run's ``clsr.ablation``/``clsr.point``/``clsr.trial_id`` are its first label's (study order); the
+others are in ``clsr.also`` (a JSON list of ``[ablation, point]``, same seed). Reports, the outputs later
+stages read, and edited resumes read a run under each of its labels
+(``clsr.tracking.study_runs.run_labels``, ``run_keys``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from clsr.study.fingerprint import trial_key
+from clsr.study.schema import Outputs, Study, trial_identity
+from clsr.tracking.study_runs import ALSO_TAG, TRIAL_TAG, run_labels
+
+
+def merge_identical(
+    study: Study, trials: list[dict[str, Any]], outputs: Outputs | None = None
+) -> list[dict[str, Any]]:
+    """One entry per distinct grid trial, in order; an entry standing for several points lists the
+    others as ``also: [[ablation, label], ...]``. Staged trials compare with their upstream outputs
+    filled in, so two that read the same checkpoint are one trial too."""
+    by_identity: dict[str, dict[str, Any]] = {}
+    merged = []
+    for trial in trials:
+        identity = trial_identity(study, trial["ablation"], trial["overrides"], trial["seed"], outputs)
+        first = by_identity.get(identity)
+        if first is None:
+            by_identity[identity] = {**trial, "also": []}
+            merged.append(by_identity[identity])
+        else:
+            first["also"].append([trial["ablation"], trial["label"]])
+    return merged
+
+
+def also_keys(entry: dict[str, Any]) -> list[str]:
+    """The trial keys an entry stands for besides its own."""
+    return [trial_key(ablation, label, entry["seed"]) for ablation, label in entry.get("also", [])]
+
+
+def also_tag(also: list[list[str]]) -> dict[str, str]:
+    """The run's ``clsr.also`` tag, or none when it stands for one point."""
+    return {ALSO_TAG: json.dumps(also, ensure_ascii=False)} if also else {}
+
+
+def run_keys(tags: dict[str, str]) -> list[str]:
+    """Every trial key a child run stands for: its own, then those of ``clsr.also``."""
+    own = [tags[TRIAL_TAG]] if TRIAL_TAG in tags else []
+    if tags.get("clsr.seed") in (None, ""):
+        return own
+    seed = int(tags["clsr.seed"])
+    return own + [trial_key(ablation, point, seed) for ablation, point in run_labels(tags)[1:]]
