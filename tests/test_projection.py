@@ -78,7 +78,7 @@ def test_identical_trials_are_priced_once():
     study = load_study(REPO_ROOT / "studies" / "gclsr_ablations.yaml", smoke=True)
     from clsr.study.projection import Measured, UnitCosts
 
-    costs = UnitCosts(1.0, 0.1, 1.0, 0.1, 1.0, 1, "1 x cpu")
+    costs = UnitCosts(1.0, 0.0, 0.1, 1.0, 0.1, 1.0, 1, "1 x cpu")
     projection = project(study, Measured("x", costs), gpus=1, gpu="h100", progress=lambda _: None)
     assert (projection.trials, projection.distinct) == (49, 41)
 

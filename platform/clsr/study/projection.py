@@ -45,6 +45,7 @@ class UnitCosts:
     """Seconds per unit of work, medians over ``trials`` measured trials on ``device``."""
 
     setup_s: float
+    overhead_s: float  # the trial's run open longer than its loop (MLflow, shared inputs, Tune)
     step_s: float
     dev_eval_s: float
     checkpoint_s: float
@@ -87,8 +88,14 @@ def unit_costs(runs: list[Any]) -> UnitCosts | None:
         return statistics.median(values) if values else 0.0
 
     devices = Counter(r.data.tags.get("clsr.device", "unknown") for r in usable)
+    outside = [
+        (r.info.end_time - r.info.start_time) / 1000 - r.data.metrics["trial_wall_s"]
+        for r in usable
+        if r.info.end_time and "trial_wall_s" in r.data.metrics
+    ]
     return UnitCosts(
         setup_s=median_of("trial_setup_s"),
+        overhead_s=max(statistics.median(outside), 0.0) if outside else 0.0,
         step_s=median_of("trial_steps_s", "trial_steps_run"),
         dev_eval_s=median_of("trial_dev_eval_s", "trial_dev_evaluations"),
         checkpoint_s=median_of("trial_checkpoint_write_s", "trial_checkpoints_written"),
@@ -175,7 +182,8 @@ def count_rows(trial: TrialConfig, cache: dict[str, int | str]) -> int | str:
 
 def trial_seconds(work: Work, costs: UnitCosts, speedup: float) -> float:
     return (
-        costs.setup_s
+        costs.overhead_s
+        + costs.setup_s
         + work.steps * costs.step_s / speedup
         + work.evaluations * costs.dev_eval_s / speedup
         + work.checkpoints * costs.checkpoint_s
@@ -249,14 +257,16 @@ def project(
     gpu_hours = sum(p.seconds * p.gpus for p in plans) / 3600
     assumptions = [
         f"unit costs: medians over {measured.overall.trials} finished trials of study {measured.study!r} "
-        f"on {measured.overall.device} (per ablation where it ran one): set-up {measured.overall.setup_s:.1f} s, "
+        f"on {measured.overall.device} (per ablation where it ran one): outside the loop "
+        f"{measured.overall.overhead_s:.1f} s, set-up {measured.overall.setup_s:.1f} s, "
         f"step {measured.overall.step_s:.3f} s, dev evaluation {measured.overall.dev_eval_s:.1f} s, "
         f"checkpoint {measured.overall.checkpoint_s:.2f} s, test evaluation {measured.overall.test_eval_s:.1f} s",
         "the study's trials hold no GPU: projected on the measured device"
         if per_trial_gpus == 0
         else f"steps and evaluations {speedup:g}x faster on {gpu} than where they were measured"
         + (" (measured on it)" if measured_on_target else " (assumed; --gpu-speedup to change it)"),
-        "set-up and checkpoint writes as measured (start-up, disk and network do not speed up)",
+        "set-up, the time outside the loop and checkpoint writes as measured (start-up, disk and network "
+        "do not speed up); not counted: the study's own start (Ray, shared inputs, about a minute)",
         f"{slots} trials at a time ({gpus} x {gpu}, {per_trial_gpus:g} GPU per trial, concurrency "
         f"{study.concurrency or 'unlimited'}); stages run one after another",
         f"USD {price:.2f} per GPU-hour"

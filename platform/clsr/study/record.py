@@ -339,11 +339,11 @@ def summary_rows(runs, study: Study) -> list[dict[str, Any]]:
         tests |= {
             k: metrics[k] for t in FAQ_TASKS for k in (f"test_{t}_top1", f"test_{t}_map") if k in metrics
         }
-        also = "; ".join(f"{a}[{p}]" for a, p in run_labels(tags)[1:])
+        also = len(run_labels(tags)) - 1  # identical trials of other points (named in clsr.also)
         rows.append(
             {
                 "ablation": tags.get("clsr.ablation"),
-                "point": tags.get("clsr.point", "") + (f" (also {also})" if also else ""),
+                "point": tags.get("clsr.point", "") + (f" (+{also} identical)" if also else ""),
                 "seed": tags.get("clsr.seed"),
                 "status": tags.get("clsr.status", "unknown"),
                 study.metric: metrics.get(study.metric),
