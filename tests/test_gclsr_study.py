@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from clsr.study.report import build_report
 from clsr.study.schema import grid_points, load_study
 from clsr.tracking.study_runs import run_labels
 
@@ -39,7 +40,7 @@ def test_gclsr_smoke_study_end_to_end(tmp_path):
     assert "skipped (not available here): ablations.components[+ TransL]" in output
 
     study = load_study(STUDY, smoke=True)
-    _, parents, children = runs_of(uri, study.name)
+    client, parents, children = runs_of(uri, study.name)
     assert len(parents) == 1
     expected = {
         (name, p["label"])
@@ -61,4 +62,9 @@ def test_gclsr_smoke_study_end_to_end(tmp_path):
     # the paper's region sizes are every table's choice: the run of that configuration stands for them all
     ours = next(r for r in children if ("region_sizes", "(1,1,1,6,15,20)") in run_labels(r.data.tags))
     assert len(run_labels(ours.data.tags)) == 9
+    # the report shows that one run in each of the nine ablations' rows, and counts it once for the study
+    report = build_report(study, client, parents[0].info.run_id, uri)
+    shown_in = {a.name for a in report.ablations for r in a.rows for t in r.trials.values() if t.run_id == ours.info.run_id}
+    assert shown_in == {ablation for ablation, _ in run_labels(ours.data.tags)}
+    assert report.cost.runs == 39
     assert ours.data.params["model.vectors"] == "glove-6b-50d-local"
