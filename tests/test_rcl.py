@@ -120,9 +120,10 @@ class CountingEncoder(torch.nn.Module):
 
 
 def test_prepare_shared_embeds_each_training_text_once_per_entropy_model(data_dir, monkeypatch):
+    from clsr.data.training import training_rows
     from clsr.encoders.transformer import load_tokenizer
     from clsr.train.config import TrialConfig
-    from clsr.train.loop import build_method, training_rows
+    from clsr.train.loop import build_method
 
     trial = TrialConfig.model_validate(
         {

@@ -352,7 +352,7 @@ class GCLSR(Method):
         )
 
     def prepare_shared(self, trial: Any) -> GCLSRShared:
-        from clsr.train.loop import training_rows
+        from clsr.data.training import training_rows
 
         texts = [row["text"] for row in training_rows(trial)]
         translated: list[str] = []

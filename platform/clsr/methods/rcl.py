@@ -299,7 +299,7 @@ class RCL(_RCLMethod):
     def prepare_shared(self, trial: Any) -> RCLShared:
         """Embed every distinct query and index text of the training rows once with every entropy model
         in ``entropy_models`` (all of them, so that trials with other ``phis`` share the result)."""
-        from clsr.train.loop import training_rows
+        from clsr.data.training import training_rows
 
         rows = training_rows(trial)
         self.check_columns(rows)

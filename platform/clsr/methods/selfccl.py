@@ -342,10 +342,10 @@ class SelfCCL(Method):
         return f"selfccl-score:{d.train}:{d.data_dir}:{d.max_rows}:{subset}:{encoder}:{weights}:{pooling}:{length}"
 
     def prepare_shared(self, trial: Any) -> TripletScores:
+        from clsr.data.training import training_rows
         from clsr.encoders.trained import is_checkpoint, load_trained_encoder
         from clsr.encoders.transformer import ModelConfig, load_tokenizer
         from clsr.eval.embed import transformer_embedder
-        from clsr.train.loop import training_rows
 
         rows = training_rows(trial)
         encoder_name, pooling, length = self.scoring_setup(trial)

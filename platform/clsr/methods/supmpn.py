@@ -116,7 +116,7 @@ class SupMPN(Method):
         return f"supmpn-pp:{trial.data.train}:{subset}:{aug.model_dump_json()}"
 
     def prepare_shared(self, trial: Any) -> list[dict[str, str]]:
-        from clsr.train.loop import training_rows
+        from clsr.data.training import training_rows
 
         return self.fill_positives(training_rows(trial), seed=0)
 

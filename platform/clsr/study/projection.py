@@ -169,7 +169,7 @@ class Projection:
 
 def count_rows(trial: TrialConfig, cache: dict[str, int | str]) -> int | str:
     """The trial's training rows (read once per data section), or why they could not be read."""
-    from clsr.train.loop import training_rows
+    from clsr.data.training import training_rows
 
     key = trial.data.model_dump_json() + str(trial.trainer.seed)
     if key not in cache:

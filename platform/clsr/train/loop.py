@@ -22,11 +22,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from clsr.data.catalog import load_rows, seeded_subset
-from clsr.data.faq import FAQData, fold_split, load_faq
-from clsr.data.faq import training_rows as faq_training_rows
+from clsr.data.faq import FAQData, load_faq
 from clsr.data.sources import resolve_data_dir
 from clsr.data.sts import load_sts
+from clsr.data.training import training_rows
 from clsr.encoders.precision import autocast_context, resolved_precision
 from clsr.eval.alignment import alignment_uniformity
 from clsr.eval.faq import dev_map, evaluate_faq, faq_summary_metrics
@@ -247,15 +246,6 @@ def load_checkpoint(
         torch.manual_seed(seed + session.rank + 7919 * state["step"])
     best = folder / "best_model.pt"
     return checkpoint_files.load_tensors(best) if best.exists() else None
-
-
-def training_rows(trial: TrialConfig) -> list[dict[str, str]]:
-    subset_seed = trial.data.subset_seed if trial.data.subset_seed is not None else trial.trainer.seed
-    if (faq_set := trial.data.faq_set()) is not None:  # an FAQ set's fold: its training queries' rows
-        data = load_faq(faq_set, resolve_data_dir(trial.data.data_dir))
-        rows = faq_training_rows(data, fold_split(len(data), trial.data.fold).train)
-        return list(seeded_subset(rows, trial.data.max_rows, subset_seed))
-    return load_rows(trial.data.train, trial.data.data_dir, trial.data.max_rows, seed=subset_seed)
 
 
 def fit(
