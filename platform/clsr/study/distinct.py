@@ -47,10 +47,15 @@ def also_tag(also: list[list[str]]) -> dict[str, str]:
     return {ALSO_TAG: json.dumps(also, ensure_ascii=False)} if also else {}
 
 
+def also_of(tags: dict[str, str]) -> list[tuple[tuple[str, str], str]]:
+    """The other points a child run stands for, each with its trial key (the run's seed)."""
+    if tags.get("clsr.seed") in (None, ""):  # a run with no seed stands for its own point only
+        return []
+    seed = int(tags["clsr.seed"])
+    return [((ablation, point), trial_key(ablation, point, seed)) for ablation, point in run_labels(tags)[1:]]
+
+
 def run_keys(tags: dict[str, str]) -> list[str]:
     """Every trial key a child run stands for: its own, then those of ``clsr.also``."""
     own = [tags[TRIAL_TAG]] if TRIAL_TAG in tags else []
-    if tags.get("clsr.seed") in (None, ""):
-        return own
-    seed = int(tags["clsr.seed"])
-    return own + [trial_key(ablation, point, seed) for ablation, point in run_labels(tags)[1:]]
+    return own + [key for _, key in also_of(tags)]

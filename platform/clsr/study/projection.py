@@ -135,14 +135,13 @@ class Work:
 def trial_work(trial: TrialConfig, rows: int) -> Work:
     """The loop's own plan for a trial of ``rows`` training rows (one device per rank)."""
     from clsr.train.loop import build_method
+    from clsr.train.steps import eval_interval
 
-    t = trial.trainer
     steps_per_epoch, total = build_method(trial).plan_steps(rows, trial, 1)
     if total == 0:  # an evaluation-only point scores its starting model once
         return Work(0, 1, 0)
-    every = max(1, round(t.eval_epochs * steps_per_epoch)) if t.eval_epochs else t.eval_steps
-    evaluations = math.ceil(total / every)  # the last step always evaluates
-    return Work(total, evaluations, math.ceil(evaluations / t.checkpoint_every))
+    evaluations = math.ceil(total / eval_interval(trial, steps_per_epoch))  # the last step evaluates too
+    return Work(total, evaluations, math.ceil(evaluations / trial.trainer.checkpoint_every))
 
 
 @dataclass

@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 from mlflow.tracking import MlflowClient
 
-from clsr.study.fingerprint import compare, overall, trial_key
+from clsr.study.distinct import also_of
+from clsr.study.fingerprint import compare, overall
 from clsr.study.interrupt import Interrupts
 from clsr.study.lease import Lease, LeaseHeld, current_holder
 from clsr.study.schema import Study, grid_points, point_label, stages, trial_document
@@ -185,8 +186,8 @@ def supersede(client, parent_run_id: str, keys: frozenset[str], attempt: int) ->
         if tags.get(TRIAL_TAG) in keys:
             client.set_tag(run.info.run_id, SUPERSEDED_TAG, f"v{attempt}")
             continue
-        also = run_labels(tags)[1:]
-        kept = [[a, p] for a, p in also if trial_key(a, p, int(tags.get("clsr.seed") or 0)) not in keys]
+        also = also_of(tags)
+        kept = [list(pair) for pair, key in also if key not in keys]
         if len(kept) < len(also):
             client.set_tag(run.info.run_id, ALSO_TAG, json.dumps(kept, ensure_ascii=False))
 

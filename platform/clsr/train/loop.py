@@ -41,6 +41,7 @@ from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, war
 from clsr.train.readback import PendingSteps
 from clsr.train.rng import restore_rng, rng_state
 from clsr.train.session import node_tags
+from clsr.train.steps import eval_interval
 
 DEV_SPLIT = "dev"
 EVAL_ONLY_TAG = "clsr.eval_only"  # "true" on the MLflow run of a point that trained nothing
@@ -283,7 +284,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     steps_per_epoch, total_steps = method.plan_steps(len(rows), trial, session.world_size)
     micro_rows = t.batch_size // t.grad_accum_steps  # global rows per forward pass
     local_rows = micro_rows // session.world_size
-    eval_every = max(1, round(t.eval_epochs * steps_per_epoch)) if t.eval_epochs else t.eval_steps
+    eval_every = eval_interval(trial, steps_per_epoch)
 
     model = session.prepare_model(compiled(method.build_model(trial.model, pipeline), t))
     device = session.device
@@ -401,12 +402,12 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
             # every checkpoint_every-th evaluation, and the last one (a test evaluation cut short resumes
             # from there, not from an earlier step)
             if state["evaluations"] % t.checkpoint_every == 0 or step == total_steps or stalled:
-                written = time.perf_counter()
                 with clock.phase("checkpoint"):
                     checkpoint = save_checkpoint(
                         model, optimizer, scheduler, state, best_weights, device, grad_scaler
                     )
-                state["checkpoint_s"] = state.get("checkpoint_s", 0.0) + time.perf_counter() - written
+                # over every attempt (the clock's phases are this attempt's)
+                state["checkpoint_s"] = state.get("checkpoint_s", 0.0) + clock.last_phase_s
                 state["checkpoint_bytes"] = state.get("checkpoint_bytes", 0) + folder_bytes(checkpoint)
                 logger.save_to(checkpoint)  # a retry elsewhere sends what MLflow has not taken yet
         session.report(metrics, checkpoint)
@@ -500,6 +501,7 @@ class TrialClock:
         self.first_step = 0
         self.phase_s: dict[str, float] = {"dev_eval": 0.0, "checkpoint": 0.0, "test_eval": 0.0}
         self.phase_count: dict[str, int] = {"dev_eval": 0, "checkpoint": 0}
+        self.last_phase_s = 0.0  # how long the last ``phase`` took
 
     def setup_done(self, step: int) -> None:
         """Model, data and restored state are ready; this attempt trains from ``step``."""
@@ -511,7 +513,8 @@ class TrialClock:
         try:
             yield
         finally:
-            self.phase_s[name] += time.perf_counter() - began
+            self.last_phase_s = time.perf_counter() - began
+            self.phase_s[name] += self.last_phase_s
             if name in self.phase_count:
                 self.phase_count[name] += 1
 

@@ -28,3 +28,10 @@ def plan_steps(num_rows: int, trial: TrialConfig, world: int) -> tuple[int, int]
         )
     total = math.ceil(t.epochs * steps_per_epoch)
     return steps_per_epoch, total if t.max_steps is None else min(total, t.max_steps)
+
+
+def eval_interval(trial: TrialConfig, steps_per_epoch: int) -> int:
+    """Steps between dev evaluations (the last step always evaluates too): ``eval_epochs`` of an epoch,
+    else ``eval_steps``."""
+    t = trial.trainer
+    return max(1, round(t.eval_epochs * steps_per_epoch)) if t.eval_epochs else t.eval_steps
