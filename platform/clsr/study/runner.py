@@ -42,6 +42,7 @@ from clsr.study.schema import (
     trial_document,
 )
 from clsr.study.trial import StudyContext, key_of, run_trial
+from clsr.study.tune_state import repair_before_restore
 from clsr.tracking.study_runs import (
     SUPERSEDED_TAG,
     check_reachable,
@@ -259,6 +260,10 @@ def build_tuner(
     name = name or ablation or "grid"
     path = f"{ctx.storage.rstrip('/')}/{name}"
     if restore and tune.Tuner.can_restore(path):
+        # a driver killed while Tune copied its state to storage can leave a file of it truncated, and
+        # Tune's restore would then start the experiment over without its trials (clsr.study.tune_state)
+        for line in repair_before_restore(path, grid=ablation is None):
+            print(f"experiment {name}: {line}")
         # interrupted trials continue from their checkpoints; errored ones (crashes past their retries,
         # trials that ran out of time) are tried again from theirs
         return tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)

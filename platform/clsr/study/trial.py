@@ -65,6 +65,12 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
     from clsr.train.loop import build_method
 
     study = _study(ctx)
+    if "point" not in config:  # Tune started a restored experiment over: it could not read its state
+        raise RuntimeError(
+            "Tune gave this trial no study point: it could not restore the experiment's saved state and "
+            "started the experiment over without the study's trials (see 'Failed to restore the run state' "
+            "above); the trials it held are not run"
+        )
     point = config["point"]
     seed = point["seed"]
     trial_id = ray.tune.get_context().get_trial_id()

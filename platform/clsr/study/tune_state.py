@@ -1,0 +1,147 @@
+"""A Tune experiment's saved state, read before ``Tuner.restore`` continues it.
+
+Tune (2.60) writes an experiment's state into the driver's staging folder (``experiment_state-<session>.json``:
+the trials and their checkpoints; ``basic-variant-state-<session>.json`` and the like: the searcher's),
+then a background thread copies that folder to the storage path, overwriting each file in place. A driver
+killed during the copy (SIGKILL, a lost machine) leaves a truncated file in storage. On restore, Tune's
+controller fails to read it, logs "Failed to restore the run state", and starts the experiment over
+from the restored Tuner's ``param_space``: there is none (``tuner.pkl`` does not keep it), so the
+resumed experiment runs a trial with an empty config instead of the study's trials.
+
+So each file Tune's restore will read is read here first. An unreadable one is replaced by the killed
+driver's own staging copy when that driver ran on this machine (its copy was complete before the upload
+began); else a grid experiment's searcher state is set aside (a grid's searcher only hands out trials:
+the restored ones continue, and a grid trial it never handed out has no run yet, so the resume's
+new-version experiment runs it); anything else stops the resume, saying which file is lost.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+# the files TuneController.resume reads, newest first by name (Tune's own choice: max() of the matches)
+EXPERIMENT_STATE = "experiment_state-*.json"
+SEARCHER_STATES = ("basic-variant-state-*.json", "search_gen_state-*.json", "searcher-state-*.pkl")
+CALLBACK_STATE = "callback-states-*.pkl"
+GRID_SEARCHER = SEARCHER_STATES[0]  # BasicVariantGenerator: what a grid experiment's trials come from
+SET_ASIDE = ".unreadable"  # Tune reads only names ending in .json/.pkl
+
+
+class UnreadableTuneState(RuntimeError):
+    """A Tune experiment's saved state is lost: its trials cannot continue where they stopped."""
+
+
+def read_experiment_state(data: bytes) -> None:
+    state = json.loads(data)
+    if not isinstance(state, dict) or not isinstance(state.get("trial_data"), list):
+        raise ValueError("no trial_data in it")
+
+
+def read_pickled(data: bytes) -> None:
+    from ray import cloudpickle
+
+    if cloudpickle.loads(data) is None:
+        raise ValueError("it holds nothing")
+
+
+def readers() -> dict[str, Callable[[bytes], None]]:
+    return {EXPERIMENT_STATE: read_experiment_state} | {
+        pattern: read_pickled for pattern in (*SEARCHER_STATES, CALLBACK_STATE)
+    }
+
+
+def repair_before_restore(path: str, grid: bool, staging_roots: list[Path] | None = None) -> list[str]:
+    """Check (and where it can be done safely, repair) the state Tune will restore ``path`` from.
+
+    ``grid``: the experiment's trials come from a grid (Tune's BasicVariantGenerator). Returns what was
+    repaired, one line each; raises UnreadableTuneState when the experiment cannot be continued.
+    """
+    import pyarrow.fs
+
+    fs, root = pyarrow.fs.FileSystem.from_uri(path)
+    entries = fs.get_file_info(pyarrow.fs.FileSelector(root))
+    files = {Path(e.path).name for e in entries if e.type == pyarrow.fs.FileType.File}
+    trial_dirs = {Path(e.path).name for e in entries if e.type == pyarrow.fs.FileType.Directory}
+    repaired = []
+    for pattern, read in readers().items():
+        matches = fnmatch.filter(files, pattern)
+        if not matches:
+            continue
+        name = max(matches)
+        why = _unreadable(lambda fs_path=f"{root}/{name}": _read_fs(fs, fs_path), read)
+        if why is None:
+            continue
+        copy = _staging_copy(Path(path).name, name, trial_dirs, read, staging_roots)
+        if copy is not None:
+            _write_atomically(fs, f"{root}/{name}", copy.read_bytes())
+            repaired.append(
+                f"{name}: unreadable in storage ({why}); restored from the stopped driver's copy {copy}"
+            )
+        elif grid and pattern == GRID_SEARCHER:
+            fs.move(f"{root}/{name}", f"{root}/{name}{SET_ASIDE}")
+            repaired.append(
+                f"{name}: unreadable ({why}); set aside as {name}{SET_ASIDE}: the grid's restored trials "
+                f"continue, and any it had not handed out yet run in this resume's new-version experiment"
+            )
+        else:
+            raise UnreadableTuneState(
+                f"Tune's saved state of the experiment at {path} cannot be read: {name} ({why}), most likely "
+                f"because its driver was stopped while Tune was writing it, and no complete copy of it is on "
+                f"this machine. Its trials cannot be continued from their checkpoints."
+            )
+    return repaired
+
+
+def _read_fs(fs, fs_path: str) -> bytes:
+    with fs.open_input_stream(fs_path) as stream:
+        return stream.readall()
+
+
+def _unreadable(load: Callable[[], bytes], read: Callable[[bytes], None]) -> str | None:
+    """None when the file reads as Tune will read it, else why not."""
+    try:
+        data = load()
+        if not data:
+            return "empty"
+        read(data)
+    except Exception as err:  # truncated JSON or pickle, a missing class, an I/O error: all mean lost
+        return f"{type(err).__name__}: {str(err)[:200]}"
+    return None
+
+
+def ray_temp_root() -> Path:
+    """Where Ray keeps its sessions on this machine (Ray's own rule: $RAY_TMPDIR, else the temp folder)."""
+    return Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray"
+
+
+def _staging_copy(
+    experiment: str, name: str, trial_dirs: set[str], read: Callable[[bytes], None], roots: list[Path] | None
+) -> Path | None:
+    """A complete copy of ``name`` in the staging folder of the driver that wrote it, when on this machine.
+
+    Tune stages an experiment at ``<ray temp>/session_*/artifacts/<driver start>/<experiment>/driver_artifacts``.
+    The file name carries the writing driver's start time, and the folder's trial folders must all be
+    trials of this experiment (their names carry the trials' random ids), so another experiment's copy is
+    never taken.
+    """
+    candidates = []
+    for root in roots if roots is not None else [ray_temp_root()]:
+        for copy in root.glob(f"session_*/artifacts/*/{experiment}/driver_artifacts/{name}"):
+            staged = {p.name for p in copy.parent.iterdir() if p.is_dir()}
+            if staged and staged <= trial_dirs and _unreadable(copy.read_bytes, read) is None:
+                candidates.append(copy)
+    return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def _write_atomically(fs, fs_path: str, data: bytes) -> None:
+    """Write then rename: a reader (or another stop) never sees half a file (renames are atomic locally;
+    an object store's upload appears whole)."""
+    partial = f"{fs_path}.partial"
+    with fs.open_output_stream(partial) as stream:
+        stream.write(data)
+    fs.move(partial, fs_path)
