@@ -9,6 +9,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
+from clsr.study.probe import probe, probe_trial
 from clsr.study.projection import measure, pack, project
 from clsr.study.schema import load_study
 from clsr.tracking.study_runs import children, close_run, open_child_run, start_parent_run
@@ -63,7 +64,9 @@ def test_a_cpu_study_is_projected_as_measured_and_a_gpu_study_packed_on_its_gpus
 
     # half a GPU per trial, a GPU 10x faster at steps and evaluations, USD 2 per GPU-hour
     gpu_study = load_study(SMOKE, [("resources.gpus_per_worker", 0.5)])
-    gpu = project(gpu_study, measured, gpus=1, gpu="h100", speedup=10, usd_per_gpu_hour=2.0, progress=lambda _: None)
+    gpu = project(
+        gpu_study, measured, gpus=1, gpu="h100", speedup=10, usd_per_gpu_hour=2.0, progress=lambda _: None
+    )
     per_trial = 11 + (16 + 6 + 20) / 10 + 1  # set-up and checkpoint writes as measured
     assert gpu.plans[0].seconds == pytest.approx(per_trial) and gpu.slots == 2
     assert gpu.gpu_hours == pytest.approx(2 * per_trial * 0.5 / 3600)
@@ -96,3 +99,34 @@ def test_the_command_prints_the_projection_and_says_what_to_run_without_measurem
     assert "2 trials, 2 distinct" in out and "min wall" in out and "hold no GPU" in out
     assert main(["study", "plan", str(SMOKE)]) == 2  # no recorded 'smoke' study in this store
     assert "no MLflow run of study 'smoke'" in capsys.readouterr().err
+
+
+GCLSR = REPO_ROOT / "studies" / "gclsr_ablations.yaml"
+
+
+def test_a_probe_runs_copies_of_one_trial_at_once_here_and_prices_the_study_with_them():
+    """The smoke GCLSR study packs no GPU: two copies (``--probe-copies``) of its first point run at once,
+    each in its own process, cut to two evaluation intervals; their clocks price every distinct trial."""
+    study = load_study(GCLSR, smoke=True)
+    label, trial = probe_trial(study, steps=None)
+    assert label == "components/GCLSR_base" and trial.trainer.max_steps == 2  # the smoke's own 2 steps
+    assert probe_trial(study, "batch_size", steps=1)[1].trainer.max_steps == 1
+    lines: list[str] = []
+    measured = probe(study, copies=2, progress=lines.append)
+    costs = measured.overall
+    assert costs.trials == 2 and costs.device == "1 x cpu"
+    assert costs.step_s > 0 and costs.dev_eval_s > 0 and costs.test_eval_s > 0 and costs.setup_s > 0
+    assert "2 at once of components/GCLSR_base, 2 steps" in measured.source
+    assert sum("copy" in line for line in lines) == 2
+    projection = project(study, measured, gpus=1, gpu="h100", progress=lambda _: None)
+    assert projection.distinct == len(projection.plans) < projection.trials
+    step_cost = 2 * costs.step_s  # every smoke trial runs its 2 steps at the probe's cost per step
+    assert all(p.seconds >= step_cost + costs.setup_s for p in projection.plans)
+
+
+def test_probe_options_are_checked(capsys):
+    assert main(["study", "plan", str(SMOKE), "--probe", "--from", "x"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+    assert main(["study", "plan", str(GCLSR), "--smoke", "--probe", "--probe-ablation", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--probe-ablation 'nope'" in err and "components, batch_size" in err

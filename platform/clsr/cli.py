@@ -118,6 +118,20 @@ def _parser() -> argparse.ArgumentParser:
         "--from", dest="measured", default=None, metavar="STUDY",
         help="the recorded study whose trials give the per-phase costs (default: this study's name)",
     )  # fmt: skip
+    plan.add_argument(
+        "--probe", action="store_true",
+        help="measure the costs here instead: run short copies of one trial at once, as many as share a GPU "
+        "(no Ray, no MLflow)",
+    )  # fmt: skip
+    plan.add_argument(
+        "--probe-ablation", default=None, help="the ablation whose first point is probed (default: the first)"
+    )
+    plan.add_argument(
+        "--probe-copies", type=int, default=None, help="copies run at once (default: 1 / gpus_per_worker)"
+    )
+    plan.add_argument(
+        "--probe-steps", type=int, default=None, help="steps per copy (default: two evaluation intervals)"
+    )
     plan.add_argument("--gpus", type=int, default=1, help="GPUs the study gets (default 1)")
     plan.add_argument("--gpu", choices=sorted(GPU_KINDS), default="h100", help="GPU kind (default h100)")
     plan.add_argument(
@@ -126,7 +140,9 @@ def _parser() -> argparse.ArgumentParser:
         "(default: an assumption per GPU kind, printed; 1 when measured on that GPU)",
     )  # fmt: skip
     plan.add_argument("--price", type=float, default=None, help="USD per GPU-hour (default: printed)")
-    plan.add_argument("--tracking-uri", default=None, help="MLflow (default: the study's, $MLFLOW_TRACKING_URI)")
+    plan.add_argument(
+        "--tracking-uri", default=None, help="MLflow (default: the study's, $MLFLOW_TRACKING_URI)"
+    )
 
     ev = commands.add_parser(
         "eval",
@@ -309,23 +325,45 @@ def cmd_study_sync(args: argparse.Namespace) -> int:
 
 def cmd_study_plan(args: argparse.Namespace) -> int:
     """``platform study plan``: 0 with the projection printed, 2 for a bad file or nothing measured."""
-    from clsr.study.projection import NoMeasurements, measure, project, render
-    from clsr.study.report import NoStudyRuns, open_study_runs
+    from clsr.study.projection import NoMeasurements, project, render
     from clsr.study.schema import StudyError
-    from clsr.tracking.study_runs import children, resolve_tracking_uri
 
+    if args.probe and args.measured:
+        print(
+            "error: --probe measures here; --from reads a recorded study: give one of them", file=sys.stderr
+        )
+        return 2
     try:
         study = _load(args.study, args.overrides, smoke=args.smoke)
-        measured_name = args.measured or study.name
-        uri = resolve_tracking_uri(args.tracking_uri or study.tracking_uri)
-        client, parent = open_study_runs(measured_name, uri)
-        measured = measure(children(client, parent.info.run_id), measured_name)
+        measured = _probed(args, study) if args.probe else _recorded(args, study)
         projection = project(study, measured, args.gpus, args.gpu, args.gpu_speedup, args.price)
-    except (StudyError, NoStudyRuns, NoMeasurements, ValueError) as err:
+    except (StudyError, NoMeasurements, ValueError) as err:
         print(err if isinstance(err, StudyError) else f"error: {err}", file=sys.stderr)
         return 2
     print(render(projection, args.gpu, args.gpus))
     return 0
+
+
+def _probed(args: argparse.Namespace, study):
+    """Unit costs measured here by short probe trials (no Ray, no MLflow: a lone GPU box can run it)."""
+    from clsr.study.probe import probe
+
+    return probe(study, args.probe_copies, args.probe_ablation, args.probe_steps)
+
+
+def _recorded(args: argparse.Namespace, study):
+    """Unit costs of a recorded study's finished trials, read from MLflow."""
+    from clsr.study.projection import NoMeasurements, measure
+    from clsr.study.report import NoStudyRuns, open_study_runs
+    from clsr.tracking.study_runs import children, resolve_tracking_uri
+
+    measured_name = args.measured or study.name
+    uri = resolve_tracking_uri(args.tracking_uri or study.tracking_uri)
+    try:
+        client, parent = open_study_runs(measured_name, uri)
+    except NoStudyRuns as err:
+        raise NoMeasurements(str(err)) from err
+    return measure(children(client, parent.info.run_id), measured_name)
 
 
 def cmd_study_report(args: argparse.Namespace) -> int:

@@ -58,7 +58,7 @@ class UnitCosts:
 class Measured:
     """Unit costs per ablation of the recorded study, and over all of its trials."""
 
-    study: str
+    source: str  # where the costs were measured: "study 'name'", or a probe's description
     overall: UnitCosts
     by_ablation: dict[str, UnitCosts] = field(default_factory=dict)
 
@@ -66,33 +66,52 @@ class Measured:
         return self.by_ablation.get(name, self.overall)
 
 
+@dataclass(frozen=True)
+class Sample:
+    """One measured trial: its final metrics, the device it ran on, and its seconds outside the loop."""
+
+    metrics: dict[str, float]
+    device: str
+    outside_s: float | None
+
+
 def unit_costs(runs: list[Any]) -> UnitCosts | None:
     """Medians of the per-unit phase costs over finished, never resumed trials (a resumed attempt's
     clock starts at its restart), or None without any."""
+    return costs_of(
+        [
+            Sample(
+                r.data.metrics,
+                r.data.tags.get("clsr.device", "unknown"),
+                (r.info.end_time - r.info.start_time) / 1000 - r.data.metrics["trial_wall_s"]
+                if r.info.end_time and "trial_wall_s" in r.data.metrics
+                else None,
+            )
+            for r in runs
+            if r.data.tags.get("clsr.status") == "finished"
+        ]
+    )
+
+
+def costs_of(samples: list[Sample]) -> UnitCosts | None:
+    """Medians of the per-unit phase costs over ``samples`` with phase timings (never resumed)."""
     usable = [
-        r
-        for r in runs
-        if r.data.tags.get("clsr.status") == "finished"
-        and all(m in r.data.metrics for m in PHASE_METRICS)
-        and "resumed_from_step" not in r.data.metrics
+        s
+        for s in samples
+        if all(m in s.metrics for m in PHASE_METRICS) and "resumed_from_step" not in s.metrics
     ]
     if not usable:
         return None
 
     def median_of(total: str, count: str | None = None) -> float:
         values = [
-            r.data.metrics.get(total, 0.0) / (r.data.metrics[count] if count else 1.0)
-            for r in usable
-            if count is None or r.data.metrics.get(count, 0) > 0
+            s.metrics.get(total, 0.0) / (s.metrics[count] if count else 1.0)
+            for s in usable
+            if count is None or s.metrics.get(count, 0) > 0
         ]
         return statistics.median(values) if values else 0.0
 
-    devices = Counter(r.data.tags.get("clsr.device", "unknown") for r in usable)
-    outside = [
-        (r.info.end_time - r.info.start_time) / 1000 - r.data.metrics["trial_wall_s"]
-        for r in usable
-        if r.info.end_time and "trial_wall_s" in r.data.metrics
-    ]
+    outside = [s.outside_s for s in usable if s.outside_s is not None]
     return UnitCosts(
         setup_s=median_of("trial_setup_s"),
         overhead_s=max(statistics.median(outside), 0.0) if outside else 0.0,
@@ -101,7 +120,7 @@ def unit_costs(runs: list[Any]) -> UnitCosts | None:
         checkpoint_s=median_of("trial_checkpoint_write_s", "trial_checkpoints_written"),
         test_eval_s=median_of("trial_test_eval_s"),
         trials=len(usable),
-        device=devices.most_common(1)[0][0],
+        device=Counter(s.device for s in usable).most_common(1)[0][0],
     )
 
 
@@ -120,7 +139,7 @@ def measure(runs: list[Any], study_name: str) -> Measured:
         costs = unit_costs([r for r in runs if r.data.tags.get("clsr.ablation") == name])
         if costs is not None:
             by_ablation[name] = costs
-    return Measured(study_name, overall, by_ablation)
+    return Measured(f"study {study_name!r}", overall, by_ablation)
 
 
 @dataclass(frozen=True)
@@ -255,7 +274,7 @@ def project(
     )
     gpu_hours = sum(p.seconds * p.gpus for p in plans) / 3600
     assumptions = [
-        f"unit costs: medians over {measured.overall.trials} finished trials of study {measured.study!r} "
+        f"unit costs: medians over {measured.overall.trials} finished trials of {measured.source} "
         f"on {measured.overall.device} (per ablation where it ran one): outside the loop "
         f"{measured.overall.overhead_s:.1f} s, set-up {measured.overall.setup_s:.1f} s, "
         f"step {measured.overall.step_s:.3f} s, dev evaluation {measured.overall.dev_eval_s:.1f} s, "

@@ -1,0 +1,113 @@
+"""``platform study plan --probe``: measure a study's per-phase costs here, on this machine's device,
+by running short copies of one of its trials, before any of it runs on Ray.
+
+The probe takes the first point of an ablation (the study's first unless named), cuts it to two
+evaluation intervals (or ``--probe-steps``), and runs as many copies of it at once as the study packs
+on one GPU (``1 / gpus_per_worker``: eight for GCLSR), each in its own process with its share of the
+card's memory, so that the measured step and evaluation times include the contention of packed
+trials. The copies run the trainer directly (``fit`` on a ``LocalSession``): no Ray, no MLflow, so a
+machine with PyTorch and this package can probe. Their clocks (``TrialClock``) become the unit costs
+that ``projection.project`` prices every distinct trial with.
+
+Not measured by a probe: the study's own start (Ray, shared inputs built once for all trials; a probe
+copy builds them itself, inside its set-up) and each trial's MLflow run; the projection says so.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from clsr.study.dotted import set_dotted
+from clsr.study.projection import Measured, Sample, costs_of, gpus_per_trial
+from clsr.study.schema import Study, grid_points, resolve_trial
+from clsr.train.config import TrialConfig
+
+
+def probe_trial(
+    study: Study, ablation: str | None = None, steps: int | None = None
+) -> tuple[str, TrialConfig]:
+    """The probe's trial: ``ablation``'s first point and seed, cut to ``steps`` optimiser steps (default:
+    two evaluation intervals, at least 10 steps, at most the trial's own)."""
+    from clsr.data.training import training_rows
+    from clsr.train.loop import build_method
+    from clsr.train.steps import eval_interval
+
+    name = ablation or next(iter(study.ablations))
+    if name not in study.ablations:
+        raise ValueError(f"--probe-ablation {name!r}: study {study.name!r} has {', '.join(study.ablations)}")
+    if study.ablations[name].space:
+        raise ValueError(f"--probe-ablation {name!r} is a search space: name one of the study's grids")
+    point = grid_points(study.ablations[name])[0]
+    trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
+    steps_per_epoch, total = build_method(trial).plan_steps(len(training_rows(trial)), trial, 1)
+    if total == 0:
+        raise ValueError(f"--probe-ablation {name!r} trains nothing (max_steps 0): name another ablation")
+    cut = min(total, steps or max(2 * eval_interval(trial, steps_per_epoch), 10))
+    doc = set_dotted(trial.model_dump(), "trainer.max_steps", cut)
+    return f"{name}/{point['label'] or 'first point'}", TrialConfig.model_validate(doc)
+
+
+def run_copy(trial_json: str, gpu_share: float) -> Sample:
+    """One probe copy, in its own process: the trial on this machine's device, its share of the GPU."""
+    from clsr.train.loop import TrialClock, fit
+    from clsr.train.session import LocalSession, cap_gpu_memory
+
+    trial = TrialConfig.model_validate_json(trial_json)
+    session = LocalSession()
+    if gpu_share > 0:
+        cap_gpu_memory(gpu_share, session.device)
+    start = time.perf_counter()
+    final = fit(trial, session)
+    wall = time.perf_counter() - start
+    # the transfer tasks' joblib workers idle for minutes before they exit, and this process may not
+    # exit before its children do: the trial is over, so they go now
+    for child in multiprocessing.active_children():
+        child.terminate()
+        child.join()
+    return Sample(final, TrialClock.device(session), wall - final.get("trial_wall_s", wall))
+
+
+def probe(
+    study: Study,
+    copies: int | None = None,
+    ablation: str | None = None,
+    steps: int | None = None,
+    progress=print,
+) -> Measured:
+    """Run ``copies`` (default: as many as share one GPU) of the probe trial at once; their unit costs."""
+    share = gpus_per_trial(study)
+    copies = copies or (max(1, round(1 / share)) if 0 < share < 1 else 1)
+    label, trial = probe_trial(study, ablation, steps)
+    progress(
+        f"probe: {copies} cop{'y' if copies == 1 else 'ies'} of {label} at once, "
+        f"{trial.trainer.max_steps} steps each, on this machine ..."
+    )
+    spawn = multiprocessing.get_context("spawn")  # CUDA cannot be forked; each copy its own process
+    with ProcessPoolExecutor(copies, mp_context=spawn) as pool:
+        samples = list(
+            pool.map(run_copy, [trial.model_dump_json()] * copies, [share if share < 1 else 0] * copies)
+        )
+    for n, s in enumerate(samples):
+        progress(describe(n, s))
+    overall = costs_of(samples)
+    if overall is None:  # fit returns its phases on rank 0 whenever it trains
+        raise RuntimeError("probe: the probe trials returned no phase timings")
+    walls = [s.metrics.get("trial_wall_s", 0.0) for s in samples]
+    source = f"a probe here ({copies} at once of {label}, {trial.trainer.max_steps} steps, median wall {statistics.median(walls):.1f} s)"
+    return Measured(source, overall)
+
+
+def describe(n: int, sample: Sample) -> str:
+    m: dict[str, Any] = sample.metrics
+    steps = m.get("trial_steps_run", 0.0)
+    per_step = m.get("trial_steps_s", 0.0) / steps if steps else 0.0
+    return (
+        f"  copy {n}: set-up {m.get('trial_setup_s', 0):.1f} s, {steps:.0f} steps at {per_step * 1000:.0f} ms, "
+        f"{m.get('trial_dev_evaluations', 0):.0f} dev evaluations {m.get('trial_dev_eval_s', 0):.1f} s, "
+        f"test evaluation {m.get('trial_test_eval_s', 0):.1f} s, wall {m.get('trial_wall_s', 0):.1f} s "
+        f"({sample.device})"
+    )
