@@ -202,7 +202,11 @@ def test_a_trial_sharing_a_gpu_is_capped_at_its_share_of_the_memory(monkeypatch)
 
     calls = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda *a: calls.append(a))
-    gpu = torch.device("cuda", 0)
-    assert cap_gpu_memory(0.125, gpu) == 0.125 and calls == [(0.125, gpu)]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    # the sessions' device is torch.device("cuda"), with no index, which PyTorch's call refuses (seen on
+    # an H100): the index of the current device goes instead
+    gpu = torch.device("cuda")
+    assert cap_gpu_memory(0.125, gpu) == 0.125 and calls == [(0.125, 3)]
+    assert cap_gpu_memory(0.125, torch.device("cuda", 1)) == 0.125 and calls[-1] == (0.125, 1)
     assert cap_gpu_memory(1.0, gpu) is None and cap_gpu_memory(0.125, torch.device("cpu")) is None
-    assert len(calls) == 1
+    assert len(calls) == 2

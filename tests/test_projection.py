@@ -4,6 +4,9 @@ checked against numbers worked out by hand."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
@@ -112,12 +115,13 @@ def test_a_probe_runs_copies_of_one_trial_at_once_here_and_prices_the_study_with
     assert label == "components/GCLSR_base" and trial.trainer.max_steps == 2  # the smoke's own 2 steps
     assert probe_trial(study, "batch_size", steps=1)[1].trainer.max_steps == 1
     lines: list[str] = []
-    measured = probe(study, copies=2, progress=lines.append)
+    measured = probe(study, copies=2, ablations=["components", "batch_size"], progress=lines.append)
     costs = measured.overall
+    assert measured.by_ablation["components"] == costs and "batch_size" in measured.by_ablation
     assert costs.trials == 2 and costs.device == "1 x cpu"
     assert costs.step_s > 0 and costs.dev_eval_s > 0 and costs.test_eval_s > 0 and costs.setup_s > 0
-    assert "2 at once of components/GCLSR_base, 2 steps" in measured.source
-    assert sum("copy" in line for line in lines) == 2
+    assert "2 at once of components/GCLSR_base: 2 steps" in measured.source
+    assert sum("copy" in line for line in lines) == 4
     projection = project(study, measured, gpus=1, gpu="h100", progress=lambda _: None)
     assert projection.distinct == len(projection.plans) < projection.trials
     step_cost = 2 * costs.step_s  # every smoke trial runs its 2 steps at the probe's cost per step
@@ -130,3 +134,20 @@ def test_probe_options_are_checked(capsys):
     assert main(["study", "plan", str(GCLSR), "--smoke", "--probe", "--probe-ablation", "nope"]) == 2
     err = capsys.readouterr().err
     assert "--probe-ablation 'nope'" in err and "components, batch_size" in err
+
+
+def test_a_probe_needs_neither_mlflow_nor_ray(tmp_path):
+    """A lone GPU box with PyTorch and this package can probe: planning imports neither."""
+    script = tmp_path / "no_mlflow.py"
+    script.write_text(
+        "import importlib.abc, sys\n"
+        "class Refuse(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('mlflow', 'ray'):\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Refuse())\n"
+        "import clsr.cli, clsr.study.probe, clsr.study.projection, clsr.study.distinct\n"
+        "print('imported')\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "imported" in done.stdout, done.stderr[-2000:]

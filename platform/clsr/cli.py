@@ -124,8 +124,10 @@ def _parser() -> argparse.ArgumentParser:
         "(no Ray, no MLflow)",
     )  # fmt: skip
     plan.add_argument(
-        "--probe-ablation", default=None, help="the ablation whose first point is probed (default: the first)"
-    )
+        "--probe-ablation", action="append", default=None, metavar="ABLATION",
+        help="an ablation whose first point is probed (repeatable; the first prices the ablations not "
+        "probed; default: the study's first)",
+    )  # fmt: skip
     plan.add_argument(
         "--probe-copies", type=int, default=None, help="copies run at once (default: 1 / gpus_per_worker)"
     )

@@ -5,7 +5,7 @@ Tune trial and one MLflow child run, which carries every (ablation, point) it st
 The run's ``clsr.ablation``/``clsr.point``/``clsr.trial_id`` are its first label's (study order); the
 others are in ``clsr.also`` (a JSON list of ``[ablation, point]``, same seed). Reports, the outputs later
 stages read, and edited resumes read a run under each of its labels
-(``clsr.tracking.study_runs.run_labels``, ``run_keys``).
+(``clsr.tracking.tags.run_labels``, ``run_keys``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from clsr.study.fingerprint import trial_key
 from clsr.study.schema import Outputs, Study, trial_identity
-from clsr.tracking.study_runs import ALSO_TAG, TRIAL_TAG, run_labels
+from clsr.tracking.tags import ALSO_TAG, TRIAL_TAG, run_labels
 
 
 def merge_identical(

@@ -4,7 +4,7 @@ by running short copies of one of its trials, before any of it runs on Ray.
 The probe takes the first point of an ablation (the study's first unless named), cuts it to two
 evaluation intervals (or ``--probe-steps``), and runs as many copies of it at once as the study packs
 on one GPU (``1 / gpus_per_worker``: eight for GCLSR), each in its own process with its share of the
-card's memory, so that the measured step and evaluation times include the contention of packed
+card's memory and a trial's CPUs (``OMP_NUM_THREADS``, as Ray sets it), so that the measured step and evaluation times include the contention of packed
 trials. The copies run the trainer directly (``fit`` on a ``LocalSession``): no Ray, no MLflow, so a
 machine with PyTorch and this package can probe. Their clocks (``TrialClock``) become the unit costs
 that ``projection.project`` prices every distinct trial with.
@@ -30,7 +30,7 @@ from clsr.train.config import TrialConfig
 def probe_trial(
     study: Study, ablation: str | None = None, steps: int | None = None
 ) -> tuple[str, TrialConfig]:
-    """The probe's trial: ``ablation``'s first point and seed, cut to ``steps`` optimiser steps (default:
+    """The probe's trial and its label: ``ablation``'s first point and seed, cut to ``steps`` optimiser steps (default:
     two evaluation intervals, at least 10 steps, at most the trial's own)."""
     from clsr.data.training import training_rows
     from clsr.train.loop import build_method
@@ -63,42 +63,68 @@ def run_copy(trial_json: str, gpu_share: float) -> Sample:
     start = time.perf_counter()
     final = fit(trial, session)
     wall = time.perf_counter() - start
-    # the transfer tasks' joblib workers idle for minutes before they exit, and this process may not
-    # exit before its children do: the trial is over, so they go now
-    for child in multiprocessing.active_children():
+    stop_joblib_workers()
+    return Sample(final, TrialClock.device(session), wall - final.get("trial_wall_s", wall))
+
+
+def limit_threads(cpus: int) -> None:
+    """A copy gets the CPUs a trial of the study gets, as Ray gives them: ``OMP_NUM_THREADS`` (which
+    torch and the transfer tasks' classifier processes follow)."""
+    import os
+
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = str(cpus)
+    torch.set_num_threads(cpus)
+
+
+def stop_joblib_workers() -> None:
+    """The transfer tasks' joblib (loky) workers idle for minutes before they exit, and a pool process
+    cannot exit before its children: the copy is over, so they go now."""
+    from joblib.externals.loky import reusable_executor
+
+    if (workers := getattr(reusable_executor, "_executor", None)) is not None:
+        workers.shutdown(wait=True, kill_workers=True)
+    for child in multiprocessing.active_children():  # anything else this copy started
         child.terminate()
         child.join()
-    return Sample(final, TrialClock.device(session), wall - final.get("trial_wall_s", wall))
 
 
 def probe(
     study: Study,
     copies: int | None = None,
-    ablation: str | None = None,
+    ablations: list[str] | None = None,
     steps: int | None = None,
     progress=print,
 ) -> Measured:
-    """Run ``copies`` (default: as many as share one GPU) of the probe trial at once; their unit costs."""
+    """Run ``copies`` (default: as many as share one GPU) of each named ablation's probe trial at once
+    (default: the study's first ablation); the first one's unit costs price the ablations not probed."""
     share = gpus_per_trial(study)
     copies = copies or (max(1, round(1 / share)) if 0 < share < 1 else 1)
-    label, trial = probe_trial(study, ablation, steps)
-    progress(
-        f"probe: {copies} cop{'y' if copies == 1 else 'ies'} of {label} at once, "
-        f"{trial.trainer.max_steps} steps each, on this machine ..."
-    )
-    spawn = multiprocessing.get_context("spawn")  # CUDA cannot be forked; each copy its own process
-    with ProcessPoolExecutor(copies, mp_context=spawn) as pool:
-        samples = list(
-            pool.map(run_copy, [trial.model_dump_json()] * copies, [share if share < 1 else 0] * copies)
+    by_ablation, described = {}, []
+    for ablation in ablations or [next(iter(study.ablations))]:
+        label, trial = probe_trial(study, ablation, steps)
+        progress(
+            f"probe: {copies} cop{'y' if copies == 1 else 'ies'} of {label} at once, "
+            f"{trial.trainer.max_steps} steps each, on this machine ..."
         )
-    for n, s in enumerate(samples):
-        progress(describe(n, s))
-    overall = costs_of(samples)
-    if overall is None:  # fit returns its phases on rank 0 whenever it trains
-        raise RuntimeError("probe: the probe trials returned no phase timings")
-    walls = [s.metrics.get("trial_wall_s", 0.0) for s in samples]
-    source = f"a probe here ({copies} at once of {label}, {trial.trainer.max_steps} steps, median wall {statistics.median(walls):.1f} s)"
-    return Measured(source, overall)
+        spawn = multiprocessing.get_context("spawn")  # CUDA cannot be forked; each copy its own process
+        cpus = max(1, round(study.resources.cpus_per_worker))
+        with ProcessPoolExecutor(
+            copies, mp_context=spawn, initializer=limit_threads, initargs=(cpus,)
+        ) as pool:
+            jobs = [trial.model_dump_json()] * copies
+            samples = list(pool.map(run_copy, jobs, [share if share < 1 else 0] * copies))
+        for n, sample in enumerate(samples):
+            progress(describe(n, sample))
+        costs = costs_of(samples)
+        if costs is None:  # fit returns its phases on rank 0 whenever it trains
+            raise RuntimeError(f"probe: the copies of {label} returned no phase timings")
+        by_ablation[label.split("/")[0]] = costs
+        walls = statistics.median(s.metrics.get("trial_wall_s", 0.0) for s in samples)
+        described.append(f"{label}: {trial.trainer.max_steps} steps, median wall {walls:.1f} s")
+    source = f"a probe here ({copies} at once of {'; '.join(described)})"
+    return Measured(source, next(iter(by_ablation.values())), by_ablation)
 
 
 def describe(n: int, sample: Sample) -> str:

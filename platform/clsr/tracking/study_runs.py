@@ -7,7 +7,6 @@ run up by those tags and logs into it, so no run is ever duplicated.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import urllib.error
@@ -23,13 +22,18 @@ from mlflow.tracking import MlflowClient
 import clsr
 from clsr.study.dotted import flatten
 from clsr.tracking.secrets import mask_uri
+from clsr.tracking.tags import (  # noqa: F401 (the names every reader of study runs imports from here)
+    ALSO_TAG,
+    CHECKPOINT_TAG,
+    FINGERPRINT_TAG,
+    PARENT_TAG,
+    STORAGE_TAG,
+    SUPERSEDED_TAG,
+    TIMED_OUT_ATTEMPT_TAG,
+    TRIAL_TAG,
+    run_labels,
+)
 
-PARENT_TAG, STORAGE_TAG, TRIAL_TAG = "clsr.study", "clsr.storage", "clsr.trial_id"
-SUPERSEDED_TAG = "clsr.superseded"  # a trial's run that an edited resume replaced (kept, not reported)
-FINGERPRINT_TAG = "clsr.fingerprint"  # sha-256 over every resolved trial (clsr.study.fingerprint)
-TIMED_OUT_ATTEMPT_TAG = "clsr.timed_out_attempt"  # the lease generation in which a trial timed out
-CHECKPOINT_TAG = "clsr.checkpoint"  # a finished trial's last checkpoint (local path or URI)
-ALSO_TAG = "clsr.also"  # the other [ablation, point] pairs a run of identical trials stands for (JSON)
 MAX_PARAM_LENGTH = 6000
 
 
@@ -263,17 +267,6 @@ def finished_outputs(
             for ablation, point in run_labels(tags):  # a run of identical trials is each point's output
                 outputs[(ablation, point, int(tags["clsr.seed"]))] = location
     return outputs
-
-
-def run_labels(tags: dict[str, str]) -> list[tuple[str, str]]:
-    """Every (ablation, point) a child run stands for: its own, then those in ``clsr.also``."""
-    labels = [(tags["clsr.ablation"], tags.get("clsr.point", ""))] if "clsr.ablation" in tags else []
-    try:
-        also = json.loads(tags.get(ALSO_TAG) or "[]")
-    except json.JSONDecodeError:
-        also = []  # a hand-edited tag: the run still stands for its own point
-    pairs = [pair for pair in also if isinstance(pair, list) and len(pair) == 2]
-    return labels + [(a, p) for a, p in pairs if isinstance(a, str) and isinstance(p, str)]
 
 
 _SAME_SCHEME = {"gs": "gcs", "s3a": "s3", "s3n": "s3"}  # pyarrow names Google Cloud Storage "gcs"

@@ -120,7 +120,9 @@ def cap_gpu_memory(share: float, device: torch.device) -> float | None:
     the card by its bookkeeping only). Returns the fraction set, or None (a whole GPU, or none)."""
     if device.type != "cuda" or share >= 1:
         return None
-    torch.cuda.set_per_process_memory_fraction(share, device)
+    # an index, not torch.device("cuda"): PyTorch refuses a CUDA device without one
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(share, index)
     return share
 
 

@@ -1,0 +1,24 @@
+"""The tags a study's MLflow runs carry, and the reading of a run's labels from them: no MLflow import,
+so planning a study (``study plan --probe``, deduplication) runs where MLflow is not installed."""
+
+from __future__ import annotations
+
+import json
+
+PARENT_TAG, STORAGE_TAG, TRIAL_TAG = "clsr.study", "clsr.storage", "clsr.trial_id"
+SUPERSEDED_TAG = "clsr.superseded"  # a trial's run that an edited resume replaced (kept, not reported)
+FINGERPRINT_TAG = "clsr.fingerprint"  # sha-256 over every resolved trial (clsr.study.fingerprint)
+TIMED_OUT_ATTEMPT_TAG = "clsr.timed_out_attempt"  # the lease generation in which a trial timed out
+CHECKPOINT_TAG = "clsr.checkpoint"  # a finished trial's last checkpoint (local path or URI)
+ALSO_TAG = "clsr.also"  # the other [ablation, point] pairs a run of identical trials stands for (JSON)
+
+
+def run_labels(tags: dict[str, str]) -> list[tuple[str, str]]:
+    """Every (ablation, point) a child run stands for: its own, then those in ``clsr.also``."""
+    labels = [(tags["clsr.ablation"], tags.get("clsr.point", ""))] if "clsr.ablation" in tags else []
+    try:
+        also = json.loads(tags.get(ALSO_TAG) or "[]")
+    except json.JSONDecodeError:
+        also = []  # a hand-edited tag: the run still stands for its own point
+    pairs = [pair for pair in also if isinstance(pair, list) and len(pair) == 2]
+    return labels + [(a, p) for a, p in pairs if isinstance(a, str) and isinstance(p, str)]
