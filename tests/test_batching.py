@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 
 from clsr.data.batching import TextViewBatcher, no_duplicate_batches, shuffled_batches
@@ -62,3 +65,29 @@ def test_no_duplicate_batches_never_repeat_a_text_in_a_batch():
     for batch in no_duplicate_batches(rows, ("anchor", "positive"), batch_size=3, epoch=0, seed=0):
         anchors = [rows[i]["anchor"] for i in batch]
         assert len(set(anchors)) == 3
+
+
+def test_tokenising_the_rows_uses_the_tokenizers_pool_and_puts_the_runners_setting_back(monkeypatch, data_dir):
+    """The study runner turns the fast tokenizer's thread pool off for Ray's processes; a trial's one
+    tokenisation of its rows turns it on (with the trial's CPUs) and restores the runner's setting."""
+    from clsr.data.catalog import load_rows
+    from clsr.encoders.transformer import load_tokenizer
+
+    seen = []
+
+    class Recording(WordTokenizer):
+        def __call__(self, texts, **kwargs):
+            seen.append((os.environ.get("TOKENIZERS_PARALLELISM"), os.environ.get("RAYON_NUM_THREADS")))
+            return super().__call__(texts, **kwargs)
+
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    TextViewBatcher([{"a": "x yy", "b": "zzz"}], ("a", "b"), Recording(), max_length=8)
+    assert seen == [("true", "2"), ("true", "2")] and os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    # the same ids with the pool as without it (MiniLM's fast tokenizer on real rows)
+    rows = load_rows("nli_triplets", data_dir, max_rows=300, seed=0)
+    pooled = TextViewBatcher(rows, ("anchor", "positive"), load_tokenizer("minilm"), max_length=24).tokens
+    monkeypatch.setattr("clsr.data.batching.parallel_tokenisation", contextlib.nullcontext)
+    single = TextViewBatcher(rows, ("anchor", "positive"), load_tokenizer("minilm"), max_length=24).tokens
+    assert all(torch.equal(pooled[c], single[c]) for c in ("anchor", "positive"))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,29 @@ def shuffled_batches(num_rows: int, batch_size: int, epoch: int, seed: int) -> l
     return [order[i : i + batch_size].tolist() for i in range(0, usable, batch_size)]
 
 
+@contextlib.contextmanager
+def parallel_tokenisation() -> Iterator[None]:
+    """The fast tokenizer's batch encoding on its own thread pool, for the calls inside.
+
+    The study runner sets ``TOKENIZERS_PARALLELISM=false`` for every Ray process: a process that forks
+    after the Rust pool has run can deadlock in the child, and the library warns at every fork. A trial
+    tokenises its training rows once, before it starts anything, so that one call may use the pool: the
+    variable is ``true`` inside and restored after (a set variable also keeps the fork warning quiet),
+    and the pool gets the trial's CPUs (``OMP_NUM_THREADS``, as Ray sets it) unless
+    ``RAYON_NUM_THREADS`` says otherwise (the pool reads it once, when it starts)."""
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    if os.environ.get("OMP_NUM_THREADS"):
+        os.environ.setdefault("RAYON_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
 class TextViewBatcher:
     """Holds token ids of every column a method reads; ``collate`` builds one forward pass.
 
@@ -24,7 +49,8 @@ class TextViewBatcher:
     output reshapes to ``(rows, views, dim)``. With ``length_group_size`` the batch tells the encoder to
     run its sentences in groups of similar length (``TransformerEncoder.forward``).
 
-    Each column is tokenised once (the fast tokenizer encodes the list in one call, on its own threads)
+    Each column is tokenised once (the fast tokenizer encodes the list in one call, on its own threads:
+    ``parallel_tokenisation``)
     and padded once into a contiguous int32 table with the lengths beside it, so that ``collate`` is
     tensor indexing: building a batch one sentence at a time in Python took 88 ms for 512 triplets.
     """
@@ -41,12 +67,13 @@ class TextViewBatcher:
         self.length_group_size = length_group_size  # the encoder's length groups (trainer.length_group_size)
         self.num_rows = len(rows)
         self.pad_id = tokenizer.pad_token_id or 0
-        encoded = {
-            column: tokenizer([row[column] for row in rows], truncation=True, max_length=max_length)[
-                "input_ids"
-            ]
-            for column in dict.fromkeys(self.views)
-        }
+        with parallel_tokenisation():
+            encoded = {
+                column: tokenizer([row[column] for row in rows], truncation=True, max_length=max_length)[
+                    "input_ids"
+                ]
+                for column in dict.fromkeys(self.views)
+            }
         width = max((len(ids) for column in encoded.values() for ids in column), default=1)
         self.tokens: dict[str, torch.Tensor] = {}  # column -> (rows, width) int32, padded with pad_id
         self.lengths: dict[str, torch.Tensor] = {}  # column -> (rows,) int64
