@@ -104,7 +104,7 @@ def test_report_of_the_smoke_study(smoke_study, tmp_path, capsys):
     assert "not logged" not in (out / "report.md").read_text()  # the cost table has the trials' seconds
 
 
-def test_a_trials_logged_model_loads_in_sentence_transformers_with_the_same_score(smoke_study):
+def test_a_trials_logged_model_loads_in_sentence_transformers_with_the_same_score(smoke_study, tmp_path):
     """Round trip: the smoke study's logged model, loaded by sentence-transformers, scores STS16 as the
     platform's own evaluation of that trial did."""
     import mlflow
@@ -115,7 +115,7 @@ def test_a_trials_logged_model_loads_in_sentence_transformers_with_the_same_scor
     client, _, children = runs_of(smoke_study.uri, "smoke")
     run = children[0]
     mlflow.set_tracking_uri(smoke_study.uri)
-    folder = mlflow.artifacts.download_artifacts(f"runs:/{run.info.run_id}/model")
+    folder = mlflow.artifacts.download_artifacts(f"runs:/{run.info.run_id}/model", dst_path=str(tmp_path))
     model = SentenceTransformer(folder, device="cpu")
     scores = evaluate_sts(lambda texts: model.encode(list(texts), batch_size=128), ["sts16"], "test")
     assert scores["sts16"].all == pytest.approx(run.data.metrics["test_sts16"], abs=1e-3)

@@ -33,12 +33,13 @@ Hugging Face folder or ``minilm``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import numbers
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -464,7 +465,9 @@ def _load_folder(folder: Path, pooling: str | None) -> tuple[nn.Module, Any]:
     raise ModelLoadError(f"{folder}/{FORMAT_FILE} names an unknown format {kind!r}")
 
 
-def _download(uri: str) -> Path:
+@contextlib.contextmanager
+def _downloaded(uri: str) -> Iterator[Path]:
+    """``uri``'s artifacts in a temporary folder, removed (the folder too, not only the artifacts) on exit."""
     import mlflow
 
     from clsr.tracking.secrets import mask_uri
@@ -482,7 +485,10 @@ def _download(uri: str) -> Path:
             f"({type(err).__name__}: {err}); set MLFLOW_TRACKING_URI to the store the run logged to"
         )
         raise ModelLoadError(mask_uri(message)) from None  # the chained error may show credentials
-    return Path(path)
+    try:
+        yield Path(path)
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
 
 
 def mlflow_uri(source: str) -> str | None:
@@ -507,14 +513,11 @@ def load_model(source: str, pooling: str | None = None) -> tuple[nn.Module, Any]
     """
     uri = mlflow_uri(source)
     if uri is not None:
-        downloaded = _download(uri)
-        try:
+        with _downloaded(uri) as downloaded:
             folder = exported_folder(downloaded)
             if folder is None:
                 raise ModelLoadError(f"{uri} holds no model exported by clsr (no {FORMAT_FILE})")
             return _load_folder(folder, pooling)
-        finally:
-            shutil.rmtree(downloaded, ignore_errors=True)
     path = Path(source).expanduser()
     folder = exported_folder(path) if path.is_dir() else None
     if folder is not None:

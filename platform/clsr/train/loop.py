@@ -41,6 +41,7 @@ from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, war
 from clsr.train.readback import PendingSteps
 from clsr.train.rng import restore_rng, rng_state
 from clsr.train.session import node_tags
+from clsr.train.staging import staging_folder
 from clsr.train.steps import eval_interval
 
 DEV_SPLIT = "dev"
@@ -197,7 +198,7 @@ def save_checkpoint(
     """A fresh folder with ``state.pt`` (and ``best_model.pt``), each written atomically, and a
     ``manifest.json`` of their SHA-256 written last; nothing is left behind when a write fails. The
     random states are the CPU's and ``device``'s only (``clsr.train.rng``: placement-independent)."""
-    folder = Path(tempfile.mkdtemp(prefix="clsr-ckpt-"))
+    folder = staging_folder("ckpt")
     try:
         saved = {
             "model": trained_state(unwrap(model)),

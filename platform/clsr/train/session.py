@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from clsr.train.distributed import rank, world_size
+from clsr.train.staging import staging_folder
 
 
 class _OneDevice:
@@ -106,9 +107,9 @@ def _local_copy(checkpoint: Any) -> Iterator[Path | None]:
     if checkpoint is None:
         yield None
         return
-    folder = tempfile.mkdtemp(prefix="clsr-restore-")
+    folder = staging_folder("restore")
     try:
-        yield Path(checkpoint.to_directory(folder))
+        yield Path(checkpoint.to_directory(str(folder)))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
