@@ -96,3 +96,35 @@ def save_tiny_bert(folder: Path, dropout: float | None = None, hidden: int = 16)
 def tiny_bert(tmp_path_factory) -> str:
     """``save_tiny_bert`` with BERT's default dropout."""
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def stub_hub_cache(root: Path, repo_ids: list[str]) -> Path:
+    """A Hugging Face hub cache at ``root`` in which each model id has a snapshot holding a config.json,
+    laid out as ``hf download`` leaves it (``models--owner--name/refs/main`` → ``snapshots/<commit>``):
+    what ``study validate`` looks for offline. No weights: validation never reads them."""
+    commit = "0" * 40
+    for repo_id in repo_ids:
+        repo = root / f"models--{repo_id.replace('/', '--')}"
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+        snapshot = repo / "snapshots" / commit
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (snapshot / "config.json").write_text("{}")
+    return root
+
+
+def hub_model_ids(studies: list[Path]) -> list[str]:
+    """Every hub id the shipped studies' trials name as model.name (not short names, not folders)."""
+    from clsr.encoders.registry import SHORT_NAMES
+    from clsr.study.schema import grid_points, load_study, resolve_trial
+
+    ids = set()
+    for path in studies:
+        study = load_study(path)
+        for name, ablation in study.ablations.items():
+            points = grid_points(ablation) if not ablation.space else [{"overrides": {}}]
+            for point in points:
+                model = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0]).model
+                if getattr(model, "name", "minilm") not in SHORT_NAMES:
+                    ids.add(model.name)
+    return sorted(ids)

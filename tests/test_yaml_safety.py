@@ -19,6 +19,7 @@ from clsr.study import schema
 from clsr.study.schema import MAX_TRIALS, StudyError, count_trials, load_study
 from clsr.study.yaml_safe import MAX_FILE_BYTES
 from clsr.train.config import TrialConfig
+from conftest import hub_model_ids, stub_hub_cache
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STUDIES = sorted((REPO_ROOT / "studies").glob("*.yaml"))
@@ -282,8 +283,16 @@ def test_run_of_more_than_2000_trials_needs_yes(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]  # no MLflow store, no Ray storage
 
 
+@pytest.fixture(scope="module")
+def shipped_models_cache(tmp_path_factory) -> Path:
+    """The hub models the shipped studies name, as if downloaded (config only: validation reads no weights)."""
+    return stub_hub_cache(tmp_path_factory.mktemp("hub"), hub_model_ids(STUDIES))
+
+
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
-def test_every_shipped_study_validates_with_and_without_smoke(path, capsys):
+def test_every_shipped_study_validates_with_and_without_smoke(path, capsys, monkeypatch, shipped_models_cache):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(shipped_models_cache))  # its models downloaded: validates
     code, out, err = validate(capsys, str(path))
     assert code == 0 and out.startswith(f"ok  {path}: ") and "distinct" in out, err
     if "smoke" in yaml.safe_load(path.read_text()):

@@ -237,6 +237,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.action == "validate":
         from clsr.study.dotted import parse_override
         from clsr.study.schema import count_trials, load_study
+        from clsr.study.sources import require_sources
 
         try:
             overrides = [parse_override(o) for o in args.overrides]
@@ -247,12 +248,15 @@ def cmd_study(args: argparse.Namespace) -> int:
         for path in args.studies:
             try:
                 study = load_study(path, overrides, smoke=args.smoke)
+                sources = require_sources(study, path)  # every model.name and data.train is here
             except ValueError as err:  # a StudyError, or an override that does not fit the file
                 failed += 1
                 print(err, file=sys.stderr)
                 continue
             trials, distinct = count_trials(study)
             print(f"ok  {path}: {trials} trial{'s' if trials != 1 else ''} ({distinct} distinct)")
+            for line in sources.lines("unavailable"):  # skip_unavailable: true
+                print(f"    skipped when run here: {line.splitlines()[0]}")
         return 1 if failed else 0
     if args.action == "report":
         return cmd_study_report(args)

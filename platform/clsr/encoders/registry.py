@@ -44,3 +44,93 @@ def describe_load_failure(name: str, err: Exception) -> ModelUnavailableError:
         f"  - online: check the hub id{' and unset HF_HUB_OFFLINE' if offline else ''}."
     )
     return ModelUnavailableError(hint)
+
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def offline() -> bool:
+    """The user asked for no hub traffic (read per call, as huggingface_hub reads it at import)."""
+    flags = (os.environ.get(k, "").upper() for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(flag in ("1", "ON", "YES", "TRUE") for flag in flags)
+
+
+def model_source_problem(name: str) -> tuple[str | None, str | None]:
+    """``(problem, unavailable)`` for a ``model.name`` without loading a weight: ``problem`` when it can
+    never load as written (a missing folder, one without config or weights, a hub id that is not one or
+    that the hub does not have), ``unavailable`` when it could elsewhere (a hub id missing from the local
+    cache while offline, or an unreachable hub). Both None: it loads here."""
+    if name in SHORT_NAMES:
+        try:
+            folder = Path(SHORT_NAMES[name]())
+        except ModelUnavailableError as err:
+            return None, str(err)
+        return _folder_problem(name, folder), None
+    folder = Path(name).expanduser()
+    if folder.exists() or name.startswith(("/", "./", "../", "~")):
+        return _folder_problem(name, folder), None
+    return _hub_problem(name)
+
+
+def _folder_problem(name: str, folder: Path) -> str | None:
+    if not folder.is_dir():
+        return f"model.name {name!r}: no such folder ({folder.resolve()})"
+    missing = [] if (folder / "config.json").is_file() else ["config.json"]
+    if not any((folder / f).is_file() for f in WEIGHT_FILES):
+        missing.append(f"weights ({' or '.join(WEIGHT_FILES[::2])})")
+    if missing:
+        return (
+            f"model.name {name!r}: the folder lacks {' and '.join(missing)}; point it at a folder saved with "
+            f"save_pretrained (or a sentence-transformers model folder)"
+        )
+    return None
+
+
+def _hub_problem(name: str) -> tuple[str | None, str | None]:
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError as err:
+        return f"model.name {name!r} is neither a local folder nor a hub id ({err})", None
+    cached = isinstance(try_to_load_from_cache(name, "config.json", cache_dir=hub_cache()), str)
+    if offline():
+        if cached:
+            return None, None
+        return None, (
+            f"model.name {name!r}: a hub id that is not in the local Hugging Face cache, and the hub is "
+            f"off (HF_HUB_OFFLINE). Download it once where the hub is reachable (`hf download {name}`, "
+            f"same HF_HOME), point model.name at a folder holding it, or check the spelling"
+        )
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi().model_info(name, timeout=10)  # metadata only: no weights at validation
+    except RepositoryNotFoundError:
+        return (
+            f"model.name {name!r}: no such model on the Hugging Face hub (check the spelling; a private or "
+            f"gated one needs `hf auth login` or HF_TOKEN)",
+            None,
+        )
+    except Exception as err:  # unreachable hub, timeouts, server errors
+        if cached:
+            return None, None
+        return None, (
+            f"model.name {name!r}: could not reach the Hugging Face hub to check it "
+            f"({type(err).__name__}); retry online, or download it first and set HF_HUB_OFFLINE=1"
+        )
+    return None, None
+
+
+def hub_cache() -> str | None:
+    """The hub cache transformers will read (the environment now; None: the library's default)."""
+    if cache := os.environ.get("HF_HUB_CACHE"):
+        return cache
+    return os.path.join(home, "hub") if (home := os.environ.get("HF_HOME")) else None

@@ -65,16 +65,24 @@ QUIET_ENV = {
 
 
 def plan_points(study: Study) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every grid point, and why each point that cannot run here can't (its method says so)."""
+    """Every grid point, and why each point that cannot run here can't (its model or data is not here,
+    or its method says so); StudyError when a point can never run as written (``clsr.study.sources``)."""
+    from clsr.study.sources import check_sources, trial_source_problems
     from clsr.train.loop import build_method
 
+    report = check_sources(study)
+    if report.problems:
+        raise StudyError(study.name, report.lines("problems"))
     points, unavailable = [], []
     for name, ablation in study.ablations.items():
-        if ablation.space:
+        if ablation.space:  # sampled: its base trial stands for the samples
+            base = resolve_trial(study, name, {}, study.seeds_of(name)[0])
+            unavailable += [f"ablations.{name}[base]: {why}" for why in trial_source_problems(base)[1]]
             continue
         for point in grid_points(ablation):
             trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
-            why = build_method(trial).unavailable(trial)
+            missing = trial_source_problems(trial)[1]
+            why = missing[0] if missing else build_method(trial).unavailable(trial)
             if why:
                 unavailable.append(f"ablations.{name}[{point['label']}]: {why}")
             else:

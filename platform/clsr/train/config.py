@@ -6,6 +6,7 @@ defaults (``Method.paper_defaults``), the study's ``base``, the ablation point, 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -63,13 +64,32 @@ class Section(BaseModel):
 FAQ_PREFIX = "faq:"  # data.train: faq:<set> trains on an FAQ set's fold (clsr.data.faq.fold_split)
 
 
+Scalar = str | int | float | bool
+
+
 class DataConfig(Section):
     train: str = Field(
         "wiki1m",
-        description="training data set name from the catalog (clsr.data.catalog), or faq:<stackfaq|faqir|"
-        "cough>: (query, relevant FAQ item) rows of data.fold's training queries (RCL Table 2)",
+        description="what to train on: a catalogue set (`platform data list`); faq:<stackfaq|faqir|cough> "
+        "(query, relevant FAQ item) rows of data.fold's training queries (RCL Table 2); a local file "
+        "(.csv, .tsv, .jsonl, .json, .parquet, .txt: one sentence a line) or folder (files of one kind, or "
+        "a dataset saved with save_to_disk; relative paths from the folder `platform` runs in); or a hub "
+        "data set id owner/name (with data.config, data.split, data.revision)",
     )
     data_dir: str | None = Field(None, description="local data folder; default: $CLSR_DATA_DIR, else the hub")
+    config: str | None = Field(None, description="a hub data set's configuration (subset) name")
+    split: str = Field("train", description="the split of a hub data set or a saved DatasetDict")
+    revision: str | None = Field(None, description="a hub data set's revision: branch, tag or commit")
+    columns: dict[str, str] | None = Field(
+        None,
+        description="the method's views read from the data's columns, {view: column}, e.g. {anchor: "
+        "sentence1, positive: sentence2, negative: hard_neg}; unmapped views are read from same-named columns",
+    )
+    filter: dict[str, Scalar | list[Scalar]] | None = Field(
+        None,
+        description="keep the rows whose column equals the value (or one of the values), e.g. {label: 0}; "
+        "values compare as text",
+    )
     max_rows: int | None = Field(
         None, ge=1, le=MAX_ROWS, description="seeded random subset of the training rows (at most 10**10)"
     )
@@ -83,6 +103,25 @@ class DataConfig(Section):
         description="with train faq:<set>: the cross-validation fold 0-4 whose queries are the test part "
         "(RCL: 5-fold; dev = 10 % of the other folds, methods.md §6.5's proposal)",
     )
+
+    @field_validator("train")
+    @classmethod
+    def _known_source(cls, train: str) -> str:
+        """A catalogue name, faq:<set>, a path (made absolute: trials run in other folders) or owner/name."""
+        from clsr.data.catalog import DATASETS
+        from clsr.data.external import HUB_ID, looks_like_path
+
+        if train in DATASETS or train.startswith(FAQ_PREFIX):
+            return train
+        if looks_like_path(train):
+            path = Path(train).expanduser()
+            return str(path.resolve()) if path.exists() else train  # a missing one: said by study validate
+        if "/" in train and HUB_ID.match(train):
+            return train
+        raise ValueError(
+            f"{train!r} is not a catalogue set ({', '.join(DATASETS)}), faq:<set>, an existing file or "
+            f"folder, or a hub data set id owner/name"
+        )
 
     @model_validator(mode="after")
     def _fold_with_faq(self) -> DataConfig:
@@ -99,9 +138,27 @@ class DataConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _source_options_with_external_data(self) -> DataConfig:
+        """config, revision, columns and filter describe a file or hub source, not a catalogue set."""
+        given = [k for k in ("config", "revision", "columns", "filter") if getattr(self, k) is not None]
+        given += ["split"] if self.split != "train" else []
+        if given and not self.external():
+            raise ValueError(
+                f"data.{given[0]} applies to a file, folder or hub data set in data.train, not to "
+                f"{self.train!r} (a catalogue or FAQ set has fixed columns); remove it"
+            )
+        return self
+
     def faq_set(self) -> str | None:
         """The FAQ set trained on (train: faq:<set>), else None."""
         return self.train[len(FAQ_PREFIX) :] if self.train.startswith(FAQ_PREFIX) else None
+
+    def external(self) -> bool:
+        """A file, folder or hub data set (read by clsr.data.external), not a catalogue or FAQ set."""
+        from clsr.data.catalog import DATASETS
+
+        return self.train not in DATASETS and self.faq_set() is None
 
 
 class TrainerConfig(Section):

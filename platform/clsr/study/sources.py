@@ -1,0 +1,89 @@
+"""What a study's trials read, checked before anything starts: every trial's ``model.name`` and
+``data.train`` (``study validate``, and ``study run`` before Ray starts), so a typo never reaches a
+retried worker. Only names, files' headers and the hub's metadata are read, never weights or rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from clsr.data.external import data_source_problem
+from clsr.encoders.registry import model_source_problem
+from clsr.methods import get_method
+from clsr.study.schema import Study, StudyError, grid_points, resolve_trial
+
+MAX_PLACES = 3  # points named per problem line; the rest counted
+
+
+@dataclass
+class SourceReport:
+    """Problems (never runnable as written) and unavailable points (runnable elsewhere: hub ids offline),
+    each ``{message: [where, ...]}`` so one bad base value is one line, not one per point."""
+
+    problems: dict[str, list[str]] = field(default_factory=dict)
+    unavailable: dict[str, list[str]] = field(default_factory=dict)
+
+    def lines(self, which: str) -> list[str]:
+        found = self.problems if which == "problems" else self.unavailable
+        return [f"{_places(wheres)}: {message}" for message, wheres in found.items()]
+
+
+def _places(wheres: list[str]) -> str:
+    shown = ", ".join(wheres[:MAX_PLACES])
+    return shown + (f" (and {len(wheres) - MAX_PLACES} more points)" if len(wheres) > MAX_PLACES else "")
+
+
+def trial_source_problems(trial: Any) -> tuple[list[str], list[str]]:
+    """``(problems, unavailable)`` of one resolved ``TrialConfig``."""
+    method_cls = get_method(trial.method["name"])
+    needed = method_cls(method_cls.Config(**trial.method)).required_columns()
+    checks = [data_source_problem(trial.data, needed)]
+    if method_cls.encoder_type == "transformer":
+        checks.append(_model_check(trial.model.name))
+    problems = [p for p, _ in checks if p]
+    unavailable = [u for _, u in checks if u]
+    return problems, unavailable
+
+
+_MODEL_CHECKS: dict[tuple[str, str, str], tuple[str | None, str | None]] = {}
+
+
+def _model_check(name: str) -> tuple[str | None, str | None]:
+    """One check per name and offline setting in this process (a grid repeats its model many times)."""
+    from clsr.encoders.registry import hub_cache, offline
+
+    key = (name, str(offline()), str(hub_cache()))
+    if key not in _MODEL_CHECKS:
+        _MODEL_CHECKS[key] = model_source_problem(name)
+    return _MODEL_CHECKS[key]
+
+
+def check_sources(study: Study) -> SourceReport:
+    """Every grid point's trial (a sampled ablation's base trial), first seed."""
+    report = SourceReport()
+    for name, ablation in study.ablations.items():
+        points = grid_points(ablation) if not ablation.space else [{"label": "base", "overrides": {}}]
+        for point in points:
+            trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
+            problems, unavailable = trial_source_problems(trial)
+            where = f"ablations.{name}[{point['label']}]"
+            for message in problems:
+                report.problems.setdefault(message, []).append(where)
+            for message in unavailable:
+                report.unavailable.setdefault(message, []).append(where)
+    return report
+
+
+def require_sources(study: Study, source: str) -> SourceReport:
+    """The report, or StudyError naming every problem (and every unavailable point unless the study
+    skips those: ``skip_unavailable``)."""
+    report = check_sources(study)
+    lines = report.lines("problems")
+    if report.unavailable and not study.skip_unavailable:
+        lines += report.lines("unavailable")
+        lines.append(
+            "fix the above, or set skip_unavailable: true (--set skip_unavailable=true) to run the rest"
+        )
+    if lines:
+        raise StudyError(source, lines)
+    return report

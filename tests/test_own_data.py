@@ -1,0 +1,259 @@
+"""A user's own training data (files of each kind, a saved dataset) and models, read through HF
+``datasets``; every model.name and data.train checked by ``study validate`` before anything starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from clsr.cli import main
+from clsr.data.external import source_columns
+from clsr.data.training import training_rows
+from clsr.train.config import TrialConfig
+from clsr.train.loop import fit
+from clsr.train.session import LocalSession
+from conftest import stub_hub_cache
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PAIRS = [  # (sentence1, sentence2, hard_neg, label)
+    ("A man plays a guitar.", "Someone makes music.", "The man sleeps.", "entailment"),
+    ("Two dogs run in a field.", "Animals are outside.", "The dogs are asleep indoors.", "entailment"),
+    ("A woman reads a book.", "A person is reading.", "Nobody is reading.", "contradiction"),
+    ("Kids play football.", "Children play a game.", "The kids are at school.", "entailment"),
+]
+COLUMNS = ("sentence1", "sentence2", "hard_neg", "label")
+MAPPING = {"anchor": "sentence1", "positive": "sentence2", "negative": "hard_neg"}
+
+
+@pytest.fixture(autouse=True)
+def datasets_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))  # no Arrow files left in ~/.cache
+
+
+def write_source(kind: str, folder: Path) -> Path:
+    """The four pairs as a file (or folder) of ``kind``."""
+    records = [dict(zip(COLUMNS, row, strict=True)) for row in PAIRS]
+    if kind == "csv":
+        import csv
+
+        path = folder / "pairs.csv"
+        with path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, COLUMNS)
+            writer.writeheader()
+            writer.writerows(records)
+    elif kind == "tsv":
+        path = folder / "pairs.tsv"
+        path.write_text("\n".join("\t".join(r) for r in [COLUMNS, *PAIRS]) + "\n")
+    elif kind == "jsonl":
+        path = folder / "pairs.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    elif kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = folder / "pairs.parquet"
+        pq.write_table(pa.Table.from_pylist(records), path)
+    elif kind == "saved":
+        import datasets
+
+        path = folder / "saved"
+        datasets.Dataset.from_list(records).save_to_disk(str(path))
+    elif kind == "folder":
+        path = folder / "shards"
+        path.mkdir()
+        for i, chunk in enumerate((records[:2], records[2:])):
+            (path / f"part-{i}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chunk))
+    else:
+        raise ValueError(kind)
+    return path
+
+
+def trial(train: str, method: str = "simcse_sup", model: str = "minilm", **data) -> TrialConfig:
+    return TrialConfig.model_validate(
+        {
+            "model": {"name": model, "pooling": "avg", "max_seq_length": 16},
+            "data": {"train": train, **data},
+            "trainer": {"batch_size": 2, "max_steps": 1, "eval_steps": 1, "lr": 1e-4},
+            "method": {"name": method},
+            "eval": {"dev_tasks": [], "tasks": [], "alignment_uniformity": False, "log_model": False},
+        }
+    )
+
+
+@pytest.mark.parametrize("kind", ["csv", "tsv", "jsonl", "parquet", "saved", "folder"])
+def test_each_input_kind_yields_the_mapped_rows_and_trains_a_step(kind, tmp_path, tiny_bert):
+    source = write_source(kind, tmp_path)
+    assert source_columns(trial(str(source), columns=MAPPING).data) == list(COLUMNS)
+    config = trial(str(source), model=tiny_bert, columns=MAPPING)
+    rows = training_rows(config)
+    assert [(r["anchor"], r["positive"], r["negative"]) for r in rows] == [p[:3] for p in PAIRS]
+    assert rows[0]["label"] == "entailment"  # unmapped columns keep their names
+    session = LocalSession(tmp_path / "ckpt")
+    fit(config, session)
+    assert session.reports[-1]["step"] == 1
+
+
+def test_plain_text_one_sentence_a_line_trains_unsupervised_simcse(tmp_path, tiny_bert):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"{p[0]}\n" for p in PAIRS))
+    config = trial(str(corpus), method="simcse_unsup", model=tiny_bert)
+    assert [r["text"] for r in training_rows(config)] == [p[0] for p in PAIRS]
+    session = LocalSession(tmp_path / "ckpt")
+    fit(config, session)
+    assert session.reports[-1]["step"] == 1
+
+
+def test_filter_keeps_the_rows_with_the_value_and_max_rows_samples_them(tmp_path):
+    source = write_source("csv", tmp_path)
+    rows = training_rows(trial(str(source), columns=MAPPING, filter={"label": "entailment"}))
+    assert [r["anchor"] for r in rows] == [p[0] for p in PAIRS if p[3] == "entailment"]
+    rows = training_rows(trial(str(source), columns=MAPPING, filter={"label": ["entailment"]}, max_rows=2))
+    assert len(rows) == 2 and all(r["label"] == "entailment" for r in rows)
+
+
+def test_a_relative_path_is_made_absolute_when_validated(tmp_path, monkeypatch):
+    write_source("csv", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert trial("pairs.csv", columns=MAPPING).data.train == str(tmp_path / "pairs.csv")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"train": "nli_triplet"}, r"not a catalogue set \(wiki1m, nli_for_simcse"),
+        ({"train": "nli_triplets", "columns": {"anchor": "x"}}, "data.columns applies to a file"),
+        ({"train": "wiki1m", "split": "validation"}, "data.split applies to a file"),
+    ],
+)
+def test_bad_data_values_are_refused_by_the_config(data, message):
+    with pytest.raises(ValueError, match=message):
+        TrialConfig.model_validate({"data": data, "method": {"name": "simcse_sup"}})
+
+
+def study_file(folder: Path, data: str, model: str = "minilm") -> Path:
+    path = folder / "own.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            name: own
+            method: simcse_sup
+            base:
+              model: {{name: {model}, pooling: avg}}
+              data: {data}
+            ablations:
+              temp:
+                grid: {{method.temperature: [0.05, 0.1]}}
+            """
+        )
+    )
+    return path
+
+
+def validate(capsys, path: Path) -> tuple[int, str, list[str]]:
+    code = main(["study", "validate", str(path)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err.strip().splitlines()[1:]  # the problem lines under the header
+
+
+def test_study_validate_accepts_a_mapped_file(tmp_path, capsys):
+    source = write_source("csv", tmp_path)
+    mapping = ", ".join(f"{k}: {v}" for k, v in MAPPING.items())
+    code, out, _ = validate(capsys, study_file(tmp_path, f"{{train: {source}, columns: {{{mapping}}}}}"))
+    assert code == 0 and out.startswith("ok  ")
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (  # no mapping: the method's views are not columns of the file
+            "{{train: {source}}}",
+            [
+                "ablations.temp[method.temperature=0.05], ablations.temp[method.temperature=0.1]: data.train '{source}': the method needs columns "
+                "['anchor', 'positive', 'negative'] and the data provides ['sentence1', 'sentence2', 'hard_neg', "
+                "'label'] (missing ['anchor', 'positive', 'negative']); map them with data.columns, e.g. "
+                "{{anchor: <a column of: sentence1, sentence2, hard_neg, label>}}"
+            ],
+        ),
+        (  # a mapping to a column the file lacks
+            "{{train: {source}, columns: {{anchor: premise, positive: sentence2, negative: hard_neg}}}}",
+            [
+                "ablations.temp[method.temperature=0.05], ablations.temp[method.temperature=0.1]: data.train '{source}': data.columns maps to columns "
+                "the data lacks (anchor: premise); its columns: sentence1, sentence2, hard_neg, label"
+            ],
+        ),
+        (
+            "{{train: {folder}/missing.csv}}",
+            [
+                "ablations.temp[method.temperature=0.05], ablations.temp[method.temperature=0.1]: data.train '{folder}/missing.csv': no such file or "
+                "folder (relative paths are read from the folder `platform study` runs in: {cwd})"
+            ],
+        ),
+    ],
+    ids=["unmapped", "bad-mapping", "missing-file"],
+)
+def test_study_validate_refuses_bad_data_with_file_field_and_what_to_do(tmp_path, capsys, data, expected):
+    source = write_source("csv", tmp_path)
+    path = study_file(tmp_path, data.format(source=source, folder=tmp_path))
+    code, _, lines = validate(capsys, path)
+    assert code == 1
+    assert lines == [
+        f"  {path}: " + e.format(source=source, folder=tmp_path, cwd=Path.cwd()) for e in expected
+    ]
+
+
+def test_an_unknown_model_name_is_refused_offline_before_anything_starts(tmp_path):
+    """``platform study validate`` as its own process: the typo refused, nothing started or written."""
+    path = study_file(tmp_path, "{train: nli_triplets}", model="bert-base-uncasd")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "clsr.cli", "study", "validate", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    seconds = time.perf_counter() - started
+    assert done.returncode == 1, done.stderr
+    assert (
+        "model.name 'bert-base-uncasd': a hub id that is not in the local Hugging Face cache" in done.stderr
+    )
+    assert "hf download bert-base-uncasd" in done.stderr and "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["own.yaml"]  # no MLflow store, no Ray folder
+    print(f"refused in {seconds:.1f} s")  # README figure; speed is measured, never asserted
+
+
+def test_a_cached_hub_model_and_a_model_folder_validate_offline(tmp_path, capsys, monkeypatch, tiny_bert):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(stub_hub_cache(tmp_path / "hub", ["bert-base-uncased"])))
+    assert validate(capsys, study_file(tmp_path, "{train: nli_triplets}", "bert-base-uncased"))[0] == 0
+    assert validate(capsys, study_file(tmp_path, "{train: nli_triplets}", tiny_bert))[0] == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, lines = validate(capsys, study_file(tmp_path, "{train: nli_triplets}", str(empty)))
+    assert (
+        code == 1
+        and "the folder lacks config.json and weights (model.safetensors or pytorch_model.bin)" in lines[0]
+    )
+
+
+def test_skip_unavailable_runs_the_rest_and_says_which_points_it_skips(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    path = study_file(tmp_path, "{train: nli_triplets}", "bert-base-uncased")
+    path.write_text(path.read_text() + "skip_unavailable: true\n")
+    code, out, _ = validate(capsys, path)
+    assert code == 0
+    assert (
+        "skipped when run here: ablations.temp[method.temperature=0.05], ablations.temp[method.temperature=0.1]: model.name 'bert-base-uncased'"
+        in out
+    )
