@@ -257,3 +257,66 @@ def test_skip_unavailable_runs_the_rest_and_says_which_points_it_skips(tmp_path,
         "skipped when run here: ablations.temp[method.temperature=0.05], ablations.temp[method.temperature=0.1]: model.name 'bert-base-uncased'"
         in out
     )
+
+
+# --- models as their authors meant them ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cls_dense_normalize(tmp_path_factory) -> Path:
+    """A sentence-transformers folder built from the MiniLM package: CLS pooling, a Dense(384→128, Tanh)
+    and Normalize, saved as `SentenceTransformer.save` writes it."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
+
+    from clsr.encoders.registry import resolve_model_path
+
+    torch.manual_seed(0)
+    word = models.Transformer(resolve_model_path("minilm"), max_seq_length=128)
+    pool = models.Pooling(word.get_word_embedding_dimension(), pooling_mode="cls")
+    dense = models.Dense(384, 128, activation_function=torch.nn.Tanh())
+    folder = tmp_path_factory.mktemp("st-cls") / "model"
+    SentenceTransformer(modules=[word, pool, dense, models.Normalize()], device="cpu").save(str(folder))
+    return folder
+
+
+def test_a_sentence_transformers_folder_embeds_with_its_own_modules(cls_dense_normalize):
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from clsr.encoders.export import load_model, make_embedder, pooling_of
+
+    sentences = [p[0] for p in PAIRS] + ["A much longer sentence " * 20]
+    encoder, pipeline = load_model(str(cls_dense_normalize))
+    ours = make_embedder(encoder, pipeline, batch_size=2)(sentences)
+    theirs = SentenceTransformer(str(cls_dense_normalize), device="cpu").encode(sentences)
+    assert ours.shape == (5, 128)
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+    assert pooling_of(encoder) == (
+        "sentence-transformers modules: Pooling(cls), Dense(384->128, Tanh), Normalize"
+    )
+    overridden, tokenizer = load_model(str(cls_dense_normalize), pooling="mean")  # --pooling overrides
+    assert make_embedder(overridden, tokenizer)(sentences).shape == (5, 384)
+
+
+def test_platform_eval_scores_it_as_sentence_transformers_does_and_records_the_pooling(
+    cls_dense_normalize, tmp_path, monkeypatch, capsys, data_dir
+):
+    from mlflow.tracking import MlflowClient
+    from sentence_transformers import SentenceTransformer
+
+    from clsr.eval.sts import evaluate_sts
+
+    model = SentenceTransformer(str(cls_dense_normalize), device="cpu")
+    expected = evaluate_sts(lambda texts: model.encode(list(texts), batch_size=128), ["sts16"], "test")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert main(["eval", "--model", str(cls_dense_normalize), "--tasks", "sts16", "--mlflow"]) == 0
+    out = capsys.readouterr().out
+    assert "(sentence-transformers modules: Pooling(cls), Dense(384->128, Tanh), Normalize pooling)" in out
+    client = MlflowClient(uri)
+    run = client.search_runs([client.get_experiment_by_name("eval").experiment_id])[0]
+    assert run.data.metrics["test_sts16"] == pytest.approx(expected["sts16"].all, abs=1e-4)
+    assert run.data.params["pooling"].startswith("sentence-transformers modules: Pooling(cls)")

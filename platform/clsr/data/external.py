@@ -74,7 +74,7 @@ def source_kind(train: str) -> str:
     if not HUB_ID.match(train):
         raise DataSourceError(
             f"data.train {train!r} is not a catalogue set, a file or folder, or a hub data set id "
-            f"(owner/name); see `platform data list`"
+            f"(owner/name)"
         )
     return "hub"
 

@@ -522,18 +522,66 @@ def load_model(source: str, pooling: str | None = None) -> tuple[nn.Module, Any]
     folder = exported_folder(path) if path.is_dir() else None
     if folder is not None:
         return _load_folder(folder, pooling)
+    if pooling is None and (st_folder := sentence_transformers_folder(source)) is not None:
+        return _load_sentence_transformer(st_folder), None  # its own pooling, Dense and Normalize
     from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
 
     encoder = TransformerEncoder(ModelConfig(name=source, pooling=pooling or "mean"))
     return encoder.eval(), load_tokenizer(source)
 
 
+def sentence_transformers_folder(source: str) -> Path | None:
+    """The local folder of ``source`` (a folder, a short name, or a hub id in the local cache or
+    downloadable) when it is a sentence-transformers model (``modules.json``), else None."""
+    from clsr.encoders.registry import ModelUnavailableError, resolve_model_path
+
+    try:
+        local = Path(resolve_model_path(source))
+    except ModelUnavailableError:
+        return None
+    if local.is_dir():
+        return local if (local / "modules.json").is_file() else None
+    try:  # a hub id: its module files only (offline: from the cache); the weights come with the model
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(source, "modules.json")).parent
+    except Exception:  # not on the hub, not a sentence-transformers repo, or offline and not cached
+        return None
+
+
+def _load_sentence_transformer(folder: Path) -> nn.Module:
+    from sentence_transformers import SentenceTransformer
+
+    if not (folder / "config.json").is_file() and not any(folder.glob("*_Transformer")):
+        raise ModelLoadError(f"{folder} has modules.json but no transformer weights")
+    return SentenceTransformer(str(folder), device="cpu").eval()
+
+
+def st_modules_description(model: nn.Module) -> str:
+    """How a sentence-transformers model pools, e.g. ``sentence-transformers modules: Pooling(cls),
+    Dense(768->256, Tanh), Normalize`` (for the eval output and MLflow params)."""
+    parts = []
+    for module in list(model)[1:]:
+        kind, config = type(module).__name__, getattr(module, "get_config_dict", dict)()
+        if kind == "Pooling":
+            mode = config.get("pooling_mode", "?")
+            parts.append(f"Pooling({mode if isinstance(mode, str) else '+'.join(mode)})")
+        elif kind == "Dense":
+            activation = str(config.get("activation_function", "")).rsplit(".", 1)[-1]
+            parts.append(f"Dense({config.get('in_features')}->{config.get('out_features')}, {activation})")
+        else:
+            parts.append(kind)
+    return "sentence-transformers modules: " + ", ".join(parts)
+
+
 def make_embedder(encoder: nn.Module, pipeline: Any, batch_size: int = 128, precision: str = "auto"):
     """The platform's evaluation embedder for what :func:`load_model` returned, on the encoder's device
     (move it first) in ``precision`` (transformers; TextCNN runs in float32)."""
     from clsr.encoders.textcnn import TextCNNEncoder
-    from clsr.eval.embed import textcnn_embedder, transformer_embedder
+    from clsr.eval.embed import sentence_transformers_embedder, textcnn_embedder, transformer_embedder
 
+    if pipeline is None:  # a sentence-transformers model: its own tokenizer, truncation and modules
+        return sentence_transformers_embedder(encoder, batch_size=batch_size, precision=precision)
     if isinstance(encoder, TextCNNEncoder):
         return textcnn_embedder(encoder, pipeline, batch_size=max(batch_size, 512))
     return transformer_embedder(encoder, pipeline, batch_size=batch_size, precision=precision)
@@ -541,6 +589,8 @@ def make_embedder(encoder: nn.Module, pipeline: Any, batch_size: int = 128, prec
 
 def pooling_of(encoder: nn.Module) -> str:
     """How ``encoder`` pools, for printing: the pooler's name, or TextCNN's max-over-time."""
+    if type(encoder).__name__ == "SentenceTransformer":
+        return st_modules_description(encoder)
     pooler = getattr(encoder, "pooler", None)
     if pooler is None:
         return "textcnn max-over-time"

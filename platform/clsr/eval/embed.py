@@ -56,6 +56,21 @@ def transformer_embedder(
     return embed
 
 
+def sentence_transformers_embedder(
+    model: nn.Module, batch_size: int = 128, precision: str = "auto"
+) -> Embedder:
+    """A ``SentenceTransformer`` as its authors meant it: its own tokenizer, ``max_seq_length`` and
+    modules (pooling, Dense, Normalize), through its ``encode``, on its device in ``precision``."""
+
+    @torch.inference_mode()
+    def embed(sentences: Sequence[str]) -> np.ndarray:
+        with autocast_context(precision, model.device):
+            vectors = model.encode(list(sentences), batch_size=batch_size, convert_to_tensor=True)
+        return vectors.float().cpu().numpy()
+
+    return embed
+
+
 def textcnn_embedder(encoder: nn.Module, table: Any, batch_size: int = 512) -> Embedder:
     """GCLSR evaluation: the TextCNN backbone on the plain word vectors (no self-attention, no mask).
 
