@@ -274,7 +274,7 @@ def cls_dense_normalize(tmp_path_factory) -> Path:
 
     torch.manual_seed(0)
     word = models.Transformer(resolve_model_path("minilm"), max_seq_length=128)
-    pool = models.Pooling(word.get_word_embedding_dimension(), pooling_mode="cls")
+    pool = models.Pooling(word.get_embedding_dimension(), pooling_mode="cls")
     dense = models.Dense(384, 128, activation_function=torch.nn.Tanh())
     folder = tmp_path_factory.mktemp("st-cls") / "model"
     SentenceTransformer(modules=[word, pool, dense, models.Normalize()], device="cpu").save(str(folder))

@@ -164,9 +164,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--tasks",
-        default="sts",
+        default=None,
         help="comma-separated groups or tasks: sts, transfer, faq, sts12,...,sickr, mr,cr,subj,mpqa,sst2,trec,mrpc, "
-        "stackfaq,faqir,cough ('faq' skips FAQ sets whose files are missing)",
+        "stackfaq,faqir,cough ('faq' skips FAQ sets whose files are missing), or --custom names "
+        "(default: sts, or every --custom task)",
+    )
+    ev.add_argument(
+        "--custom",
+        default=None,
+        metavar="FILE",
+        help="a YAML file of your own evaluation sets, {name: {type: sts|retrieval|classification, path: ..., "
+        "...}} as a study's eval.custom (README, Evaluation)",
     )
     ev.add_argument(
         "--split", default="test", choices=["test", "dev"], help="STS split (transfer: own protocol)"
@@ -416,7 +424,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
 
     try:
-        sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks(args.tasks)
+        custom = _custom_tasks(args.custom)
+    except ValueError as err:
+        print(f"error: --custom {args.custom}: {err}", file=sys.stderr)
+        return 2
+    args.tasks = args.tasks if args.tasks is not None else (",".join(custom) or "sts")
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    custom = {t: custom[t] for t in names if t in custom}
+    try:
+        sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks([t for t in names if t not in custom])
     except ValueError as err:
         print(f"error: --tasks: {err}", file=sys.stderr)
         return 2
@@ -483,6 +499,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
         sizes = "; ".join(f"{name}: {s.queries} queries, {s.candidates} FAQ items" for name, s in faq.items())
         embedding = sum(s.embed_seconds for s in faq.values())
         print(f"\n{sizes}; {len(faq)} data set(s) in {elapsed:.1f} s ({embedding:.1f} s embedding)")
+    if custom:
+        from clsr.eval.custom import ClassifierSettings, evaluate_custom
+
+        started = time.perf_counter()
+        fits = ClassifierSettings(args.transfer_mode, args.transfer_classifier)
+        scores = evaluate_custom(embed, custom, fits)
+        metrics |= scores
+        tables["custom_table.txt"] = "\n".join(
+            f"{k.removeprefix('test_'):<28} {v:7.2f}" for k, v in scores.items()
+        )
+        print(f"\n{args.model} ({args.pooling} pooling), your evaluation sets × 100\n")
+        print(tables["custom_table.txt"])
+        print(f"\n{len(custom)} task(s) in {time.perf_counter() - started:.1f} s")
     if args.mlflow:
         import mlflow
 
@@ -498,12 +527,42 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 params |= {"transfer_classifier": args.transfer_classifier}
             if faq_tasks:
                 params |= {"max_queries": args.max_queries}
+            for name, task in custom.items():  # where each of the user's sets came from
+                params[f"custom.{name}"] = f"{task.type}: {task.path}" + (
+                    f" + {task.corpus}" if task.corpus else ""
+                )
             mlflow.log_params(params)
             mlflow.log_metrics(metrics)
             for name, table in tables.items():
                 mlflow.log_text(table, name)
         print(f"logged to MLflow experiment {args.experiment!r} at {mlflow.get_tracking_uri()}")
     return 0
+
+
+def _custom_tasks(path: str | None) -> dict:
+    """``{name: CustomTask}`` from a --custom YAML file (read safely: duplicate keys refused)."""
+    if path is None:
+        return {}
+    from pydantic import ValidationError
+
+    from clsr.eval.custom import CustomTask, check_name
+    from clsr.study.yaml_safe import YAMLSafetyError, read_yaml_file
+
+    try:
+        raw = read_yaml_file(Path(path))
+    except (OSError, YAMLSafetyError) as err:
+        raise ValueError(str(err)) from None
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError("the file must hold a mapping {name: {type: ..., path: ...}}")
+    tasks = {}
+    for name, spec in raw.items():
+        try:
+            tasks[check_name(str(name))] = CustomTask.model_validate(spec)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"{name}{'.' + where if where else ''}: {first['msg']}") from None
+    return tasks
 
 
 def cmd_data(args: argparse.Namespace) -> int:

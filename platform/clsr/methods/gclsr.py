@@ -263,7 +263,7 @@ def evaluation_texts(trial: Any) -> list[str]:
     from clsr.eval.transfer import split_eval_tasks
 
     data_dir = resolve_data_dir(trial.data.data_dir)
-    sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks(trial.eval.tasks)
+    sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks(trial.eval.builtin_tasks())
     splits = [(task, "test") for task in sts_tasks]
     splits += [(task, "dev") for task in trial.eval.dev_tasks] + [("stsb", "dev")]
     texts: list[str] = []
@@ -273,7 +273,14 @@ def evaluation_texts(trial: Any) -> list[str]:
     for task in transfer_tasks:
         for part in load_transfer(task, data_dir).splits.values():
             texts += [*part.sentences, *(part.sentences2 or ())]
-    return texts + _faq_texts(faq_tasks, data_dir)
+    return texts + _faq_texts(faq_tasks, data_dir) + _custom_texts(trial)
+
+
+def _custom_texts(trial: Any) -> list[str]:
+    """The texts of the eval.custom tasks the trial scores (their words join the table too)."""
+    from clsr.eval.custom import task_texts
+
+    return [text for name, task in trial.eval.custom_tasks().items() for text in task_texts(name, task)]
 
 
 def _faq_texts(faq_tasks: list[str], data_dir: Any) -> list[str]:

@@ -1,5 +1,5 @@
-"""What a study's trials read, checked before anything starts: every trial's ``model.name`` and
-``data.train`` (``study validate``, and ``study run`` before Ray starts), so a typo never reaches a
+"""What a study's trials read, checked before anything starts: every trial's ``model.name``,
+``data.train`` and ``eval.custom`` files (``study validate``, and ``study run`` before Ray starts), so a typo never reaches a
 retried worker. Only names, files' headers and the hub's metadata are read, never weights or rows."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any
 
 from clsr.data.external import data_source_problem
 from clsr.encoders.registry import model_source_problem
+from clsr.eval.custom import source_problems as custom_task_problems
 from clsr.methods import get_method
 from clsr.study.schema import Study, StudyError, grid_points, resolve_trial
 
@@ -42,6 +43,8 @@ def trial_source_problems(trial: Any) -> tuple[list[str], list[str]]:
         checks.append(_model_check(trial.model.name))
     problems = [p for p, _ in checks if p]
     unavailable = [u for _, u in checks if u]
+    for name, task in trial.eval.custom_tasks().items():  # the user's evaluation sets: headers only
+        problems += custom_task_problems(name, task)
     return problems, unavailable
 
 

@@ -22,6 +22,7 @@ from pydantic import (
 
 from clsr.encoders.textcnn import TextCNNConfig
 from clsr.encoders.transformer import ModelConfig
+from clsr.eval.custom import CustomTask, check_name
 
 MODEL_TYPES = ("transformer", "textcnn")
 # trainer.length_group_size: auto. CPU: best of 16/32/48/64/96 for MiniLM on NLI triplets (bench train).
@@ -286,6 +287,15 @@ class TrainerConfig(Section):
         return self.lr * self.batch_size / self.lr_reference_batch if self.lr_reference_batch else self.lr
 
 
+def _builtin_names() -> list[str]:
+    from clsr.data.faq import FAQ_TASKS
+    from clsr.data.sts import STS_TASKS
+    from clsr.data.transfer import TRANSFER_TASKS
+    from clsr.eval.transfer import TASK_GROUPS
+
+    return [*TASK_GROUPS, "faq", *STS_TASKS, *TRANSFER_TASKS, *FAQ_TASKS]
+
+
 class EvalConfig(Section):
     dev_tasks: list[Literal["stsb", "sickr", "faq"]] = Field(
         default_factory=lambda: ["stsb"],
@@ -304,8 +314,13 @@ class EvalConfig(Section):
 
     tasks: list[str] = Field(
         default_factory=lambda: ["sts"],
-        description="final test evaluation: groups 'sts'/'transfer'/'faq' or task names "
-        "(sts12…sickr, mr…mrpc, stackfaq/faqir/cough)",
+        description="final test evaluation: groups 'sts'/'transfer'/'faq', task names "
+        "(sts12…sickr, mr…mrpc, stackfaq/faqir/cough) or names of eval.custom tasks",
+    )
+    custom: dict[str, CustomTask] = Field(
+        default_factory=dict,
+        description="your own evaluation sets by name (type sts, retrieval or classification; "
+        "clsr.eval.custom), scored when eval.tasks names them",
     )
     transfer_mode: Literal["test", "fast"] = Field(
         "test",
@@ -344,8 +359,19 @@ class EvalConfig(Section):
     def _known_tasks(self) -> EvalConfig:
         from clsr.eval.transfer import split_eval_tasks
 
-        split_eval_tasks(self.tasks)  # raises with the allowed names
+        for name in self.custom:
+            check_name(name)
+        split_eval_tasks(self.builtin_tasks())  # raises with the allowed names
+        if clash := sorted(set(self.custom) & set(_builtin_names())):
+            raise ValueError(f"eval.custom: {clash} are built-in task names; rename the custom task(s)")
         return self
+
+    def builtin_tasks(self) -> list[str]:
+        return [t for t in self.tasks if t not in self.custom]
+
+    def custom_tasks(self) -> dict[str, CustomTask]:
+        """The custom tasks eval.tasks names, in its order."""
+        return {t: self.custom[t] for t in self.tasks if t in self.custom}
 
 
 class TrialConfig(Section):

@@ -28,6 +28,7 @@ from clsr.data.sts import load_sts
 from clsr.data.training import training_rows
 from clsr.encoders.precision import autocast_context, resolved_precision
 from clsr.eval.alignment import alignment_uniformity
+from clsr.eval.custom import ClassifierSettings, evaluate_custom
 from clsr.eval.faq import dev_map, evaluate_faq, faq_summary_metrics
 from clsr.eval.sts import evaluate_sts, summary_metrics
 from clsr.eval.transfer import evaluate_transfer, split_eval_tasks, transfer_summary_metrics
@@ -122,7 +123,7 @@ class Evaluator:
 
     def final(self, model: nn.Module) -> dict[str, float]:
         embed = self.embedder(model)
-        sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks(self.cfg.tasks)
+        sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks(self.cfg.builtin_tasks())
         metrics = summary_metrics(evaluate_sts(embed, sts_tasks, "test", self.data_dir)) if sts_tasks else {}
         if transfer_tasks:
             scores = evaluate_transfer(
@@ -144,6 +145,9 @@ class Evaluator:
                 test_fold=(faq_set, self.trial.data.fold) if (faq_set := self.trial.data.faq_set()) else None,
             )
             metrics |= faq_summary_metrics(scores)
+        if custom := self.cfg.custom_tasks():  # the user's own sets (clsr.eval.custom)
+            fits = ClassifierSettings(self.cfg.transfer_mode, self.cfg.transfer_classifier)
+            metrics |= evaluate_custom(embed, custom, fits)
         if self.cfg.alignment_uniformity:
             dev = load_sts("stsb", DEV_SPLIT, resolve_data_dir(self.data_dir))
             metrics |= alignment_uniformity(dev, embed)

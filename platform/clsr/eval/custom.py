@@ -1,0 +1,289 @@
+"""Evaluation sets a user names (``eval.custom`` in a study, ``platform eval --custom FILE``): files, folders
+or hub ids read like training data (``clsr.data.external``, HF ``datasets``), scored like the built-in tasks.
+
+* ``sts``: sentence pairs with a gold score; Spearman × 100 of their cosine similarity (SimCSE's STS
+  protocol: no regressor). Metric ``test_<name>``.
+* ``retrieval``: queries with their relevant corpus ids, and a corpus of (id, text); every query ranks the
+  whole corpus by cosine. MAP, MRR@10, nDCG@10 (binary relevance) and Acc@1/5/10, × 100, as
+  ``test_<name>_map`` …; ``test_<name>`` is MAP (RCL's FAQ metric).
+* ``classification``: texts with labels; SentEval's logistic-regression protocol on frozen embeddings
+  (``clsr.eval.transfer.classify``): with a ``split`` column of train/test rows, C chosen by k-fold on
+  train and accuracy on test (as TREC); without one, nested k-fold (as MR). Metric ``test_<name>``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from clsr.data.sts import STSSplit
+from clsr.eval.faq import average_precision, cosine_matrix, relevant_ranks
+from clsr.eval.sts import Embedder, score_split
+
+ROLES: dict[str, tuple[str, ...]] = {
+    "sts": ("sentence1", "sentence2", "score"),
+    "retrieval": ("query", "relevant"),
+    "classification": ("text", "label"),
+}
+CORPUS_ROLES = ("id", "text")
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+KS = (1, 5, 10)
+
+
+class CustomTask(BaseModel):
+    """One named evaluation set."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    type: Literal["sts", "retrieval", "classification"]
+    path: str = Field(
+        description="file (.csv .tsv .jsonl .json .parquet), folder, save_to_disk folder or hub id owner/name: "
+        "the pairs (sts), the queries (retrieval) or the labelled texts (classification)"
+    )
+    corpus: str | None = Field(None, description="retrieval: the corpus, rows of (id, text)")
+    config: str | None = Field(None, description="a hub data set's configuration")
+    split: str = Field("test", description="the split of a hub data set or a saved DatasetDict")
+    revision: str | None = None
+    columns: dict[str, str] | None = Field(
+        None,
+        description="roles read from the data's columns, {role: column}: sts sentence1/sentence2/score, "
+        "retrieval query/relevant (an id, a list of ids, or ids joined by |) and corpus id/text, "
+        "classification text/label; unmapped roles are read from same-named columns",
+    )
+
+    @field_validator("path", "corpus")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        """A local file or folder made absolute: trials run in other folders. Missing ones are said by
+        ``study validate`` (``source_problems``)."""
+        from clsr.data.external import looks_like_path
+
+        if value is None or not looks_like_path(value):
+            return value
+        path = Path(value).expanduser()
+        return str(path.resolve()) if path.exists() else value
+
+    @model_validator(mode="after")
+    def _corpus_for_retrieval(self) -> CustomTask:
+        if (self.type == "retrieval") != (self.corpus is not None):
+            raise ValueError("corpus: a retrieval task needs one (rows of id, text); other types take none")
+        allowed = ROLES[self.type] + (CORPUS_ROLES if self.type == "retrieval" else ())
+        if unknown := sorted(set(self.columns or {}) - set(allowed)):
+            raise ValueError(
+                f"columns: unknown role(s) {unknown} for a {self.type} task; allowed: {', '.join(allowed)}"
+            )
+        return self
+
+
+def text_roles(roles: tuple[str, ...]) -> list[str]:
+    """The roles that hold text to embed (not scores, labels or ids)."""
+    return [r for r in roles if r in ("sentence1", "sentence2", "query", "text")]
+
+
+def check_name(name: str) -> str:
+    if not NAME.match(name):
+        raise ValueError(
+            f"custom task name {name!r}: lower-case letters, digits and _, starting with a letter"
+        )
+    return name
+
+
+def source_of(task: CustomTask, path: str) -> SimpleNamespace:
+    """What ``clsr.data.external`` reads (a DataConfig's source fields)."""
+    return SimpleNamespace(
+        train=path, config=task.config, split=task.split, revision=task.revision, columns=None, filter=None
+    )
+
+
+def _parts(task: CustomTask) -> list[tuple[str, tuple[str, ...]]]:
+    """(field, roles) of each file the task reads: ``path``, and ``corpus`` for retrieval."""
+    return [("path", ROLES[task.type])] + ([("corpus", CORPUS_ROLES)] if task.corpus else [])
+
+
+def _mapping(task: CustomTask, roles: tuple[str, ...]) -> dict[str, str]:
+    return {role: column for role, column in (task.columns or {}).items() if role in roles}
+
+
+def in_task_terms(message: str, name: str, field: str) -> str:
+    """``clsr.data.external`` speaks of ``data.train``/``data.columns`` and the method; say it in this
+    task's fields, so the user is pointed at the line of the study (or --custom file) to change."""
+    prefix = f"eval.custom.{name}"
+    for theirs, ours in (
+        ("data.train ", f"{prefix}.{field} "),
+        ("data.columns", f"{prefix}.columns"),
+        ("data.split", f"{prefix}.split"),
+        ("the method needs", "the task needs"),
+    ):
+        message = message.replace(theirs, ours)
+    return message
+
+
+def _table(name: str, task: CustomTask, field: str, roles: tuple[str, ...]) -> dict[str, list]:
+    """``{role: values}`` of the file in ``task.<field>``."""
+    from clsr.data.external import DataSourceError, columns_problem, load_source
+
+    try:
+        dataset = load_source(source_of(task, getattr(task, field)))
+    except DataSourceError as err:
+        raise DataSourceError(in_task_terms(str(err), name, field)) from None
+    mapping = _mapping(task, roles)
+    if problem := columns_problem(dataset.column_names, mapping, roles):
+        raise DataSourceError(f"eval.custom.{name}.{field}: {in_task_terms(problem, name, field)}")
+    return {role: dataset[mapping.get(role, role)] for role in roles}
+
+
+def task_texts(name: str, task: CustomTask) -> list[str]:
+    """Every text the task embeds (GCLSR builds its word table from the evaluation texts too)."""
+    texts: list[str] = []
+    for field, roles in _parts(task):
+        table = _table(name, task, field, roles)
+        texts += [str(t) for role in text_roles(roles) for t in table[role]]
+    return texts
+
+
+def source_problems(name: str, task: CustomTask) -> list[str]:
+    """Problems of the task's files, from their headers (``study validate``)."""
+    from clsr.data.external import columns_problem, source_columns
+
+    problems = []
+    for field, roles in _parts(task):
+        path = getattr(task, field)
+        try:
+            columns = source_columns(source_of(task, path))
+        except Exception as err:  # DataSourceError, DataUnavailableError, unreadable files
+            problems.append(in_task_terms(str(err), name, field))
+            continue
+        if problem := columns_problem(columns, _mapping(task, roles), roles):
+            problems.append(f"eval.custom.{name}.{field} {path!r}: {in_task_terms(problem, name, field)}")
+    return problems
+
+
+@dataclass(frozen=True)
+class ClassifierSettings:
+    """How classification tasks are fitted: ``eval.transfer_mode`` and ``eval.transfer_classifier``."""
+
+    mode: str = "test"
+    classifier: str = "senteval_pytorch"
+    seed: int = 1111
+
+
+def evaluate_custom(
+    embed: Embedder, tasks: Mapping[str, CustomTask], settings: ClassifierSettings = ClassifierSettings()
+) -> dict[str, float]:
+    """``test_<name>…`` metrics of every task."""
+    metrics: dict[str, float] = {}
+    for name, task in tasks.items():
+        scorer = {"sts": _sts, "retrieval": _retrieval, "classification": _classification}[task.type]
+        metrics |= scorer(name, task, embed, settings)
+    return metrics
+
+
+def _sts(name: str, task: CustomTask, embed: Embedder, settings: ClassifierSettings) -> dict[str, float]:
+    table = _table(name, task, "path", ROLES["sts"])
+    pairs = STSSplit(
+        task=name,
+        split=task.split,
+        sentences1=[str(s) for s in table["sentence1"]],
+        sentences2=[str(s) for s in table["sentence2"]],
+        scores=np.asarray(table["score"], dtype=np.float64),
+        subsets=[name] * len(table["score"]),
+    )
+    return {f"test_{name}": score_split(pairs, embed).all}
+
+
+def _relevant_ids(value: Any) -> list[str]:
+    if isinstance(value, list | tuple):
+        return [str(v) for v in value]
+    return [part.strip() for part in str(value).split("|") if part.strip()]
+
+
+def _retrieval(
+    name: str, task: CustomTask, embed: Embedder, settings: ClassifierSettings
+) -> dict[str, float]:
+    queries = _table(name, task, "path", ROLES["retrieval"])
+    corpus = _table(name, task, "corpus", CORPUS_ROLES)
+    position = {str(i): n for n, i in enumerate(corpus["id"])}
+    relevant = []
+    for q, value in zip(queries["query"], queries["relevant"], strict=True):
+        ids = _relevant_ids(value)
+        if unknown := [i for i in ids if i not in position]:
+            raise ValueError(
+                f"custom task {name}: query {q!r} names corpus ids not in the corpus: {unknown[:5]}"
+            )
+        if not ids:
+            raise ValueError(f"custom task {name}: query {q!r} has no relevant id")
+        relevant.append(sorted(position[i] for i in ids))
+    similarity = cosine_matrix(
+        embed([str(q) for q in queries["query"]]), embed([str(t) for t in corpus["text"]])
+    )
+    ranks = relevant_ranks(similarity, relevant)
+    values = retrieval_scores(ranks)
+    metrics = {f"test_{name}_{metric}": value for metric, value in values.items()}
+    return metrics | {f"test_{name}": values["map"]}
+
+
+def retrieval_scores(ranks: list[np.ndarray]) -> dict[str, float]:
+    """× 100 means over queries from each query's sorted 1-based ranks of its relevant items."""
+    ap, rr, ndcg, hits = [], [], [], {k: [] for k in KS}
+    for r in ranks:
+        ap.append(average_precision(r))
+        rr.append(1.0 / r[0] if r[0] <= 10 else 0.0)
+        dcg = sum(1.0 / math.log2(x + 1) for x in r if x <= 10)
+        ideal = sum(1.0 / math.log2(i + 1) for i in range(1, min(len(r), 10) + 1))
+        ndcg.append(dcg / ideal)
+        for k in KS:
+            hits[k].append(float(r[0] <= k))
+    scores = {"map": ap, "mrr10": rr, "ndcg10": ndcg} | {f"acc{k}": hits[k] for k in KS}
+    return {metric: 100 * float(np.mean(values)) for metric, values in scores.items()}
+
+
+def _classification(
+    name: str, task: CustomTask, embed: Embedder, settings: ClassifierSettings
+) -> dict[str, float]:
+    from clsr.data.external import load_source
+    from clsr.eval.transfer import CV_TASKS, classify, default_n_jobs
+
+    table = _table(name, task, "path", ROLES["classification"])
+    dataset = load_source(source_of(task, task.path))  # the Arrow cache of the read above
+    mapped = (task.columns or {}).values()
+    split_column = "split" if "split" in dataset.column_names and "split" not in mapped else None
+    classes = {label: n for n, label in enumerate(sorted({str(v) for v in table["label"]}))}
+    labels = np.array([classes[str(v)] for v in table["label"]], dtype=np.int64)
+    features = embed([str(t) for t in table["text"]])
+    if split_column:  # the user's train/test rows: C by k-fold on train, accuracy on test (as TREC)
+        parts = np.array([str(s) for s in dataset[split_column]])
+        if set(parts) != {"train", "test"}:
+            raise ValueError(
+                f"custom task {name}: column split holds {sorted(set(parts))}; allowed: train, test"
+            )
+        chosen = {p: parts == p for p in ("train", "test")}
+        result = classify(
+            "custom",
+            {p: features[m] for p, m in chosen.items()},
+            {p: labels[m] for p, m in chosen.items()},
+            mode=settings.mode,
+            classifier=settings.classifier,
+            seed=settings.seed,
+            n_jobs=default_n_jobs(),
+            n_classes=len(classes),
+        )
+    else:  # nested k-fold over all rows, as MR/CR/SUBJ/MPQA
+        result = classify(
+            CV_TASKS[0],
+            {"all": features},
+            {"all": labels},
+            mode=settings.mode,
+            classifier=settings.classifier,
+            seed=settings.seed,
+            n_jobs=default_n_jobs(),
+            n_classes=len(classes),
+        )
+    return {f"test_{name}": float(result["acc"])}
