@@ -448,6 +448,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     encoder, pipeline = load_model(args.model, pooling=args.pooling)
     args.pooling = pooling_of(encoder)  # an exported model's own pooling when --pooling is left out
+    pooled = args.pooling if args.pooling.startswith("sentence-transformers") else f"{args.pooling} pooling"
     encoder.to(device)
     embed = make_embedder(encoder, pipeline, batch_size=args.batch_size, precision=args.precision)
     metrics: dict[str, float] = {}
@@ -457,7 +458,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         elapsed = time.perf_counter() - started
         tables["sts_table.txt"] = format_table(scores)
         metrics |= summary_metrics(scores, prefix=f"{args.split}_")  # dev scores are not test scores
-        print(f"\n{args.model} ({args.pooling} pooling), Spearman × 100, {args.split} split, 'all' setting\n")
+        print(f"\n{args.model} ({pooled}), Spearman × 100, {args.split} split, 'all' setting\n")
         print(tables["sts_table.txt"])
         print(f"\n{sum(s.pairs for s in scores.values())} pairs in {elapsed:.1f} s")
     if transfer_tasks:
@@ -475,7 +476,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         metrics |= transfer_summary_metrics(transfer)
         capped = f", at most {args.max_examples} rows per split" if args.max_examples else ""
         print(
-            f"\n{args.model} ({args.pooling} pooling), SentEval transfer accuracy × 100, "
+            f"\n{args.model} ({pooled}), SentEval transfer accuracy × 100, "
             f"{args.transfer_mode} mode{capped}\n"
         )
         print(tables["transfer_table.txt"])
@@ -492,7 +493,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         metrics |= faq_summary_metrics(faq)
         capped = f", at most {args.max_queries} queries" if args.max_queries else ""
         print(
-            f"\n{args.model} ({args.pooling} pooling), FAQ retrieval × 100, cosine ranking of the whole "
+            f"\n{args.model} ({pooled}), FAQ retrieval × 100, cosine ranking of the whole "
             f"collection, mean over {len(next(iter(faq.values())).folds)} query folds{capped}\n"
         )
         print(tables["faq_table.txt"])
@@ -509,7 +510,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         tables["custom_table.txt"] = "\n".join(
             f"{k.removeprefix('test_'):<28} {v:7.2f}" for k, v in scores.items()
         )
-        print(f"\n{args.model} ({args.pooling} pooling), your evaluation sets × 100\n")
+        print(f"\n{args.model} ({pooled}), your evaluation sets × 100\n")
         print(tables["custom_table.txt"])
         print(f"\n{len(custom)} task(s) in {time.perf_counter() - started:.1f} s")
     if args.mlflow:
