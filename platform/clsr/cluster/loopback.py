@@ -221,7 +221,10 @@ class LoopbackCluster:
             weed, "server", f"-dir={self.root / 's3'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
             f"-filer.port={ports['filer']}", "-s3", f"-s3.port={s3}", f"-s3.config={config}",
-            f"-s3.port.iceberg={free_port()}", f"-s3.port.lance={free_port()}", "-volume.max=0",
+            f"-s3.port.iceberg={free_port()}", f"-s3.port.lance={free_port()}",
+            # 1 GB volumes, 32 at most: with its defaults (30 GB volumes, as many as the free disk holds)
+            # a disk with < 90 GB free has no volume left for the bucket's collection and every write fails
+            "-master.volumeSizeLimitMB=1024", "-volume.max=32",
         ])  # fmt: skip
         endpoint = f"http://127.0.0.1:{s3}"
         self.state["secrets"] |= {"AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret}
