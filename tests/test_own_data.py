@@ -320,3 +320,68 @@ def test_platform_eval_scores_it_as_sentence_transformers_does_and_records_the_p
     run = client.search_runs([client.get_experiment_by_name("eval").experiment_id])[0]
     assert run.data.metrics["test_sts16"] == pytest.approx(expected["sts16"].all, abs=1e-4)
     assert run.data.params["pooling"].startswith("sentence-transformers modules: Pooling(cls)")
+
+
+@pytest.fixture(scope="module")
+def cls_normalize(tmp_path_factory) -> Path:
+    """A BGE-style folder from the MiniLM package: CLS pooling and Normalize."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
+
+    from clsr.encoders.registry import resolve_model_path
+
+    word = models.Transformer(resolve_model_path("minilm"), max_seq_length=128)
+    pool = models.Pooling(word.get_embedding_dimension(), pooling_mode="cls")
+    folder = tmp_path_factory.mktemp("st-cls-only") / "model"
+    SentenceTransformer(modules=[word, pool, models.Normalize()], device="cpu").save(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize(("source", "expected"), [("minilm", "avg"), ("cls_normalize", "cls_before_pooler")])
+def test_model_pooling_auto_trains_with_the_models_own_pooling(source, expected, request):
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from clsr.encoders.registry import resolve_model_path
+    from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+    from clsr.eval.embed import transformer_embedder
+
+    name = str(request.getfixturevalue(source)) if source == "cls_normalize" else source
+    config = ModelConfig(name=name, pooling="auto")
+    assert config.pooling == expected and config.model_dump()["pooling"] == expected  # what MLflow records
+    sentences = [p[0] for p in PAIRS] + [p[1] for p in PAIRS]
+    encoder = TransformerEncoder(config).eval()
+    ours = transformer_embedder(encoder, load_tokenizer(name))(sentences)
+    theirs = SentenceTransformer(resolve_model_path(name), device="cpu").encode(sentences)
+    ours = ours / np.linalg.norm(ours, axis=1, keepdims=True)  # its Normalize: cosine is unchanged
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)
+
+
+def test_model_pooling_auto_refuses_what_clsr_cannot_train_with(cls_dense_normalize, tiny_bert):
+    from pydantic import ValidationError
+
+    from clsr.encoders.transformer import ModelConfig
+
+    with pytest.raises(
+        ValidationError, match=r"model.pooling auto: .* has modules Pooling\(cls\), Dense, Normalize"
+    ):
+        ModelConfig(name=str(cls_dense_normalize), pooling="auto")
+    with pytest.raises(ValidationError, match="is not a sentence-transformers model .no modules.json."):
+        ModelConfig(name=tiny_bert, pooling="auto")
+
+
+def test_study_validate_says_when_a_pooling_overrides_the_models_own(tmp_path, capsys):
+    study = tmp_path / "pool.yaml"
+    study.write_text(
+        "name: pool\nmethod: simcse_sup\nbase:\n  model: {name: minilm}\n"
+        "ablations:\n  pool:\n    grid: {model.pooling: [cls, auto, avg]}\n"
+    )
+    assert main(["study", "validate", str(study)]) == 0
+    out = capsys.readouterr().out
+    assert f"ok  {study}: 3 trials (2 distinct)" in out  # auto is avg: one trial
+    assert out.count("note:") == 1
+    assert (
+        "note: ablations.pool[model.pooling=cls]: model.name minilm is a sentence-transformers model "
+        "(Pooling(mean), Normalize); model.pooling cls trains it with clsr's pooler instead "
+        "(model.pooling: auto uses its own)"
+    ) in out

@@ -265,6 +265,8 @@ def cmd_study(args: argparse.Namespace) -> int:
             print(f"ok  {path}: {trials} trial{'s' if trials != 1 else ''} ({distinct} distinct)")
             for line in sources.lines("unavailable"):  # skip_unavailable: true
                 print(f"    skipped when run here: {line.splitlines()[0]}")
+            for line in sources.lines("notes"):
+                print(f"    note: {line}")
         return 1 if failed else 0
     if args.action == "report":
         return cmd_study_report(args)

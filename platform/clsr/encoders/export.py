@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 import clsr
+from clsr.encoders.st_modules import sentence_transformers_folder
 
 FORMAT_FILE = "clsr_model.json"
 FORMAT_VERSION = 1
@@ -528,25 +529,6 @@ def load_model(source: str, pooling: str | None = None) -> tuple[nn.Module, Any]
 
     encoder = TransformerEncoder(ModelConfig(name=source, pooling=pooling or "mean"))
     return encoder.eval(), load_tokenizer(source)
-
-
-def sentence_transformers_folder(source: str) -> Path | None:
-    """The local folder of ``source`` (a folder, a short name, or a hub id in the local cache or
-    downloadable) when it is a sentence-transformers model (``modules.json``), else None."""
-    from clsr.encoders.registry import ModelUnavailableError, resolve_model_path
-
-    try:
-        local = Path(resolve_model_path(source))
-    except ModelUnavailableError:
-        return None
-    if local.is_dir():
-        return local if (local / "modules.json").is_file() else None
-    try:  # a hub id: its module files only (offline: from the cache); the weights come with the model
-        from huggingface_hub import hf_hub_download
-
-        return Path(hf_hub_download(source, "modules.json")).parent
-    except Exception:  # not on the hub, not a sentence-transformers repo, or offline and not cached
-        return None
 
 
 def _load_sentence_transformer(folder: Path) -> nn.Module:

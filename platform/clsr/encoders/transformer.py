@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
@@ -31,7 +31,12 @@ class ModelConfig(BaseModel):
     name: str = Field(
         "bert-base-uncased", description="hub id, local folder, or a short name such as 'minilm'"
     )
-    pooling: PoolingName = "cls"
+    pooling: PoolingName | Literal["auto"] = Field(
+        "cls",
+        description="how token vectors become one sentence vector; auto: a sentence-transformers model's "
+        "own Pooling (cls → cls_before_pooler, mean → avg; its Normalize does not change cosine), "
+        "resolved when the study is validated and recorded as the value it resolved to",
+    )
     mlp_only_train: bool = False
     max_seq_length: int = Field(32, ge=4, le=8192)
     dropout: float | None = Field(None, ge=0.0, lt=1.0, description="override hidden+attention dropout")
@@ -56,6 +61,17 @@ class ModelConfig(BaseModel):
     init_weights: Literal["best", "last"] = Field(
         "best", description="which weights of init_checkpoint: best (best dev score) or last"
     )
+
+    @model_validator(mode="after")
+    def _own_pooling(self) -> ModelConfig:
+        if self.pooling == "auto":  # only read on request: the model's small module files, never weights
+            from clsr.encoders.st_modules import NotSentenceTransformers, own_pooling
+
+            try:
+                self.pooling = own_pooling(self.name)
+            except NotSentenceTransformers as err:
+                raise ValueError(f"model.pooling auto: {err}") from None
+        return self
 
     @field_validator("attention_dropout", "drophead")
     @classmethod

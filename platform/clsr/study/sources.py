@@ -23,9 +23,10 @@ class SourceReport:
 
     problems: dict[str, list[str]] = field(default_factory=dict)
     unavailable: dict[str, list[str]] = field(default_factory=dict)
+    notes: dict[str, list[str]] = field(default_factory=dict)  # runnable, but worth a word
 
     def lines(self, which: str) -> list[str]:
-        found = self.problems if which == "problems" else self.unavailable
+        found = {"problems": self.problems, "unavailable": self.unavailable, "notes": self.notes}[which]
         return [f"{_places(wheres)}: {message}" for message, wheres in found.items()]
 
 
@@ -46,6 +47,30 @@ def trial_source_problems(trial: Any) -> tuple[list[str], list[str]]:
     for name, task in trial.eval.custom_tasks().items():  # the user's evaluation sets: headers only
         problems += custom_task_problems(name, task)
     return problems, unavailable
+
+
+def trial_source_notes(trial: Any) -> list[str]:
+    """A sentence-transformers model trained with a pooling other than its own (model.pooling set, or a
+    method's default): said, with how to use its own, since its published scores assume its own."""
+    from clsr.encoders.st_modules import NotSentenceTransformers, own_modules, own_pooling
+
+    if get_method(trial.method["name"]).encoder_type != "transformer" or any(_model_check(trial.model.name)):
+        return []
+    try:
+        modules = own_modules(trial.model.name)
+    except NotSentenceTransformers:
+        return []
+    try:
+        own = own_pooling(trial.model.name)
+    except NotSentenceTransformers:
+        own = None
+    if own == trial.model.pooling:
+        return []
+    use = "model.pooling: auto uses its own" if own else "clsr cannot train with all of them"
+    return [
+        f"model.name {trial.model.name} is a sentence-transformers model ({', '.join(modules)}); "
+        f"model.pooling {trial.model.pooling} trains it with clsr's pooler instead ({use})"
+    ]
 
 
 _MODEL_CHECKS: dict[tuple[str, str, str], tuple[str | None, str | None]] = {}
@@ -70,6 +95,8 @@ def check_sources(study: Study) -> SourceReport:
             trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
             problems, unavailable = trial_source_problems(trial)
             where = f"ablations.{name}[{point['label']}]"
+            for message in [] if problems or unavailable else trial_source_notes(trial):
+                report.notes.setdefault(message, []).append(where)
             for message in problems:
                 report.problems.setdefault(message, []).append(where)
             for message in unavailable:
