@@ -257,7 +257,8 @@ def test_validate_prints_trials_and_distinct_trials(tmp_path, capsys):
     path = write(tmp_path, twice)
     assert count_trials(load_study(path)) == (4, 3)  # temperature 0.1 runs in both ablations
     code, out, _ = validate(capsys, str(path))
-    assert code == 0 and out == f"ok  {path}: 4 trials (3 distinct)\n"
+    assert code == 0 and out.splitlines()[0] == f"ok  {path}: 4 trials (3 distinct)"
+    assert "note:" in out  # minilm with SimCSE's cls, not its own mean pooling: said, not refused
 
 
 def test_validate_accepts_set(capsys):

@@ -8,6 +8,7 @@ says which file to provide, so an offline run fails with an instruction rather t
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +57,26 @@ def require_file(root: Path, hub_id: str, *candidates: str) -> Path:
     )
 
 
-def load_from_hub(hub_id: str, local_hint: str, alternative: str = "", **kwargs: Any) -> Any:
-    """``datasets.load_dataset(hub_id, **kwargs)``; any failure becomes DataUnavailableError.
+def load_from_hub(
+    hub_id: str, local_hint: str, alternative: str = "", reads: Iterable[str] = (), **kwargs: Any
+) -> Any:
+    """``datasets.load_dataset(hub_id, **kwargs)`` for a source ``clsr.data.hub_manifest`` lists (with
+    the ``split``, the ``data_files`` and the splits the caller ``reads`` from a DatasetDict); an
+    unlisted request or any failure becomes DataUnavailableError naming the local file to provide.
 
     With ``HF_HUB_OFFLINE=1`` / ``HF_DATASETS_OFFLINE=1`` this fails in under a second unless the
     data set is in the local HF cache; without them an unreachable hub costs ~25 s of retries.
     """
+    from clsr.data.hub_manifest import NotInManifest, require_listed
+
+    split, files = kwargs.get("split"), kwargs.get("data_files")
+    try:
+        require_listed(hub_id, [*([split] if split else []), *reads], [files] if files else [])
+    except NotInManifest as err:
+        raise DataUnavailableError(
+            f"{err}. Provide <data_dir>/{local_hint} and point {ENV_VAR} / data.data_dir at that data_dir. "
+            f"{alternative}".rstrip()
+        ) from None
     try:
         from datasets import load_dataset  # slow import, only needed on the hub path
 

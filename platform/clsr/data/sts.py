@@ -10,11 +10,13 @@ re-joined with single spaces, as SentEval does before tokenising.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from clsr.data.hub_manifest import HUB_DATASETS
 from clsr.data.sources import load_from_hub, local_dir, require_file
 
 STS_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
@@ -80,7 +82,7 @@ def _year_dir(task: str) -> str:
     return f"{STS_ROOT}/STS/STS{task[-2:]}-en-test"
 
 
-def _pair_file(task: str, split: str) -> str:
+def pair_file(task: str, split: str) -> str:
     folder = "STS/STSBenchmark" if task == "stsb" else "SICK"
     return f"{STS_ROOT}/{folder}/{SPLIT_FILES[task][split]}"
 
@@ -108,7 +110,7 @@ def _load_year(task: str, root: Path) -> STSSplit:
 
 
 def _load_pair_file(task: str, split: str, root: Path) -> STSSplit:
-    lines = _read_lines(require_file(root, HUB_IDS[task], _pair_file(task, split)))
+    lines = _read_lines(require_file(root, HUB_IDS[task], pair_file(task, split)))
     if task == "sickr":  # header; pair_ID, sentence_A, sentence_B, relatedness_score, entailment
         rows = [(f[1], f[2], f[3]) for f in (line.split("\t") for line in lines[1:] if line)]
     else:  # no header, no quoting; only the first 7 of 7-or-9 fields: genre … score, s1, s2
@@ -127,9 +129,11 @@ def _load_hub(task: str, split: str) -> STSSplit:
     hint = (
         f"{_year_dir(task)}/STS.input.<subset>.txt and STS.gs.<subset>.txt"
         if task in YEAR_SUBSETS
-        else _pair_file(task, split)
+        else pair_file(task, split)
     )
     data = load_from_hub(HUB_IDS[task], local_hint=hint, split=HUB_SPLITS[split])
+    if note := HUB_DATASETS[HUB_IDS[task]].missing if task == "sickr" else "":
+        warnings.warn(f"{task} {split} from the hub: {note}", stacklevel=2)
     return STSSplit(
         task=task,
         split=split,

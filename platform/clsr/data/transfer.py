@@ -10,9 +10,10 @@ of CR and MPQA are kept, as SentEval keeps them (3,775 and 10,606 sentences).
 Labels follow SentEval: 1 = the first file of each binary pair (MR/CR/MPQA positive, SUBJ
 *objective*), TREC classes ABBR, DESC, ENTY, HUM, LOC, NUM = 0…5, MRPC 1 = paraphrase.
 
-Without a data folder the tasks come from the Hugging Face hub (``HUB_SOURCES``). Those ids are
-public mirrors chosen by name and split sizes; they have **not** been checked against the SentEval
-files (no hub access where this was written), so a hub-loaded score may differ from a local one.
+Without a data folder the tasks come from the Hugging Face hub (``HUB_SOURCES``): public mirrors
+whose ids, splits and columns are recorded in ``clsr.data.hub_manifest``; their rows have not been
+compared with the SentEval files (no hub access where this was written), so a hub-loaded score may
+differ from a local one.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class HubSource:
     splits: dict[str, tuple[str, tuple[str, ...]]]
 
 
-# Unverified offline (see the module docstring). Text columns are found by name ("text"/"sentence",
+# Listed in clsr.data.hub_manifest (see the module docstring). Text columns are found by name ("text"/"sentence",
 # "text1"/"sentence1", …); labels are "label", TREC's "coarse_label" mapped through its class names.
 HUB_SOURCES: dict[str, HubSource] = {
     "mr": HubSource({"all": ("cornell-movie-review-data/rotten_tomatoes", ("train", "validation", "test"))}),
@@ -191,7 +192,7 @@ def _load_hub_split(task: str, split: str) -> TransferSplit:
     hub_id, hub_splits = HUB_SOURCES[task].splits[split]
     files = BINARY_FILES[task] if task in BINARY_FILES else (SPLIT_FILES[task][split],)
     hint = " and <data_dir>/".join(f"{ROOT}/{relative}" for relative in files)
-    dataset = load_from_hub(hub_id, local_hint=hint)
+    dataset = load_from_hub(hub_id, local_hint=hint, reads=hub_splits)
     sentences: list[str] = []
     sentences2: list[str] = []
     labels: list[int] = []

@@ -46,7 +46,31 @@ def trial_source_problems(trial: Any) -> tuple[list[str], list[str]]:
     unavailable = [u for _, u in checks if u]
     for name, task in trial.eval.custom_tasks().items():  # the user's evaluation sets: headers only
         problems += custom_task_problems(name, task)
-    return problems, unavailable
+    return problems + _hub_dev_problems(trial), unavailable
+
+
+def _hub_dev_problems(trial: Any) -> list[str]:
+    """Dev sets the hub does not publish (SICK-R's), when the trial reads from the hub (no data_dir)."""
+    from clsr.data.hub_manifest import NotInManifest, require_listed
+    from clsr.data.sources import DataUnavailableError, resolve_data_dir
+    from clsr.data.sts import HUB_IDS, HUB_SPLITS, pair_file
+
+    try:
+        if resolve_data_dir(trial.data.data_dir) is not None:
+            return []
+    except DataUnavailableError as err:
+        return [str(err)]
+    problems = []
+    for task in (t for t in trial.eval.dev_tasks if t in HUB_IDS):
+        try:
+            require_listed(HUB_IDS[task], [HUB_SPLITS["dev"]])
+        except NotInManifest as err:
+            problems.append(
+                f"eval.dev_tasks {task}: no data folder is set, so it would come from the hub, but {err}. "
+                f"Set CLSR_DATA_DIR (or data.data_dir) to a folder holding {pair_file(task, 'dev')}, or "
+                f"select on stsb (eval.dev_tasks: [stsb], select_on: stsb)"
+            )
+    return problems
 
 
 def trial_source_notes(trial: Any) -> list[str]:

@@ -1,0 +1,135 @@
+"""The built-in data sets' Hugging Face hub sources, in one place: every hub id a loader may read, the
+splits and files it publishes, and the columns the loaders use. ``load_from_hub`` refuses a request the
+manifest does not list, so a loader can only ask for what was checked; a split the hub does not have
+(SICK-R's dev set) fails with the local files to provide instead of a download error.
+
+Each entry says where it was checked (``checked``): the hub's published dataset card or file list as
+found in public references; this machine has no hub access, so the hub path has not been run here.
+A user's own hub data (``data.train: owner/name``, ``eval.custom``) goes through
+``clsr.data.external`` instead and is not limited by this list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HubDataset:
+    splits: tuple[str, ...]  # the splits the hub publishes (for ``files``: the split they load as)
+    columns: tuple[str, ...]  # the columns the loaders read
+    files: tuple[str, ...] = ()  # files loaded by name (``data_files=``)
+    missing: str = ""  # what the hub does not have that a user might expect
+    unusable: str = ""  # why the loaders cannot read it at all (then the local files are needed)
+    checked: str = ""
+
+
+_MTEB_STS = ("sentence1", "sentence2", "score")
+_HF = "huggingface.co/datasets/{}: file tree and dataset viewer (stored copies, 2026)"
+
+HUB_DATASETS: dict[str, HubDataset] = {
+    "mteb/sts12-sts": HubDataset(
+        ("train", "test"), _MTEB_STS, checked=_HF.format("mteb/sts12-sts") + ": train 2,234, test 3,108"
+    ),
+    **{
+        f"mteb/{year}-sts": HubDataset(
+            ("test",), _MTEB_STS, checked=_HF.format(f"mteb/{year}-sts") + f": {n}"
+        )
+        for year, n in (
+            ("sts13", "test 1,500"),
+            ("sts14", "test 3,750"),
+            ("sts15", "test 3,000"),
+            ("sts16", "test 1,186"),
+        )
+    },
+    "mteb/stsbenchmark-sts": HubDataset(
+        ("train", "validation", "test"),
+        _MTEB_STS,
+        checked=_HF.format("mteb/stsbenchmark-sts") + ": 5,749 / 1,500 / 1,379",
+    ),
+    "mteb/sickr-sts": HubDataset(
+        ("test",),
+        _MTEB_STS,
+        missing="SICK-R's train and dev (trial) splits: its train and validation files were deleted in "
+        "2022 as copies of test, and its test split holds all 9,927 SICK pairs (MTEB's SICK-R), not "
+        "SentEval's 4,927-pair test set, so hub SICK-R scores are not the papers'. No hub copy has the "
+        "official 4,500/500/4,927 split (RobZamp/sick: 4,439/495/4,906, a loading script)",
+        checked=_HF.format("mteb/sickr-sts") + " at 20a6d6f (MTEB's revision), its commit history",
+    ),
+    "cornell-movie-review-data/rotten_tomatoes": HubDataset(
+        ("train", "validation", "test"),
+        ("text", "label"),
+        checked=_HF.format("cornell-movie-review-data/rotten_tomatoes") + ": 8,530 / 1,066 / 1,066",
+    ),
+    "SetFit/SentEval-CR": HubDataset(
+        ("train", "test"), ("text", "label"), checked=_HF.format("SetFit/SentEval-CR")
+    ),
+    "SetFit/subj": HubDataset(("train", "test"), ("text", "label"), checked=_HF.format("SetFit/subj")),
+    "jxm/mpqa": HubDataset(
+        ("train", "dev", "test"),
+        ("sentence", "label"),
+        checked=_HF.format("jxm/mpqa") + ": 8,603 / 256 / 2,000",
+    ),
+    "stanfordnlp/sst2": HubDataset(
+        ("train", "validation", "test"),
+        ("sentence", "label"),
+        missing="SST-2 test labels (GLUE hides them: -1); the test split comes from SetFit/sst2",
+        checked=_HF.format("stanfordnlp/sst2") + ": 67,349 / 872 / 1,821",
+    ),
+    "SetFit/sst2": HubDataset(
+        ("train", "validation", "test"),
+        ("text", "label"),
+        checked=_HF.format("SetFit/sst2") + ": 6,920 / 872 / 1,821",
+    ),
+    "CogComp/trec": HubDataset(
+        ("train", "test"),
+        ("text", "coarse_label"),
+        unusable="it is a loading script (trec.py, downloading from cogcomp.org), which datasets 4 and later "
+        "no longer run",
+        checked=_HF.format("CogComp/trec") + ": 5,452 / 500, trec.py only",
+    ),
+    "SetFit/mrpc": HubDataset(
+        ("train", "validation", "test"),
+        ("text1", "text2", "label"),
+        checked=_HF.format("SetFit/mrpc") + ": 3,668 / 408 / 1,725",
+    ),
+    "princeton-nlp/datasets-for-simcse": HubDataset(
+        ("train",),
+        ("text", "sent0", "sent1", "hard_neg"),
+        files=("wiki1m_for_simcse.txt", "nli_for_simcse.csv"),
+        checked=_HF.format("princeton-nlp/datasets-for-simcse") + ": both files (120 MB, 49 MB)",
+    ),
+    "stanfordnlp/snli": HubDataset(
+        ("train", "validation", "test"),
+        ("premise", "hypothesis", "label"),
+        checked=_HF.format("stanfordnlp/snli")
+        + ": config plain_text, 550,152 / 10,000 / 10,000 (label -1: no gold)",
+    ),
+    "nyu-mll/multi_nli": HubDataset(
+        ("train", "validation_matched", "validation_mismatched"),
+        ("premise", "hypothesis", "label"),
+        checked=_HF.format("nyu-mll/multi_nli") + ": 392,702 / 9,815 / 9,832",
+    ),
+}
+
+
+class NotInManifest(LookupError):
+    """A built-in loader asked the hub for something the manifest does not list."""
+
+
+def require_listed(hub_id: str, splits: Iterable[str] = (), files: Iterable[str] = ()) -> HubDataset:
+    """The manifest's entry for ``hub_id`` when it lists every split and file asked for."""
+    entry = HUB_DATASETS.get(hub_id)
+    if entry is None:
+        raise NotInManifest(f"{hub_id!r} is not a built-in hub source (clsr.data.hub_manifest)")
+    if entry.unusable:
+        raise NotInManifest(f"{hub_id!r} cannot be read from the hub: {entry.unusable}")
+    unlisted = [s for s in splits if s not in entry.splits] + [f for f in files if f not in entry.files]
+    if unlisted:
+        missing = f" ({entry.missing})" if entry.missing else ""
+        raise NotInManifest(
+            f"{hub_id!r} does not publish {', '.join(unlisted)}; it has split(s) {', '.join(entry.splits)}"
+            f"{' and file(s) ' + ', '.join(entry.files) if entry.files else ''}{missing}"
+        )
+    return entry
