@@ -67,7 +67,9 @@ def test_no_duplicate_batches_never_repeat_a_text_in_a_batch():
         assert len(set(anchors)) == 3
 
 
-def test_tokenising_the_rows_uses_the_tokenizers_pool_and_puts_the_runners_setting_back(monkeypatch, data_dir):
+def test_tokenising_the_rows_uses_the_tokenizers_pool_and_puts_the_runners_setting_back(
+    monkeypatch, data_dir
+):
     """The study runner turns the fast tokenizer's thread pool off for Ray's processes; a trial's one
     tokenisation of its rows turns it on (with the trial's CPUs) and restores the runner's setting."""
     from clsr.data.catalog import load_rows
@@ -91,3 +93,43 @@ def test_tokenising_the_rows_uses_the_tokenizers_pool_and_puts_the_runners_setti
     monkeypatch.setattr("clsr.data.batching.parallel_tokenisation", contextlib.nullcontext)
     single = TextViewBatcher(rows, ("anchor", "positive"), load_tokenizer("minilm"), max_length=24).tokens
     assert all(torch.equal(pooled[c], single[c]) for c in ("anchor", "positive"))
+
+
+def test_large_columns_are_tokenised_once_and_read_back_from_the_datasets_cache(
+    tmp_path, monkeypatch, data_dir, tiny_bert
+):
+    import clsr.data.token_cache as token_cache
+    from clsr.data.training import load_rows
+    from clsr.encoders.transformer import load_tokenizer
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path))
+    rows = load_rows("nli_triplets", data_dir, max_rows=400, seed=0)
+    views = ("anchor", "positive", "negative")
+    tokenizer = load_tokenizer("minilm")
+    direct = TextViewBatcher(rows, views, tokenizer, max_length=24)  # 400 texts: below the threshold
+    assert not (tmp_path / token_cache.CACHE_FOLDER).exists()
+
+    monkeypatch.setattr(token_cache, "MIN_CACHED_TEXTS", 100)
+    first = TextViewBatcher(rows, views, tokenizer, max_length=24)
+    files = sorted((tmp_path / token_cache.CACHE_FOLDER).glob("*.arrow"))
+    assert len(files) == 3  # one per column
+
+    calls = []
+    monkeypatch.setattr(type(tokenizer), "__call__", lambda self, *a, **k: calls.append(1))
+    again = TextViewBatcher(rows, views, tokenizer, max_length=24)  # read back: the tokenizer is not called
+    assert calls == []
+    for batcher in (first, again):
+        assert all(torch.equal(batcher.tokens[v], direct.tokens[v]) for v in views)
+        assert all(torch.equal(batcher.lengths[v], direct.lengths[v]) for v in views)
+    assert torch.equal(again.collate([3, 1])["input_ids"], direct.collate([3, 1])["input_ids"])
+
+    # another length or other texts are another fingerprint
+    texts = [r["anchor"] for r in rows]
+    keys = {
+        token_cache.fingerprint(texts, tokenizer, 24),
+        token_cache.fingerprint(texts, tokenizer, 32),
+        token_cache.fingerprint(texts[:-1] + [texts[-1] + "!"], tokenizer, 24),
+        token_cache.fingerprint(texts, load_tokenizer(tiny_bert), 24),
+    }
+    assert len(keys) == 4
+    assert token_cache.fingerprint(texts, WordTokenizer(), 24) is None  # not a fast tokenizer: never cached

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from clsr.data.token_cache import token_ids
+
 
 def shuffled_batches(num_rows: int, batch_size: int, epoch: int, seed: int) -> list[list[int]]:
     """A seeded permutation per epoch cut into full batches (``drop_last``, as SimCSE's trainer)."""
@@ -50,8 +52,8 @@ class TextViewBatcher:
     run its sentences in groups of similar length (``TransformerEncoder.forward``).
 
     Each column is tokenised once (the fast tokenizer encodes the list in one call, on its own threads:
-    ``parallel_tokenisation``)
-    and padded once into a contiguous int32 table with the lengths beside it, so that ``collate`` is
+    ``parallel_tokenisation``; a large column's ids are cached by ``datasets`` for the next trial:
+    ``clsr.data.token_cache``) and padded once into a contiguous int32 table with the lengths beside it, so that ``collate`` is
     tensor indexing: building a batch one sentence at a time in Python took 88 ms for 512 triplets.
     """
 
@@ -67,25 +69,26 @@ class TextViewBatcher:
         self.length_group_size = length_group_size  # the encoder's length groups (trainer.length_group_size)
         self.num_rows = len(rows)
         self.pad_id = tokenizer.pad_token_id or 0
-        with parallel_tokenisation():
+        with parallel_tokenisation():  # cached by datasets for large columns (clsr.data.token_cache)
             encoded = {
-                column: tokenizer([row[column] for row in rows], truncation=True, max_length=max_length)[
-                    "input_ids"
-                ]
+                column: token_ids([row[column] for row in rows], tokenizer, max_length)
                 for column in dict.fromkeys(self.views)
             }
-        width = max((len(ids) for column in encoded.values() for ids in column), default=1)
+        lengths = {column: _lengths(ids) for column, ids in encoded.items()}
+        width = max((int(n.max()) for n in lengths.values() if len(n)), default=1)
         self.tokens: dict[str, torch.Tensor] = {}  # column -> (rows, width) int32, padded with pad_id
         self.lengths: dict[str, torch.Tensor] = {}  # column -> (rows,) int64
-        for column, sequences in encoded.items():
-            lengths = np.fromiter((len(ids) for ids in sequences), dtype=np.int64, count=len(sequences))
-            table = np.full((len(sequences), width), self.pad_id, dtype=np.int32)
-            # row-major: the True cells of the mask, in order, are the concatenated sequences
-            table[np.arange(width) < lengths[:, None]] = np.fromiter(
-                itertools.chain.from_iterable(sequences), dtype=np.int32, count=int(lengths.sum())
-            )
+        for column, ids in encoded.items():
+            if isinstance(ids, tuple):  # a cached (rows, max_length) table
+                table = np.ascontiguousarray(ids[0][:, :width])
+            else:
+                table = np.full((len(ids), width), self.pad_id, dtype=np.int32)
+                # row-major: the True cells of the mask, in order, are the concatenated sequences
+                table[np.arange(width) < lengths[column][:, None]] = np.fromiter(
+                    itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths[column].sum())
+                )
             self.tokens[column] = torch.from_numpy(table)
-            self.lengths[column] = torch.from_numpy(lengths)
+            self.lengths[column] = torch.from_numpy(lengths[column])
 
     def __len__(self) -> int:
         return self.num_rows
@@ -99,6 +102,12 @@ class TextViewBatcher:
         attention_mask = (torch.arange(longest) < lengths[:, None]).long()
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "num_rows": len(rows)}
         return batch | ({"length_group_size": self.length_group_size} if self.length_group_size else {})
+
+
+def _lengths(ids: list[list[int]] | tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    if isinstance(ids, tuple):
+        return ids[1].astype(np.int64)
+    return np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
 
 
 def no_duplicate_batches(
