@@ -4,7 +4,8 @@ study) on the same rows, tokenizer and length reads them instead of tokenising a
 The column becomes a ``datasets.Dataset``; ``Dataset.map`` tokenises it in batches into fixed-width
 int32 ids plus lengths and writes the result to an Arrow file named by a fingerprint of everything the
 ids depend on (the texts, the tokenizer's full serialised state, ``max_length``), which ``datasets``
-loads instead of mapping again (``load_from_cache_file``). Only fast (Rust) tokenizers are cached,
+loads instead of mapping again (``load_from_cache_file``); ``datasets`` writes it to a temporary file
+and renames it, so trials starting together on one node never read half a file. Only fast (Rust) tokenizers are cached,
 since their state serialises exactly; small columns are tokenised directly (cheaper than a file).
 """
 
