@@ -119,3 +119,82 @@ def test_a_trials_logged_model_loads_in_sentence_transformers_with_the_same_scor
     model = SentenceTransformer(folder, device="cpu")
     scores = evaluate_sts(lambda texts: model.encode(list(texts), batch_size=128), ["sts16"], "test")
     assert scores["sts16"].all == pytest.approx(run.data.metrics["test_sts16"], abs=1e-3)
+
+
+OWN_STUDY = """\
+name: own-data
+method: simcse_sup
+base:
+  model: {name: minilm, pooling: auto, max_seq_length: 32}    # its own Pooling(mean): avg
+  data:
+    train: triplets.csv                                       # relative: read from the folder run in
+    columns: {anchor: premise, positive: entailed, negative: contradicted}
+  trainer: {batch_size: 16, max_steps: 4, eval_steps: 2, log_every: 2, lr: 3.0e-5}
+  eval:
+    tasks: [sts16, my_pairs]
+    alignment_uniformity: false
+    log_model: false
+    custom:
+      my_pairs: {type: sts, path: pairs.jsonl, columns: {sentence1: left, sentence2: right, score: gold}}
+ablations:
+  temperature:
+    grid: {method.temperature: [0.05, 0.1]}
+seeds: [1]
+metric: best_dev_stsb
+resources: {workers_per_trial: 1, cpus_per_worker: 1}
+concurrency: 2
+smoke: {seeds: [1]}
+"""
+
+
+def test_a_study_on_own_csv_with_a_custom_evaluation_set(tmp_path, data_dir, capsys):
+    """A user's CSV (mapped columns) trains, a JSON Lines STS set of their own is scored: both through Ray
+    Train and into MLflow, and the report shows the custom task as a column beside the built-in one."""
+    import csv
+    import json
+
+    from clsr.cli import main
+    from clsr.data.sts import load_sts
+    from clsr.data.training import load_rows
+
+    with (tmp_path / "triplets.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["premise", "entailed", "contradicted"])
+        for row in load_rows("nli_triplets", data_dir, max_rows=96, seed=0):
+            writer.writerow([row["anchor"], row["positive"], row["negative"]])
+    dev = load_sts("stsb", "dev", data_dir)
+    (tmp_path / "pairs.jsonl").write_text(
+        "".join(
+            json.dumps({"left": a, "right": b, "gold": float(s)})
+            for a, b, s in zip(dev.sentences1[:150], dev.sentences2[:150], dev.scores[:150], strict=True)
+        ).replace("}{", "}\n{")
+        + "\n"
+    )
+    (tmp_path / "own.yaml").write_text(OWN_STUDY)
+    uri, output = run_smoke_study(tmp_path / "own.yaml", tmp_path)
+    client, parents, children = runs_of(uri, "own-data-smoke")
+    assert len(children) == 2 and parents[0].info.status == "FINISHED"
+    for child in children:
+        assert child.data.tags["clsr.status"] == "finished"
+        assert child.data.params["model.pooling"] == "avg"  # auto, resolved and recorded
+        assert child.data.params["data.train"] == str(tmp_path / "triplets.csv")
+        assert 0 < child.data.metrics["test_my_pairs"] < 100 and "test_sts16" in child.data.metrics
+
+    assert (
+        main(
+            [
+                "study",
+                "report",
+                str(tmp_path / "own.yaml"),
+                "--smoke",
+                "--tracking-uri",
+                uri,
+                "--no-log",
+                "--out",
+                str(tmp_path / "report"),
+            ]
+        )
+        == 0
+    )
+    report = capsys.readouterr().out
+    assert "test_my_pairs" in report and "test_sts16" in report
