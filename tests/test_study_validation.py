@@ -47,13 +47,15 @@ def with_change(key: str, value) -> dict:
 BAD_STUDIES = [
     (("name", "bad name!"), "name", "pattern"),
     (("method", "simclr"), "method", f"allowed: {', '.join(sorted(METHODS))}"),
-    (("unknown_key", 1), "unknown_key", "Extra inputs are not permitted"),
+    (("unknown_key", 1), "unknown_key", "unknown key 'unknown_key'; allowed here: ablations, "),
+    (("concurency", 2), "concurency", "unknown key 'concurency'; did you mean 'concurrency'?"),
     (("ablations", {}), "ablations", "at least 1"),
     (("base.trainer.batch_size", "big"), "base.trainer.batch_size", "valid integer"),
     (("base.trainer.lr", -1.0), "base.trainer.lr", "greater than 0"),
     (("base.model.pooling", "max"), "base.model.pooling", "'cls', 'cls_before_pooler'"),
-    (("base.trainer.optimzer", "sgd"), "base.trainer.optimzer", "Extra inputs"),
-    (("base.method.temprature", 0.1), "base.method.temprature", "Extra inputs"),
+    (("base.trainer.optimzer", "sgd"), "base.trainer.optimzer", "did you mean 'optimizer'?"),
+    (("base.model.poling", "avg"), "base.model.poling", "did you mean 'pooling'?"),
+    (("base.method.temprature", 0.1), "base.method", "unknown key 'temprature'; did you mean 'temperature'?"),
     (("ablations.temp.grid", {"trainer.lr": []}), "ablations.temp.grid", "at least one value"),
     (("ablations.temp.grid", {"lr": [1e-5]}), "ablations.temp", "must start with one of model, data"),
     (

@@ -38,18 +38,24 @@ EXAMPLES = """examples:
 """
 
 
+DESCRIPTION = "clsr: run, resume and report contrastive sentence-representation studies; evaluate encoders."
+
+
 def _parser() -> argparse.ArgumentParser:
+    import clsr
+
     parser = argparse.ArgumentParser(
         prog="platform",
-        description=__doc__,
+        description=DESCRIPTION,
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"platform (clsr) {clsr.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    study = commands.add_parser("study", help="run, resume or validate a study file").add_subparsers(
-        dest="action", required=True
-    )
+    study = commands.add_parser(
+        "study", help="run, resume, sync, validate, report or plan a study"
+    ).add_subparsers(dest="action", required=True)
     for action, text in (
         ("run", "run every trial of a study"),
         ("resume", "continue an interrupted study from its trials' checkpoints"),
@@ -79,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     validate = study.add_parser(
         "validate", help="check study files without running anything; print each one's number of trials"
     )
-    validate.add_argument("studies", nargs="+")
+    validate.add_argument("studies", nargs="+", help="study files, or folders: every .yaml file in them")
     validate.add_argument(
         "--set",
         dest="overrides",
@@ -253,7 +259,7 @@ def cmd_study(args: argparse.Namespace) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
         failed = 0
-        for path in args.studies:
+        for path in _expand_folders(args.studies):
             try:
                 study = load_study(path, overrides, smoke=args.smoke)
                 sources = require_sources(study, path)  # every model.name and data.train is here
@@ -540,6 +546,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 mlflow.log_text(table, name)
         print(f"logged to MLflow experiment {args.experiment!r} at {mlflow.get_tracking_uri()}")
     return 0
+
+
+def _expand_folders(paths: list[str]) -> list[str]:
+    """Each folder replaced by its study files (an empty one stays, so load_study says so)."""
+    from clsr.study.schema import study_files_in
+
+    expanded = []
+    for path in paths:
+        files = study_files_in(Path(path)) if Path(path).is_dir() else []
+        expanded += [str(f) for f in files] or [path]
+    return expanded
 
 
 def _custom_tasks(path: str | None) -> dict:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from clsr.methods import METHODS, get_method
 from clsr.study.dotted import deep_merge, set_dotted
 from clsr.study.yaml_safe import YAMLSafetyError, read_yaml_file
+from clsr.suggest import did_you_mean
 from clsr.train.config import MODEL_TYPES, Seed, TrialConfig, check_seed
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -710,15 +711,21 @@ def _check_size(study: Study) -> list[str]:
 # --- loading and validation --------------------------------------------------------------------
 
 
-def _format_pydantic(err: ValidationError, prefix: str = "") -> list[str]:
+def _format_pydantic(
+    err: ValidationError, prefix: str = "", root: type[BaseModel] | None = None
+) -> list[str]:
+    """One line per error; an unknown key gets the closest allowed name (``root``: the model validated)."""
     problems = []
     for e in err.errors():
-        parts = [str(p) for p in e["loc"] if p not in ("function-after", "constrained-str")]
+        raw_loc = [p for p in e["loc"] if p not in ("function-after", "constrained-str")]
+        parts = [str(p) for p in raw_loc]
         if parts[:1] == ["model"] and parts[1:2] and parts[1] in MODEL_TYPES:  # the union's tag
             parts.pop(1)
         loc = ".".join(parts)
         where = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "(top level)"
         message = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            message = f"unknown key {parts[-1]!r}{did_you_mean(root, raw_loc)}"
         given = e.get("input")
         shown = "" if e["type"] == "missing" or isinstance(given, dict) else f" (given: {_shown(given)})"
         problems.append(f"{where}: {message}{shown}")
@@ -759,6 +766,7 @@ def _check_trials(study: Study) -> list[str]:
                     study, name, point["overrides"], seed
                 ),
                 f"{where}.",
+                TrialConfig,
             )
             per_trial += [(where, p.removeprefix(where)) for p in found]
             if not found:
@@ -766,7 +774,9 @@ def _check_trials(study: Study) -> list[str]:
                 per_trial += [
                     (where, rest) for rest in _metric_problems(study, trial) + _device_problems(study, trial)
                 ]
-    base = _format_pydantic_or_none(lambda: resolve_trial(study, None, {}, study.seeds[0]), "base.")
+    base = _format_pydantic_or_none(
+        lambda: resolve_trial(study, None, {}, study.seeds[0]), "base.", TrialConfig
+    )
     shared = [p.removeprefix("base") for p in base]
     shared = [p for p in shared if any(p == rest for _, rest in per_trial)]
     return (
@@ -828,14 +838,14 @@ def _check_raw_base(raw: dict[str, Any]) -> list[str]:
     if method not in METHODS or not isinstance(base, dict):
         return []
     doc = set_dotted(deep_merge(get_method(method).paper_defaults, base), "method.name", method)
-    return _format_pydantic_or_none(lambda: TrialConfig.model_validate(doc), "base.")
+    return _format_pydantic_or_none(lambda: TrialConfig.model_validate(doc), "base.", TrialConfig)
 
 
-def _format_pydantic_or_none(build, prefix: str) -> list[str]:
+def _format_pydantic_or_none(build, prefix: str, root: type[BaseModel] | None = None) -> list[str]:
     try:
         build()
     except ValidationError as err:
-        return _format_pydantic(err, prefix)
+        return _format_pydantic(err, prefix, root)
     except ValueError as err:
         return [f"{prefix.rstrip('.')}: {err}"]
     return []
@@ -878,9 +888,18 @@ def resolve_from_files(raw: dict[str, Any], study_dir: Path) -> tuple[dict[str, 
     return merged, problems
 
 
+def study_files_in(folder: Path) -> list[Path]:
+    """The study files of a folder (``*.yaml``, ``*.yml``; not its subfolders), in name order."""
+    return sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
 def load_study(path: str | Path, overrides: list[tuple[str, Any]] = (), smoke: bool = False) -> Study:
     """Read, merge ``from:`` files, apply ``--smoke`` and ``--set``, validate everything, or raise StudyError."""
     path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in study_files_in(path))
+        example = f" (it holds {', '.join(found[:3])}{', …' if len(found) > 3 else ''})" if found else ""
+        raise StudyError(str(path), [f"a folder, not a study file: give one of its .yaml files{example}"])
     if not path.is_file():
         raise StudyError(str(path), ["file not found"])
     try:
@@ -923,7 +942,9 @@ def study_from_dict(
     try:
         study = Study.model_validate(raw)
     except ValidationError as err:
-        raise StudyError(source, problems + _format_pydantic(err) + _check_raw_base(raw)) from None
+        raise StudyError(
+            source, problems + _format_pydantic(err, root=Study) + _check_raw_base(raw)
+        ) from None
     if too_many := _check_size(study):  # before anything expands a grid
         raise StudyError(source, problems + too_many)
     problems += _check_needs(study)

@@ -396,8 +396,14 @@ class TrialConfig(Section):
     def _method_section(cls, method: dict[str, Any]) -> dict[str, Any]:
         """Validate the hyperparameters with the method's own Config class and fill its defaults."""
         from clsr.methods import get_method
+        from clsr.suggest import closest
 
-        return get_method(method.get("name", "")).Config(**method).model_dump()
+        config = get_method(method.get("name", "")).Config
+        for key in method:
+            if key not in config.model_fields:
+                allowed = sorted(config.model_fields)
+                raise ValueError(f"unknown key {key!r}{closest(key, allowed)}")
+        return config(**method).model_dump()
 
     @model_validator(mode="after")
     def _gradcache_fits_method(self) -> TrialConfig:
