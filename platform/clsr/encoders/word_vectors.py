@@ -172,8 +172,19 @@ def _lookup_keyed(kv: Any, tokens: Sequence[str]) -> Lookup:
     return vecs, found, int(kv.vector_size)
 
 
+def _keyed_vectors() -> Any:
+    """gensim's KeyedVectors (GCLSR only: the ``gclsr`` extra; a slow import, done here)."""
+    try:
+        from gensim.models import KeyedVectors
+    except ImportError:
+        raise ImportError(
+            "GCLSR's word vectors need gensim: pip install 'clsr-platform[gclsr]' (or pip install gensim)"
+        ) from None
+    return KeyedVectors
+
+
 def _load_file(path: Path, fmt: VectorFormat) -> Any:
-    from gensim.models import KeyedVectors  # slow import, only needed here
+    KeyedVectors = _keyed_vectors()
 
     if not path.is_file():
         raise _missing_file(path)
@@ -184,7 +195,6 @@ def _load_file(path: Path, fmt: VectorFormat) -> Any:
 
 
 def _load_hub(name: str, spec: NamedVectors) -> Any:
-    from gensim.models import KeyedVectors
     from huggingface_hub import hf_hub_download
 
     assert spec.hub_repo and spec.hub_file
@@ -193,7 +203,7 @@ def _load_hub(name: str, spec: NamedVectors) -> Any:
         hf_hub_download(spec.hub_repo, spec.hub_file + ".vectors.npy")  # the array the .model points to
     except Exception as err:  # offline mode, no network, missing repo: all end the same way
         raise _hub_unavailable(name, spec.hub_repo, err) from err
-    return KeyedVectors.load(path, mmap="r")
+    return _keyed_vectors().load(path, mmap="r")
 
 
 def _load_named(name: str, data_dir: str | os.PathLike[str] | None) -> Any:
