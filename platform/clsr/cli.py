@@ -20,7 +20,8 @@ EXAMPLES = """examples:
   platform study resume studies/smoke.yaml
   platform study resume studies/smoke.yaml --allow-changes
   platform study sync studies/smoke.yaml
-  platform study validate studies/*.yaml
+  platform study validate studies/
+  platform study schema --out studies/schema.json
   platform study report studies/smoke.yaml
   platform study report --name supmpn_ablations --out reports/supmpn
   platform study plan studies/gclsr_ablations.yaml --from gclsr_ablations-smoke --gpus 1 --gpu h100
@@ -112,6 +113,12 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--no-log", action="store_true", help="do not log the files on the study's parent run"
     )
+
+    schema = study.add_parser(
+        "schema",
+        help="write the JSON Schema of a study file (for editors: # yaml-language-server: $schema=...)",
+    )
+    schema.add_argument("--out", default=None, help="file to write (default: print it)")
 
     plan = study.add_parser(
         "plan",
@@ -276,6 +283,15 @@ def cmd_study(args: argparse.Namespace) -> int:
         return 1 if failed else 0
     if args.action == "report":
         return cmd_study_report(args)
+    if args.action == "schema":
+        from clsr.study.json_schema import schema_text
+
+        if args.out:
+            Path(args.out).write_text(schema_text())
+            print(f"wrote {args.out}")
+        else:
+            print(schema_text(), end="")
+        return 0
     if args.action == "sync":
         return cmd_study_sync(args)
     if args.action == "plan":
