@@ -385,3 +385,46 @@ def test_study_validate_says_when_a_pooling_overrides_the_models_own(tmp_path, c
         "(Pooling(mean), Normalize); model.pooling cls trains it with clsr's pooler instead "
         "(model.pooling: auto uses its own)"
     ) in out
+
+
+def test_relative_paths_of_a_study_are_made_absolute_where_it_is_loaded(tmp_path, monkeypatch):
+    """Ray runs each trial in a folder of its own: the study carries absolute paths to its workers, and
+    grid labels (and the paper: keys that name them) stay as written."""
+    from clsr.study.schema import grid_points, load_study, resolve_trial
+
+    write_source("csv", tmp_path)
+    (tmp_path / "other.csv").write_text((tmp_path / "pairs.csv").read_text())
+    study = tmp_path / "rel.yaml"
+    study.write_text(
+        textwrap.dedent(
+            """\
+            name: rel
+            method: simcse_sup
+            base:
+              model: {name: minilm, pooling: avg}
+              data: {train: pairs.csv, columns: {anchor: sentence1, positive: sentence2, negative: hard_neg}}
+              eval:
+                tasks: [mine]
+                custom: {mine: {type: sts, path: pairs.csv, columns: {score: label}}}
+            ablations:
+              corpus:
+                grid: {data.train: [pairs.csv, other.csv]}
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    loaded = load_study("rel.yaml")
+    assert loaded.base["data"]["train"] == str(tmp_path / "pairs.csv")
+    assert loaded.base["eval"]["custom"]["mine"]["path"] == str(tmp_path / "pairs.csv")
+    points = grid_points(loaded.ablations["corpus"])
+    assert [p["label"] for p in points] == [
+        "data.train=pairs.csv",
+        "data.train=other.csv",
+    ]
+    assert [p["overrides"]["data.train"] for p in points] == [
+        str(tmp_path / "pairs.csv"),
+        str(tmp_path / "other.csv"),
+    ]
+    monkeypatch.chdir(REPO_ROOT)  # a worker's folder: the dumped study still points at the files
+    trial = resolve_trial(loaded, "corpus", points[1]["overrides"], 1)
+    assert trial.data.train == str(tmp_path / "other.csv")

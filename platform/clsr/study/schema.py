@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from clsr.methods import METHODS, get_method
 from clsr.study.dotted import deep_merge, set_dotted
+from clsr.study.paths import absolute_in_dotted, absolute_in_sections
 from clsr.study.yaml_safe import YAMLSafetyError, read_yaml_file
 from clsr.suggest import did_you_mean
 from clsr.train.config import MODEL_TYPES, Seed, TrialConfig, check_seed
@@ -332,6 +333,16 @@ class Study(Strict):
         return ablations
 
     @model_validator(mode="after")
+    def _absolute_paths(self) -> Study:
+        """Relative local paths of the bases made absolute here, where the study is loaded (trials run
+        in other folders); grid and point values are made absolute in ``grid_points``, after their
+        labels are taken, so labels and ``paper:`` keys stay as written."""
+        self.base = absolute_in_sections(self.base)
+        for ablation in self.ablations.values():
+            ablation.base = absolute_in_sections(ablation.base)
+        return self
+
+    @model_validator(mode="after")
     def _search_matches_ablations(self) -> Study:
         sampling = self.search.algorithm != "grid"
         for name, ablation in self.ablations.items():
@@ -367,7 +378,7 @@ def grid_points(ablation: Ablation) -> list[dict[str, Any]]:
         return [
             {
                 "label": p.label or point_label(p.set),
-                "overrides": p.set,
+                "overrides": absolute_in_dotted(p.set),
                 "paper": _paper_value(p.paper, ablation),
             }
             for p in ablation.points
@@ -380,6 +391,7 @@ def grid_points(ablation: Ablation) -> list[dict[str, Any]]:
         # a fold of an averaged ablation carries its row's numbers (the trial's clsr.paper.* tags)
         row_label = report_label(ablation, overrides) if ablation.average_over else label
         paper = ablation.paper.get(row_label, ablation.paper.get(_short(row_label, overrides, ablation)))
+        overrides = absolute_in_dotted(overrides)  # local paths: trials run in other folders
         points.append({"label": label, "overrides": overrides, "paper": _paper_value(paper, ablation)})
     return points
 

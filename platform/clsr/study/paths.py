@@ -1,0 +1,51 @@
+"""Local paths in a study made absolute where the study is loaded (``platform`` runs in the user's
+folder; Ray runs each trial in a folder of its own, so a relative ``data.train: pairs.csv`` read there
+would not be found). Only values that name an existing file or folder change; the rest (catalogue names,
+hub ids, short model names, missing files that ``study validate`` reports) stay as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+# dotted keys whose values may be local paths (eval.custom.<name>.path / .corpus by pattern)
+PATH_KEYS = ("data.train", "data.data_dir", "model.name", "model.init_checkpoint")
+CUSTOM_PATH = re.compile(r"^eval\.custom\.[^.]+\.(path|corpus)$")
+
+
+def is_path_key(key: str) -> bool:
+    return key in PATH_KEYS or bool(CUSTOM_PATH.match(key))
+
+
+def absolute(value: Any) -> Any:
+    """``value`` made absolute when it is a relative path to something that exists here."""
+    if not isinstance(value, str) or "://" in value:
+        return value
+    path = Path(value).expanduser()
+    if path.is_absolute() or not path.exists():
+        return str(path) if value.startswith("~") and path.exists() else value
+    return str(path.resolve())
+
+
+def absolute_in_sections(sections: dict[str, Any]) -> dict[str, Any]:
+    """A base-style ``{section: {field: value}}`` document with its path values made absolute."""
+    out = {name: dict(body) if isinstance(body, dict) else body for name, body in sections.items()}
+    for key in PATH_KEYS:
+        section, field = key.split(".")
+        if isinstance(out.get(section), dict) and field in out[section]:
+            out[section][field] = absolute(out[section][field])
+    custom = out.get("eval", {}).get("custom") if isinstance(out.get("eval"), dict) else None
+    if isinstance(custom, dict):
+        out["eval"]["custom"] = {
+            name: {k: absolute(v) if k in ("path", "corpus") else v for k, v in task.items()}
+            if isinstance(task, dict)
+            else task
+            for name, task in custom.items()
+        }
+    return out
+
+
+def absolute_in_dotted(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``{dotted.key: value}`` overrides with path values made absolute."""
+    return {key: absolute(value) if is_path_key(key) else value for key, value in overrides.items()}
