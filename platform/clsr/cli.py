@@ -119,6 +119,10 @@ def _parser() -> argparse.ArgumentParser:
         help="write the JSON Schema of a study file (for editors: # yaml-language-server: $schema=...)",
     )
     schema.add_argument("--out", default=None, help="file to write (default: print it)")
+    reference = study.add_parser(
+        "reference", help="write the study-file reference (Markdown, every key with its default)"
+    )
+    reference.add_argument("--out", default=None, help="file to write (default: print it)")
 
     plan = study.add_parser(
         "plan",
@@ -187,7 +191,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="a YAML file of your own evaluation sets, {name: {type: sts|retrieval|classification, path: ..., "
-        "...}} as a study's eval.custom (README, Evaluation)",
+        "...}} as a study's eval.custom (docs/evaluation.md)",
     )
     ev.add_argument(
         "--split", default="test", choices=["test", "dev"], help="STS split (transfer: own protocol)"
@@ -283,14 +287,16 @@ def cmd_study(args: argparse.Namespace) -> int:
         return 1 if failed else 0
     if args.action == "report":
         return cmd_study_report(args)
-    if args.action == "schema":
+    if args.action in ("schema", "reference"):
         from clsr.study.json_schema import schema_text
+        from clsr.study.reference import reference_markdown
 
+        text = schema_text() if args.action == "schema" else reference_markdown()
         if args.out:
-            Path(args.out).write_text(schema_text())
+            Path(args.out).write_text(text)
             print(f"wrote {args.out}")
         else:
-            print(schema_text(), end="")
+            print(text, end="")
         return 0
     if args.action == "sync":
         return cmd_study_sync(args)

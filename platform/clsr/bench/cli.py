@@ -123,14 +123,15 @@ def add_bench_parser(commands: Any) -> None:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="as `study run`"
     )
 
-
     cluster = add(
         "cluster",
         "a study on one Ray node and on the loopback cluster (same cores): trials/hour of each and their "
         "ratio; --kill-node: the recovery time after a worker node is SIGKILLed mid-trial",
     )
     cluster.add_argument("--study", default="studies/smoke.yaml", help="study YAML file")
-    cluster.add_argument("--workers", type=_positive, default=2, help="worker nodes, one CPU each (default 2)")
+    cluster.add_argument(
+        "--workers", type=_positive, default=2, help="worker nodes, one CPU each (default 2)"
+    )
     cluster.add_argument("--kill-node", action="store_true", help="a third run that loses a node mid-trial")
     cluster.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="as `study run`"

@@ -24,7 +24,9 @@ from clsr.bench import format_table
 SNAPSHOT = "/checkpoint_manager_snapshot.json"  # Ray Train writes it once a checkpoint is registered
 
 
-def _study_cmd(study: str, name: str, overrides: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
+def _study_cmd(
+    study: str, name: str, overrides: list[str], env: dict[str, str], cwd: Path
+) -> subprocess.Popen:
     """``platform study run`` with its output in ``cwd/<name>.log`` (a pipe read only at the end could fill
     while the benchmark polls, and block the study)."""
     args = [sys.executable, "-m", "clsr.cli", "study", "run", study, "--set", f"name={name}"]
@@ -93,7 +95,9 @@ def _kill_when_checkpointed(cluster, client, name: str, proc: subprocess.Popen) 
         running = [r for r in runs if "mlflow.parentRunId" in r.data.tags and r.info.status == "RUNNING"]
         snapshots = [k for k in cluster.bucket_keys(f"{name}/") if k.endswith(SNAPSHOT)]
         nodes = [r.data.tags.get("clsr.node_id") for r in running]
-        if running and all(nodes) and len(snapshots) == len(running) == len(runs) - 1:  # every trial, one parent
+        if (
+            running and all(nodes) and len(snapshots) == len(running) == len(runs) - 1
+        ):  # every trial, one parent
             index = cluster.worker_index(nodes[0])
             killed_at = time.time()
             cluster.kill_node(index)

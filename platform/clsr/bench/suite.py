@@ -1,4 +1,4 @@
-"""``platform bench suite``: every figure of the README's Performance section in one command.
+"""``platform bench suite``: every figure of docs/performance.md in one command.
 
 On a CPU it runs the CPU targets: ``simcse_sup`` and ``supmpn`` training throughput on MiniLM against
 sentence-transformers, GradCache memory, the 7-task STS evaluation and the smoke study. On a GPU it
@@ -27,7 +27,7 @@ from clsr.bench import format_table, resolve_device
 SIMCSE_SUP_TRIPLETS = 275_602
 SIMCSE_SUP_EVAL_STEPS = 125  # SimCSE's run_sup_example.sh: STS-B dev (and a checkpoint) every 125 steps
 SIMCSE_SUP_BATCH = 512
-TARGETS = {  # the issue's targets (README, Performance)
+TARGETS = {  # the issue's targets (docs/performance.md)
     "cpu_train_ratio": 1.3,  # simcse_sup, MiniLM, batch 64, length 32: clsr / sentence-transformers
     "cpu_sts_eval_ratio": 0.7,  # clsr / sentence-transformers wall time
     "gpu_train_ratio": 1.5,  # bf16 on one H200

@@ -23,7 +23,9 @@ def add_cluster_parser(commands) -> None:
     kill.add_argument("index", type=int, help="worker node index (0 = the first)")
     cluster.add_parser("down", help="stop everything `cluster up` started")
     for parser in cluster.choices.values():
-        parser.add_argument("--dir", default=DEFAULT_DIR, help=f"the cluster's folder (default ./{DEFAULT_DIR})")
+        parser.add_argument(
+            "--dir", default=DEFAULT_DIR, help=f"the cluster's folder (default ./{DEFAULT_DIR})"
+        )
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

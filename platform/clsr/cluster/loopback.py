@@ -92,7 +92,9 @@ def _wait(ready: Callable[[], bool], what: str, log: Path, proc: subprocess.Pope
         if proc is not None and proc.poll() is not None:
             raise ClusterError(f"{what} exited with {proc.returncode}; its log {log} ends:\n{_tail(log)}")
         if time.monotonic() > deadline:
-            raise ClusterError(f"{what} did not start in {START_TIMEOUT_S} s; its log {log} ends:\n{_tail(log)}")
+            raise ClusterError(
+                f"{what} did not start in {START_TIMEOUT_S} s; its log {log} ends:\n{_tail(log)}"
+            )
         time.sleep(0.5)
 
 
@@ -113,11 +115,15 @@ class LoopbackCluster:
             self.state = json.loads((self.root / STATE).read_text())
 
     # ---- start -------------------------------------------------------------------------------------
-    def up(self, workers: int = 2, cpus_per_node: int = 1, log: Callable[[str], None] = print) -> dict[str, str]:
+    def up(
+        self, workers: int = 2, cpus_per_node: int = 1, log: Callable[[str], None] = print
+    ) -> dict[str, str]:
         """Start every service; returns the environment that reaches them. Stops what it started when
         one service fails."""
         if self.state["groups"]:
-            raise ClusterError(f"a loopback cluster is already up in {self.root}; `platform cluster down` first")
+            raise ClusterError(
+                f"a loopback cluster is already up in {self.root}; `platform cluster down` first"
+            )
         if not self.root.exists():  # ours: keys and logs inside; never re-permission a folder that was there
             self.root.mkdir(parents=True, mode=0o700)
         try:
@@ -268,9 +274,22 @@ class LoopbackCluster:
         backend = f"postgresql+psycopg://clsr@127.0.0.1:{pg['port']}/mlflow"
         proc = self._spawn(
             "mlflow",
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
-             "--artifacts-destination", f"s3://{BUCKET}/mlflow", "--host", "127.0.0.1",
-             "--port", str(port), "--workers", "2"],  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--backend-store-uri",
+                backend,
+                "--artifacts-destination",
+                f"s3://{BUCKET}/mlflow",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "2",
+            ],  # fmt: skip
             env={
                 **self._service_env(),
                 "PGPASSWORD": self.state["pg_password"],
@@ -300,7 +319,13 @@ class LoopbackCluster:
         self._save()
         env = {**self._service_env(), "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS")
-        node = ["--block", "--node-ip-address=127.0.0.1", "--num-gpus=0", "--disable-usage-stats", *_node_ports()]
+        node = [
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            "--num-gpus=0",
+            "--disable-usage-stats",
+            *_node_ports(),
+        ]
         head = self._spawn("ray-head", [
             ray, "start", "--head", *node, f"--port={port}", "--num-cpus=0", "--include-dashboard=true",
             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
@@ -352,7 +377,9 @@ class LoopbackCluster:
 
     def _write_env(self) -> None:
         lines = [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(self._service_env().items())]
-        lines.append(f"# studies: storage_path: s3://{BUCKET}/<prefix>  (e.g. --set storage_path=s3://{BUCKET}/runs)")
+        lines.append(
+            f"# studies: storage_path: s3://{BUCKET}/<prefix>  (e.g. --set storage_path=s3://{BUCKET}/runs)"
+        )
         _private_file(self.root / ENV_FILE, "\n".join(lines) + "\n")
 
     # ---- use ---------------------------------------------------------------------------------------
@@ -473,8 +500,6 @@ def _healthy(url: str) -> bool:
     return False
 
 
-
-
 def _members(session: int) -> list:
     """The live (not zombie) processes of a session."""
     import psutil
@@ -507,8 +532,6 @@ def _is_postgres(pid: int) -> bool:
     with contextlib.suppress(psutil.Error):
         return psutil.Process(pid).name().startswith("postgres")
     return False
-
-
 
 
 def _forget_ray_pointer(address: str | None) -> None:

@@ -492,7 +492,9 @@ def _fit(study: Study, ctx: StudyContext, ablation: str | None, name: str, inter
     for experiment in [name, *restorable]:
         with interrupts.experiment():
             results = build_tuner(study, ctx, ablation, restore=True, name=experiment).fit()
-        close_lost_trials(MlflowClient(ctx.tracking_uri), ctx.tracking_uri, ctx.parent_run_id, errors_of(results))
+        close_lost_trials(
+            MlflowClient(ctx.tracking_uri), ctx.tracking_uri, ctx.parent_run_id, errors_of(results)
+        )
 
 
 def errors_of(results) -> dict[str, str]:

@@ -248,16 +248,24 @@ class Scheduler(Strict):
 
 
 class Study(Strict):
-    name: str = Field(pattern=NAME_PATTERN)
-    description: str | None = None
-    method: str
-    base: dict[str, Any] = Field(default_factory=dict)
-    ablations: dict[str, Ablation] = Field(min_length=1)
+    """A study file: the trials of one or more ablation tables, and how they run and are recorded."""
+
+    name: str = Field(
+        pattern=NAME_PATTERN, description="the MLflow experiment and parent run (letters, digits, _ . -)"
+    )
+    description: str | None = Field(None, description="one line for the parent run and the report")
+    method: str = Field(description="the default method of the ablations (methods.md)")
+    base: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the trial every point starts from: model, data, trainer, method and eval sections "
+        "over the method's paper defaults",
+    )
+    ablations: dict[str, Ablation] = Field(min_length=1, description="the tables, by name")
     seeds: list[Seed] = Field(
         default_factory=lambda: [42], min_length=1, description="0 <= seed < 2**32, distinct"
     )
-    metric: str = "best_dev_stsb"
-    mode: Literal["max", "min"] = "max"
+    metric: str = Field("best_dev_stsb", description="the trial result that ranks points and trials")
+    mode: Literal["max", "min"] = Field("max", description="whether a higher metric is better")
     search: Search = Field(default_factory=Search)
     scheduler: Scheduler = Field(default_factory=Scheduler)
     resources: Resources = Field(default_factory=Resources)

@@ -71,7 +71,7 @@ Scalar = str | int | float | bool
 class DataConfig(Section):
     train: str = Field(
         "wiki1m",
-        description="what to train on: a catalogue set (clsr.data.catalog, README's Data); faq:<stackfaq|faqir|cough> "
+        description="what to train on: a catalogue set (clsr.data.catalog, docs/data.md); faq:<stackfaq|faqir|cough> "
         "(query, relevant FAQ item) rows of data.fold's training queries (RCL Table 2); a local file "
         "(.csv, .tsv, .jsonl, .json, .parquet, .txt: one sentence a line) or folder (files of one kind, or "
         "a dataset saved with save_to_disk; relative paths from the folder `platform` runs in); or a hub "
