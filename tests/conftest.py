@@ -116,7 +116,8 @@ def stub_hub_cache(root: Path, repo_ids: list[str]) -> Path:
 def hub_model_ids(studies: list[Path]) -> list[str]:
     """Every hub id the shipped studies' trials name as model.name (not short names, not folders)."""
     from clsr.encoders.registry import SHORT_NAMES
-    from clsr.study.schema import grid_points, load_study, resolve_trial
+    from clsr.study.load import load_study
+    from clsr.study.plan import grid_points, resolve_trial
 
     ids = set()
     for path in studies:

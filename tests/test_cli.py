@@ -9,8 +9,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
+from clsr.study.load import load_study
 from clsr.study.runner import build_tuner, param_space
-from clsr.study.schema import load_study
 from clsr.study.trial import StudyContext
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -9,9 +9,10 @@ import json
 from mlflow.tracking import MlflowClient
 
 from clsr.study.distinct import also_keys, merge_identical, run_keys
+from clsr.study.load import load_study
+from clsr.study.plan import count_trials, grid_points
 from clsr.study.record import attach_labels, supersede
 from clsr.study.runner import expand_trials
-from clsr.study.schema import count_trials, grid_points, load_study
 from clsr.tracking.study_runs import (
     ALSO_TAG,
     CHECKPOINT_TAG,

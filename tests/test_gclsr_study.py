@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from clsr.study.load import load_study
+from clsr.study.plan import grid_points
 from clsr.study.report import build_report
-from clsr.study.schema import grid_points, load_study
 from clsr.tracking.study_runs import run_labels
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -64,7 +65,13 @@ def test_gclsr_smoke_study_end_to_end(tmp_path):
     assert len(run_labels(ours.data.tags)) == 9
     # the report shows that one run in each of the nine ablations' rows, and counts it once for the study
     report = build_report(study, client, parents[0].info.run_id, uri)
-    shown_in = {a.name for a in report.ablations for r in a.rows for t in r.trials.values() if t.run_id == ours.info.run_id}
+    shown_in = {
+        a.name
+        for a in report.ablations
+        for r in a.rows
+        for t in r.trials.values()
+        if t.run_id == ours.info.run_id
+    }
     assert shown_in == {ablation for ablation, _ in run_labels(ours.data.tags)}
     assert report.cost.runs == 39
     assert ours.data.params["model.vectors"] == "glove-6b-50d-local"

@@ -390,7 +390,8 @@ def test_study_validate_says_when_a_pooling_overrides_the_models_own(tmp_path, c
 def test_relative_paths_of_a_study_are_made_absolute_where_it_is_loaded(tmp_path, monkeypatch):
     """Ray runs each trial in a folder of its own: the study carries absolute paths to its workers, and
     grid labels (and the paper: keys that name them) stay as written."""
-    from clsr.study.schema import grid_points, load_study, resolve_trial
+    from clsr.study.load import load_study
+    from clsr.study.plan import grid_points, resolve_trial
 
     write_source("csv", tmp_path)
     (tmp_path / "other.csv").write_text((tmp_path / "pairs.csv").read_text())

@@ -12,9 +12,9 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
+from clsr.study.load import load_study
 from clsr.study.probe import probe, probe_trial
 from clsr.study.projection import measure, pack, project
-from clsr.study.schema import load_study
 from clsr.tracking.study_runs import children, close_run, open_child_run, start_parent_run
 from test_e2e import REPO_ROOT
 

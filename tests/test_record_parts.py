@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from clsr.study.fingerprint import compare, fingerprint
 from clsr.study.interrupt import Interrupted, Interrupts
 from clsr.study.lease import LEASE_TAG, Lease, LeaseHeld, current_holder
-from clsr.study.schema import load_study
+from clsr.study.load import load_study
 from clsr.tracking.spool import Spool, hand_over, pending_runs, replay_pending
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -124,7 +124,7 @@ def test_a_generation_is_taken_once_even_by_drivers_that_race(store, monkeypatch
 def test_the_fingerprint_names_added_removed_and_changed_trials():
     import yaml
 
-    from clsr.study.schema import study_from_dict
+    from clsr.study.load import study_from_dict
 
     smoke = load_study(REPO_ROOT / "studies" / "smoke.yaml")
     raw = yaml.safe_load((REPO_ROOT / "studies" / "smoke.yaml").read_text())

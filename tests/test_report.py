@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 
 from clsr.cli import main
+from clsr.study.load import load_study
 from clsr.study.record import resolved_summary
 from clsr.study.report import (
     CORRECTION,
@@ -33,7 +34,7 @@ from clsr.study.report import (
     seed_stats,
     write_report,
 )
-from clsr.study.schema import StudyError, load_study
+from clsr.study.schema import StudyError
 from clsr.tracking.study_runs import close_run, open_child_run, record_skipped, start_parent_run
 
 NAME = "report_t"
@@ -453,7 +454,11 @@ def test_rows_of_one_configuration_and_evaluation_only_rows_are_marked(store, tm
     client, uri = store["client"], store["uri"]
     parent = start_parent_run(client, "report_dup", "x", None)
     # the study ran the three identical trials once per seed: one run standing for all three points
-    also = {"clsr.also": json.dumps([["temperature", "method.temperature=0.05"], ["batch", "trainer.batch_size=16"]])}
+    also = {
+        "clsr.also": json.dumps(
+            [["temperature", "method.temperature=0.05"], ["batch", "trainer.batch_size=16"]]
+        )
+    }
     for ablation, label, tags in [
         ("reference", "SimCSE", also),
         ("temperature", "method.temperature=0.1", {}),
@@ -464,7 +469,11 @@ def test_rows_of_one_configuration_and_evaluation_only_rows_are_marked(store, tm
             add_trial(client, uri, parent, ablation, label, seed, metrics=metrics, tags=tags)
     report = build_report(load_study(path), client, parent, uri)
     shared = {(a.name, r.label): r.values("best_dev_stsb") for a in report.ablations for r in a.rows}
-    for row in [("reference", "SimCSE"), ("temperature", "method.temperature=0.05"), ("batch", "trainer.batch_size=16")]:
+    for row in [
+        ("reference", "SimCSE"),
+        ("temperature", "method.temperature=0.05"),
+        ("batch", "trainer.batch_size=16"),
+    ]:
         assert shared[row] == {1: 71.0, 2: 72.0}, row  # the one run, under each of its points
     assert ablation_of(report, "batch").cost.runs == 2  # each ablation counts the runs it used ...
     assert report.cost.runs == 6 and report.cost.wall_s == pytest.approx(600.0)  # ... the study each run once

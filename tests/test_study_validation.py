@@ -9,7 +9,9 @@ import yaml
 
 from clsr.methods import METHODS
 from clsr.study.dotted import parse_override
-from clsr.study.schema import StudyError, grid_points, load_study, resolve_trial
+from clsr.study.load import load_study
+from clsr.study.plan import grid_points, resolve_trial
+from clsr.study.schema import StudyError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

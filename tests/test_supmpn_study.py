@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from clsr.study.schema import grid_points, load_study, trial_identity
+from clsr.study.load import load_study
+from clsr.study.plan import grid_points, trial_identity
 from clsr.tracking.study_runs import run_labels
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -44,7 +45,9 @@ def distinct_trials(study, labels) -> int:
     """How many different trials these (ablation, point) labels of a one-seed study resolve to."""
     points = {(name, p["label"]): p for name, a in study.ablations.items() for p in grid_points(a)}
     seed = study.seeds[0]
-    return len({trial_identity(study, name, points[name, label]["overrides"], seed) for name, label in labels})
+    return len(
+        {trial_identity(study, name, points[name, label]["overrides"], seed) for name, label in labels}
+    )
 
 
 def test_supmpn_smoke_study_end_to_end(tmp_path):

@@ -15,8 +15,10 @@ import yaml
 from pydantic import ValidationError
 
 from clsr.cli import main
-from clsr.study import schema
-from clsr.study.schema import MAX_TRIALS, StudyError, count_trials, load_study
+from clsr.study import load, plan
+from clsr.study.load import load_study
+from clsr.study.plan import count_trials
+from clsr.study.schema import MAX_TRIALS, StudyError
 from clsr.study.yaml_safe import MAX_FILE_BYTES
 from clsr.train.config import TrialConfig
 from conftest import hub_model_ids, stub_hub_cache
@@ -233,7 +235,8 @@ def test_a_million_point_grid_is_refused_before_expansion(tmp_path, capsys, monk
     def never(*_):
         raise AssertionError("a grid was expanded")
 
-    monkeypatch.setattr(schema, "grid_points", never)
+    for module in (load, plan):  # wherever a grid could be expanded
+        monkeypatch.setattr(module, "grid_points", never)
     path = write(tmp_path, HUGE_GRID)
     started = time.perf_counter()
     with pytest.raises(StudyError) as caught:
@@ -291,7 +294,9 @@ def shipped_models_cache(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
-def test_every_shipped_study_validates_with_and_without_smoke(path, capsys, monkeypatch, shipped_models_cache):
+def test_every_shipped_study_validates_with_and_without_smoke(
+    path, capsys, monkeypatch, shipped_models_cache
+):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(shipped_models_cache))  # its models downloaded: validates
     code, out, err = validate(capsys, str(path))

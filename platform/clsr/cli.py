@@ -251,7 +251,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load(path: str, overrides: list[str], smoke: bool = False):
     from clsr.study.dotted import parse_override
-    from clsr.study.schema import load_study
+    from clsr.study.load import load_study
 
     return load_study(path, [parse_override(o) for o in overrides], smoke=smoke)
 
@@ -261,7 +261,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     if args.action == "validate":
         from clsr.study.dotted import parse_override
-        from clsr.study.schema import count_trials, load_study
+        from clsr.study.load import load_study
+        from clsr.study.plan import count_trials
         from clsr.study.sources import require_sources
 
         try:
@@ -311,7 +312,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     except (StudyError, ValueError) as err:
         print(err, file=sys.stderr)
         return 2
-    from clsr.study.schema import CONFIRM_TRIALS, planned_trials
+    from clsr.study.plan import planned_trials
+    from clsr.study.schema import CONFIRM_TRIALS
 
     if (trials := planned_trials(study)) > CONFIRM_TRIALS and not args.yes:
         print(
@@ -572,7 +574,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _expand_folders(paths: list[str]) -> list[str]:
     """Each folder replaced by its study files (an empty one stays, so load_study says so)."""
-    from clsr.study.schema import study_files_in
+    from clsr.study.load import study_files_in
 
     expanded = []
     for path in paths:

@@ -68,8 +68,8 @@ def run_study_bench(
     from mlflow.tracking import MlflowClient
 
     from clsr.study.dotted import parse_override
+    from clsr.study.load import load_study
     from clsr.study.runner import run_study
-    from clsr.study.schema import load_study
     from clsr.tracking.study_runs import children, find_parent_run
 
     with tempfile.TemporaryDirectory(prefix="clsr-bench-study-") as tmp:

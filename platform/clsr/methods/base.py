@@ -30,8 +30,8 @@ from clsr.data.batching import TextViewBatcher, shuffled_batches
 from clsr.encoders.trained import load_trained_encoder
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
 from clsr.methods.losses import full_precision
-from clsr.train.distributed import gather_with_grad
-from clsr.train.steps import plan_steps
+from clsr.runtime.distributed import gather_with_grad
+from clsr.runtime.steps import plan_steps
 
 
 class MethodConfig(BaseModel):
@@ -107,7 +107,7 @@ class Method(ABC):
 
     def plan_steps(self, num_rows: int, trial: Any, world: int) -> tuple[int, int]:
         """(steps per epoch, total steps): the loop asks ``batch_order`` for epoch ``step // steps per
-        epoch`` and schedules the LR over the total. Default ``clsr.train.steps.plan_steps``; a method whose
+        epoch`` and schedules the LR over the total. Default ``clsr.runtime.steps.plan_steps``; a method whose
         data does not come in ⌊k/B⌋-step epochs (SelfCCL's per-epoch pacing) returns its own total."""
         return plan_steps(num_rows, trial, world)
 

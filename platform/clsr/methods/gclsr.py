@@ -55,7 +55,7 @@ from clsr.encoders.textcnn import TextCNNConfig, TextCNNEncoder
 from clsr.encoders.word_vectors import WordTable, build_word_table
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.losses import full_precision
-from clsr.train.distributed import gather_with_grad
+from clsr.runtime.distributed import gather_with_grad
 
 Augmentation = Literal["pwva", "full", "none", "eda", "back_translation"]
 OOVDraw = Literal["per_view", "shared"]

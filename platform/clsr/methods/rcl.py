@@ -56,7 +56,7 @@ from clsr.encoders.trained import load_trained_encoder
 from clsr.encoders.transformer import ModelConfig, load_tokenizer
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.losses import cos_sim, in_batch_cross_entropy
-from clsr.train.distributed import gather_with_grad
+from clsr.runtime.distributed import gather_with_grad
 
 # --- losses ----------------------------------------------------------------------------------------
 

@@ -76,7 +76,7 @@ from clsr.data.batching import shuffled_batches
 from clsr.encoders.pooling import PoolingName
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.simcse_sup import simcse_sup_loss
-from clsr.train.steps import plan_steps
+from clsr.runtime.steps import plan_steps
 
 EASY, SEMI_HARD, HARD = 0, 1, 2
 CLASS_NAMES = ("easy", "semi_hard", "hard")

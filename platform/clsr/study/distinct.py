@@ -14,7 +14,8 @@ import json
 from typing import Any
 
 from clsr.study.fingerprint import trial_key
-from clsr.study.schema import Outputs, Study, trial_identity
+from clsr.study.plan import trial_identity
+from clsr.study.schema import Outputs, Study
 from clsr.tracking.tags import ALSO_TAG, TRIAL_TAG, run_labels
 
 

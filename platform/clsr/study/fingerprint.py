@@ -13,7 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from clsr.study.schema import Study, grid_points, trial_document
+from clsr.study.plan import grid_points, trial_document
+from clsr.study.schema import Study
 
 STUDY_ENTRY = "(study) metric, mode, scheduler, search"
 

@@ -22,8 +22,9 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from clsr.study.dotted import set_dotted
+from clsr.study.plan import grid_points, resolve_trial
 from clsr.study.projection import Measured, Sample, costs_of, gpus_per_trial
-from clsr.study.schema import Study, grid_points, resolve_trial
+from clsr.study.schema import Study
 from clsr.train.config import TrialConfig
 
 
@@ -33,8 +34,8 @@ def probe_trial(
     """The probe's trial and its label: ``ablation``'s first point and seed, cut to ``steps`` optimiser steps (default:
     two evaluation intervals, at least 10 steps, at most the trial's own)."""
     from clsr.data.training import training_rows
+    from clsr.runtime.steps import eval_interval
     from clsr.train.loop import build_method
-    from clsr.train.steps import eval_interval
 
     name = ablation or next(iter(study.ablations))
     if name not in study.ablations:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clsr.study.distinct import merge_identical
-from clsr.study.schema import Study, grid_points, resolve_trial, stages
+from clsr.study.plan import grid_points, resolve_trial, stages
+from clsr.study.schema import Study
 from clsr.train.config import TrialConfig
 
 # Assumptions, each printed with the projection and each overridable on the command line: how many
@@ -153,8 +154,8 @@ class Work:
 
 def trial_work(trial: TrialConfig, rows: int) -> Work:
     """The loop's own plan for a trial of ``rows`` training rows (one device per rank)."""
+    from clsr.runtime.steps import eval_interval
     from clsr.train.loop import build_method
-    from clsr.train.steps import eval_interval
 
     steps_per_epoch, total = build_method(trial).plan_steps(rows, trial, 1)
     if total == 0:  # an evaluation-only point scores its starting model once

@@ -25,7 +25,8 @@ from clsr.study.distinct import also_of
 from clsr.study.fingerprint import compare, overall
 from clsr.study.interrupt import Interrupts
 from clsr.study.lease import Lease, LeaseHeld, current_holder
-from clsr.study.schema import Study, grid_points, point_label, stages, trial_document
+from clsr.study.plan import grid_points, point_label, stages, trial_document
+from clsr.study.schema import Study
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.spool import replay_pending
 from clsr.tracking.study_runs import (

@@ -44,15 +44,8 @@ from scipy import stats as sps
 from clsr.data.faq import FAQ_TASKS
 from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
-from clsr.study.schema import (
-    Ablation,
-    Study,
-    find_point,
-    grid_points,
-    report_points,
-    resolve_trial,
-    trial_identity,
-)
+from clsr.study.plan import find_point, grid_points, report_points, resolve_trial, trial_identity
+from clsr.study.schema import Ablation, Study
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import (
     SUPERSEDED_TAG,

@@ -19,6 +19,14 @@ from clsr.study.distinct import also_keys, merge_identical, run_keys
 from clsr.study.fingerprint import fingerprint
 from clsr.study.interrupt import Interrupted, Interrupts
 from clsr.study.lease import Lease
+from clsr.study.plan import (
+    UpstreamMissing,
+    grid_points,
+    missing_upstream,
+    resolve_trial,
+    stages,
+    trial_document,
+)
 from clsr.study.record import (
     StudyOutcome,
     attach_labels,
@@ -30,17 +38,7 @@ from clsr.study.record import (
     start_record,
     take_over,
 )
-from clsr.study.schema import (
-    Outputs,
-    Study,
-    StudyError,
-    UpstreamMissing,
-    grid_points,
-    missing_upstream,
-    resolve_trial,
-    stages,
-    trial_document,
-)
+from clsr.study.schema import Outputs, Study, StudyError
 from clsr.study.trial import StudyContext, key_of, run_trial
 from clsr.study.tune_state import repair_before_restore
 from clsr.tracking.study_runs import (

@@ -11,7 +11,8 @@ from clsr.data.external import data_source_problem
 from clsr.encoders.registry import model_source_problem
 from clsr.eval.custom import source_problems as custom_task_problems
 from clsr.methods import get_method
-from clsr.study.schema import Study, StudyError, grid_points, resolve_trial
+from clsr.study.plan import grid_points, resolve_trial
+from clsr.study.schema import Study, StudyError
 
 MAX_PLACES = 3  # points named per problem line; the rest counted
 

@@ -18,7 +18,8 @@ from mlflow.tracking import MlflowClient
 
 from clsr.study.distinct import also_tag
 from clsr.study.fingerprint import digest, trial_key
-from clsr.study.schema import Outputs, Study, point_label, resolve_trial
+from clsr.study.plan import point_label, resolve_trial
+from clsr.study.schema import Outputs, Study
 from clsr.tracking.study_runs import (
     CHECKPOINT_TAG,
     TIMED_OUT_ATTEMPT_TAG,

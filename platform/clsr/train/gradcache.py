@@ -29,7 +29,7 @@ from torch import nn
 
 from clsr.methods.base import Method
 from clsr.methods.losses import full_precision
-from clsr.train.distributed import gather_with_grad
+from clsr.runtime.distributed import gather_with_grad
 from clsr.train.rng import restore_rng, rng_state
 
 

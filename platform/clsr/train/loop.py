@@ -34,6 +34,7 @@ from clsr.eval.sts import evaluate_sts, summary_metrics
 from clsr.eval.transfer import evaluate_transfer, split_eval_tasks, transfer_summary_metrics
 from clsr.methods import get_method
 from clsr.methods.base import Method
+from clsr.runtime.steps import eval_interval
 from clsr.tracking.run_logger import RunLogger
 from clsr.train import checkpoint_files
 from clsr.train.config import TrainerConfig, TrialConfig
@@ -43,7 +44,6 @@ from clsr.train.readback import PendingSteps
 from clsr.train.rng import restore_rng, rng_state
 from clsr.train.session import node_tags
 from clsr.train.staging import staging_folder
-from clsr.train.steps import eval_interval
 
 DEV_SPLIT = "dev"
 EVAL_ONLY_TAG = "clsr.eval_only"  # "true" on the MLflow run of a point that trained nothing

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from clsr.train.distributed import rank, world_size
+from clsr.runtime.distributed import rank, world_size
 from clsr.train.staging import staging_folder
 
 

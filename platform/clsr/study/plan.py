@@ -1,0 +1,276 @@
+"""A validated study's plan: its points (grids and explicit points), each point's trials (one per
+seed), the trial configuration of each, the stages of a staged study and the values its ``needs``
+take from upstream trials, and the number of trials and distinct trials."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from typing import Any
+
+from clsr.methods import get_method
+from clsr.study.dotted import deep_merge, set_dotted
+from clsr.study.paths import absolute_in_dotted
+from clsr.study.schema import (
+    Ablation,
+    Need,
+    Outputs,
+    Study,
+)
+from clsr.train.config import TrialConfig
+
+# --- trial expansion ---------------------------------------------------------------------------
+
+
+def point_label(overrides: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in overrides.items())
+
+
+def grid_points(ablation: Ablation) -> list[dict[str, Any]]:
+    """Each point: ``{"label", "overrides", "paper"}``; grids are the cartesian product of their keys."""
+    if ablation.points:
+        return [
+            {
+                "label": p.label or point_label(p.set),
+                "overrides": absolute_in_dotted(p.set),
+                "paper": _paper_value(p.paper, ablation),
+            }
+            for p in ablation.points
+        ]
+    keys = list(ablation.grid)
+    points = []
+    for values in itertools.product(*(ablation.grid[k] for k in keys)):
+        overrides = dict(zip(keys, values, strict=True))
+        label = point_label(overrides)
+        # a fold of an averaged ablation carries its row's numbers (the trial's clsr.paper.* tags)
+        row_label = report_label(ablation, overrides) if ablation.average_over else label
+        paper = ablation.paper.get(row_label, ablation.paper.get(_short(row_label, overrides, ablation)))
+        overrides = absolute_in_dotted(overrides)  # local paths: trials run in other folders
+        points.append({"label": label, "overrides": overrides, "paper": _paper_value(paper, ablation)})
+    return points
+
+
+def _without_averaged(ablation: Ablation, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A point's overrides without its ``average_over`` key: the report row's own."""
+    return {k: v for k, v in overrides.items() if k != ablation.average_over}
+
+
+def _short(label: str, overrides: dict[str, Any], ablation: Ablation) -> str:
+    """The bare value of a one-key point (``'256'``): how study files name such rows."""
+    rest = list(_without_averaged(ablation, overrides).values())
+    return str(rest[0]) if len(rest) == 1 else label
+
+
+def report_label(ablation: Ablation, overrides: dict[str, Any]) -> str:
+    """The report row a point belongs to: its own label, or with ``average_over`` the label of the
+    other keys (``mean over <key>`` when the grid has no other key)."""
+    if ablation.average_over is None:
+        return point_label(overrides)
+    rest = _without_averaged(ablation, overrides)
+    return point_label(rest) if rest else f"mean over {ablation.average_over}"
+
+
+def report_points(ablation: Ablation) -> list[dict[str, Any]]:
+    """The report's rows as points (``label``, ``overrides``, ``paper``, ``members``: the labels of
+    the grid points averaged into it): ``grid_points`` itself unless the ablation has ``average_over``."""
+    points = grid_points(ablation)
+    if ablation.average_over is None:
+        return [{**p, "members": [p["label"]]} for p in points]
+    rows: dict[str, dict[str, Any]] = {}
+    for p in points:
+        label, rest = report_label(ablation, p["overrides"]), _without_averaged(ablation, p["overrides"])
+        row = rows.setdefault(label, {"label": label, "overrides": rest, "paper": p["paper"], "members": []})
+        row["members"].append(p["label"])
+    return list(rows.values())
+
+
+def find_point(points: list[dict[str, Any]], name: str | None) -> dict[str, Any] | None:
+    """The point ``name`` (a ``paper_choice`` or ``reference``) means: its label, the bare value of a
+    one-key grid (``'256'``), or its ``key=value`` parts in any order, as study files write them."""
+    if name is None:
+        return None
+    parts = set(name.split(", "))
+    for point in points:
+        values = list(point["overrides"].values())
+        short = str(values[0]) if len(values) == 1 else None
+        if name in (point["label"], short) or parts == set(point["label"].split(", ")):
+            return point
+    return None
+
+
+def _paper_value(value: float | dict[str, float] | None, ablation: Ablation) -> dict[str, float]:
+    if value is None:
+        return {}
+    return value if isinstance(value, dict) else {ablation.paper_metric: value}
+
+
+def trial_document(
+    study: Study, ablation: str | None, overrides: dict[str, Any], seed: int, outputs: Outputs | None = None
+) -> dict[str, Any]:
+    """The nested trial config: method paper defaults < study base < ablation base < point < seed, then
+    what ``needs`` fills from upstream trials (``outputs``; placeholders when None, for validation)."""
+    spec = study.ablations[ablation] if ablation else None
+    method = (spec.method if spec else None) or study.method
+    doc = deep_merge(get_method(method).paper_defaults, study.base)
+    doc = deep_merge(doc, spec.base if spec else {})
+    doc = set_dotted(doc, "method.name", method)
+    for key, value in overrides.items():
+        doc = set_dotted(doc, key, value)
+    if spec is not None:
+        for key, value in need_values(study, ablation, seed, outputs, overrides).items():
+            doc = set_dotted(doc, key, value)
+    return set_dotted(doc, "trainer.seed", seed)
+
+
+def resolve_trial(
+    study: Study, ablation: str | None, overrides: dict[str, Any], seed: int, outputs: Outputs | None = None
+) -> TrialConfig:
+    return TrialConfig.model_validate(trial_document(study, ablation, overrides, seed, outputs))
+
+
+def trial_identity(
+    study: Study, ablation: str | None, overrides: dict[str, Any], seed: int, outputs: Outputs | None = None
+) -> str:
+    """Equal for trials that train the same thing: the validated config (pydantic fills every default
+    and coerces types, so a point that writes out a default equals one that inherits it), seed included.
+    Identical trials of different ablations run once (``clsr.study.distinct``)."""
+    config = resolve_trial(study, ablation, overrides, seed, outputs).model_dump(mode="json")
+    return _canonical(config)
+
+
+# --- staged studies: ablations whose trials need upstream trials' outputs ----------------------------
+
+
+class UpstreamMissing(LookupError):
+    """A needed upstream trial has no output: it failed, was skipped, or has not run."""
+
+
+def stages(study: Study) -> list[list[str]]:
+    """Ablation names in waves, each needing only earlier waves (a study without needs: one wave)."""
+    remaining = {name: {n.ablation for n in a.needs.values()} for name, a in study.ablations.items()}
+    done: set[str] = set()
+    waves: list[list[str]] = []
+    while remaining:
+        wave = [name for name, upstream in remaining.items() if upstream <= done]
+        if not wave:
+            raise ValueError(f"the needs of ablations {sorted(remaining)} form a cycle")
+        waves.append(wave)
+        done.update(wave)
+        for name in wave:
+            del remaining[name]
+    return waves
+
+
+def need_values(
+    study: Study,
+    ablation: str,
+    seed: int,
+    outputs: Outputs | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The values an ablation's ``needs`` fill for the trial of point ``overrides`` and ``seed``.
+
+    A ``by`` mapping holds the upstream points that have an output (the method's own validation says
+    when one it uses is missing); a single output that is missing raises ``UpstreamMissing``.
+    """
+    values: dict[str, Any] = {}
+    for key, need in study.ablations[ablation].needs.items():
+        upstream_seed = seed if need.seed == "same" else need.seed
+        points = upstream_points(study, need, overrides or {})
+        if need.by is None:
+            label = need.point or points[0]["label"]
+            values[key] = _upstream_output(need, label, upstream_seed, outputs)
+            continue
+        mapping = {}
+        for point in points:
+            try:
+                mapping[point["overrides"][need.by]] = _upstream_output(
+                    need, point["label"], upstream_seed, outputs
+                )
+            except UpstreamMissing:
+                continue
+        values[key] = mapping
+    return values
+
+
+def upstream_points(study: Study, need: Need, overrides: dict[str, Any]) -> list[dict[str, Any]]:
+    """The upstream points a trial of point ``overrides`` may use: those that agree on the ``need.match``
+    keys the point sets (every point sets them all: validation checks it; the ablation's base document,
+    which has no point, sees every upstream point)."""
+    points = grid_points(study.ablations[need.ablation])
+    wanted = {k: overrides[k] for k in need.match if k in overrides}
+    return [p for p in points if all(p["overrides"].get(k) == v for k, v in wanted.items())]
+
+
+def _upstream_output(need: Need, label: str, seed: int, outputs: Outputs | None) -> str:
+    if outputs is None:
+        return f"<{need.output} of {need.ablation}[{label}] seed {seed}>"
+    try:
+        return outputs[(need.ablation, label, seed)]
+    except KeyError:
+        raise UpstreamMissing(
+            f"ablations.{need.ablation}[{label}] seed {seed} has no finished trial with a {need.output}"
+        ) from None
+
+
+def missing_upstream(
+    study: Study, ablation: str, seed: int, outputs: Outputs, overrides: dict[str, Any] | None = None
+) -> list[str]:
+    """Every upstream trial the trial of point ``overrides`` could use that has no output."""
+    missing = []
+    for need in study.ablations[ablation].needs.values():
+        upstream_seed = seed if need.seed == "same" else need.seed
+        points = upstream_points(study, need, overrides or {})
+        labels = [need.point or points[0]["label"]] if need.by is None else [p["label"] for p in points]
+        missing += [
+            f"ablations.{need.ablation}[{label}] seed {upstream_seed}"
+            for label in labels
+            if (need.ablation, label, upstream_seed) not in outputs
+        ]
+    return missing
+
+
+def ablation_trials(study: Study, ablation: str) -> int:
+    """Trials of one ablation, counted without expanding it: points (or the product of the grid's list
+    lengths) × seeds; a sampled ablation (space) runs ``search.num_samples``."""
+    spec = study.ablations[ablation]
+    if spec.space:
+        return study.search.num_samples
+    points = len(spec.points) or math.prod(len(values) for values in spec.grid.values())
+    return points * len(study.seeds_of(ablation))
+
+
+def planned_trials(study: Study) -> int:
+    """Trials of the whole study, counted without expanding a grid."""
+    return sum(ablation_trials(study, name) for name in study.ablations)
+
+
+def count_trials(study: Study) -> tuple[int, int]:
+    """(trials, distinct trials): a trial is (ablation, point, seed) of a grid/points ablation, plus
+    ``search.num_samples`` per sampled ablation; distinct counts the different ``trial_identity``s (the
+    same configuration in two ablations runs once). A staged trial counts with its upstream trials'
+    placeholders, so two that would read the same checkpoint count twice. Resolves every point: call it
+    on a validated study only (at most ``MAX_TRIALS`` trials)."""
+    total, sampled, identities = 0, 0, set()
+    for name, ablation in study.ablations.items():
+        if ablation.space:
+            sampled += study.search.num_samples
+            continue
+        for point in grid_points(ablation):
+            for seed in study.seeds_of(name):
+                total += 1
+                identities.add(trial_identity(study, name, point["overrides"], seed))
+    return total + sampled, len(identities) + sampled
+
+
+def _canonical(value: Any) -> str:
+    """A text that is equal for equal configs, whatever the order of their keys."""
+    if isinstance(value, dict):
+        items = sorted((repr(k), _canonical(v)) for k, v in value.items())
+        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_canonical(v) for v in value) + "]"
+    return json.dumps(value, default=repr)
+
+
