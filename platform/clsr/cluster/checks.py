@@ -34,6 +34,14 @@ def check_cloud_storage(study_name: str, storage_path: str) -> None:
     probe = f".clsr-probe-{uuid.uuid4().hex}"
     try:
         filesystem, root = pyarrow.fs.FileSystem.from_uri(storage_path)
+        bucket = root.split("/", 1)[0]
+        # some S3-compatible stores (SeaweedFS) create a missing bucket on the first write: a misspelt
+        # bucket must be refused, not created
+        if filesystem.get_file_info(bucket).type == pyarrow.fs.FileType.NotFound:
+            raise StorageError(
+                f"study {study_name}: storage_path {storage_path}: cannot write a checkpoint there (bucket "
+                f"{bucket!r} does not exist: create it first, or check its name); {CLOUD_HINT}"
+            )
         path = f"{root.rstrip('/')}/{probe}"
         with filesystem.open_output_stream(path) as out:
             out.write(b"clsr")
