@@ -41,6 +41,15 @@ class DataSourceError(ValueError):
     """``data.train`` names something that is not there or not readable as training data."""
 
 
+def absolute_local(value: Any) -> Any:
+    """``value`` made absolute when it names an existing local file or folder (trials run in other
+    folders); anything else (names, hub ids, URIs, missing files ``study validate`` reports) unchanged."""
+    if not isinstance(value, str) or "://" in value:
+        return value
+    path = Path(value).expanduser()
+    return str(path.resolve()) if path.exists() else value
+
+
 def looks_like_path(train: str) -> bool:
     """A value meant as a local file or folder (even one that does not exist)."""
     return (

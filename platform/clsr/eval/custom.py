@@ -17,7 +17,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -64,12 +63,9 @@ class CustomTask(BaseModel):
     def _absolute(cls, value: str | None) -> str | None:
         """A local file or folder made absolute: trials run in other folders. Missing ones are said by
         ``study validate`` (``source_problems``)."""
-        from clsr.data.external import looks_like_path
+        from clsr.data.external import absolute_local
 
-        if value is None or not looks_like_path(value):
-            return value
-        path = Path(value).expanduser()
-        return str(path.resolve()) if path.exists() else value
+        return absolute_local(value)
 
     @model_validator(mode="after")
     def _corpus_for_retrieval(self) -> CustomTask:
@@ -126,8 +122,11 @@ def in_task_terms(message: str, name: str, field: str) -> str:
     return message
 
 
-def _table(name: str, task: CustomTask, field: str, roles: tuple[str, ...]) -> dict[str, list]:
-    """``{role: values}`` of the file in ``task.<field>``."""
+def _table(
+    name: str, task: CustomTask, field: str, roles: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict[str, list]:
+    """``{role: values}`` of the file in ``task.<field>``, plus the ``optional`` columns it has that no
+    role is mapped to."""
     from clsr.data.external import DataSourceError, columns_problem, load_source
 
     try:
@@ -137,7 +136,9 @@ def _table(name: str, task: CustomTask, field: str, roles: tuple[str, ...]) -> d
     mapping = _mapping(task, roles)
     if problem := columns_problem(dataset.column_names, mapping, roles):
         raise DataSourceError(f"eval.custom.{name}.{field}: {in_task_terms(problem, name, field)}")
-    return {role: dataset[mapping.get(role, role)] for role in roles}
+    table = {role: dataset[mapping.get(role, role)] for role in roles}
+    extra = [c for c in optional if c in dataset.column_names and c not in mapping.values()]
+    return table | {column: dataset[column] for column in extra}
 
 
 def task_texts(name: str, task: CustomTask) -> list[str]:
@@ -248,18 +249,14 @@ def retrieval_scores(ranks: list[np.ndarray]) -> dict[str, float]:
 def _classification(
     name: str, task: CustomTask, embed: Embedder, settings: ClassifierSettings
 ) -> dict[str, float]:
-    from clsr.data.external import load_source
     from clsr.eval.transfer import CV_TASKS, classify, default_n_jobs
 
-    table = _table(name, task, "path", ROLES["classification"])
-    dataset = load_source(source_of(task, task.path))  # the Arrow cache of the read above
-    mapped = (task.columns or {}).values()
-    split_column = "split" if "split" in dataset.column_names and "split" not in mapped else None
+    table = _table(name, task, "path", ROLES["classification"], optional=("split",))
     classes = {label: n for n, label in enumerate(sorted({str(v) for v in table["label"]}))}
     labels = np.array([classes[str(v)] for v in table["label"]], dtype=np.int64)
     features = embed([str(t) for t in table["text"]])
-    if split_column:  # the user's train/test rows: C by k-fold on train, accuracy on test (as TREC)
-        parts = np.array([str(s) for s in dataset[split_column]])
+    if "split" in table:  # the user's train/test rows: C by k-fold on train, accuracy on test (as TREC)
+        parts = np.array([str(s) for s in table["split"]])
         if set(parts) != {"train", "test"}:
             raise ValueError(
                 f"custom task {name}: column split holds {sorted(set(parts))}; allowed: train, test"

@@ -6,8 +6,9 @@ hub ids, short model names, missing files that ``study validate`` reports) stay 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
+
+from clsr.data.external import absolute_local as absolute
 
 # dotted keys whose values may be local paths (eval.custom.<name>.path / .corpus by pattern)
 PATH_KEYS = ("data.train", "data.data_dir", "model.name", "model.init_checkpoint")
@@ -16,16 +17,6 @@ CUSTOM_PATH = re.compile(r"^eval\.custom\.[^.]+\.(path|corpus)$")
 
 def is_path_key(key: str) -> bool:
     return key in PATH_KEYS or bool(CUSTOM_PATH.match(key))
-
-
-def absolute(value: Any) -> Any:
-    """``value`` made absolute when it is a relative path to something that exists here."""
-    if not isinstance(value, str) or "://" in value:
-        return value
-    path = Path(value).expanduser()
-    if path.is_absolute() or not path.exists():
-        return str(path) if value.startswith("~") and path.exists() else value
-    return str(path.resolve())
 
 
 def absolute_in_sections(sections: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,6 @@ defaults (``Method.paper_defaults``), the study's ``base``, the ablation point, 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -110,13 +109,12 @@ class DataConfig(Section):
     def _known_source(cls, train: str) -> str:
         """A catalogue name, faq:<set>, a path (made absolute: trials run in other folders) or owner/name."""
         from clsr.data.catalog import DATASETS
-        from clsr.data.external import HUB_ID, looks_like_path
+        from clsr.data.external import HUB_ID, absolute_local, looks_like_path
 
         if train in DATASETS or train.startswith(FAQ_PREFIX):
             return train
         if looks_like_path(train):
-            path = Path(train).expanduser()
-            return str(path.resolve()) if path.exists() else train  # a missing one: said by study validate
+            return absolute_local(train)  # a missing one: said by study validate
         if "/" in train and HUB_ID.match(train):
             return train
         raise ValueError(
