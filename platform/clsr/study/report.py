@@ -19,13 +19,15 @@ row (``clsr.also``); each such row says ``same as <ablation>[<row>]``, so a read
 run, not independent replications. A row whose trials only scored
 their starting model (``trainer.max_steps: 0``, tag ``clsr.eval_only``) is marked evaluation only. The same tables go to
 the terminal, Markdown, CSV and a self-contained HTML page, with plots; the files are also logged on
-the parent run under ``report/``, so the report travels with the runs it was built from.
+the parent run under ``report/``, so the report travels with the runs it was built from. The Markdown,
+HTML and CSV tables are written by pandas (``to_markdown``, ``Styler.to_html``, ``to_csv``); only the
+terminal table is drawn here, because pandas' ``to_string`` cannot hold a cell of several lines and
+tabulate's plain layouts do not rule between multi-line rows.
 """
 
 from __future__ import annotations
 
 import base64
-import csv
 import html
 import math
 import time
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import yaml
 from mlflow.tracking import MlflowClient
 from scipy import stats as sps
@@ -763,11 +766,16 @@ def md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def frame(table: Table, sep: str) -> pd.DataFrame:
+    """The table as a DataFrame of strings, a cell's lines joined by ``sep``."""
+    return pd.DataFrame([[sep.join(cell) for cell in row] for row in table.rows], columns=table.header)
+
+
 def markdown_table(table: Table) -> str:
-    rows = ["| " + " | ".join(md_escape(h) for h in table.header) + " |"]
-    rows.append("|" + "|".join("---" for _ in table.header) + "|")
-    rows += ["| " + " | ".join("<br>".join(md_escape(x) for x in c) for c in r) + " |" for r in table.rows]
-    return "\n".join(rows)
+    """GitHub Markdown through pandas (tabulate's pipe format); cells stay text (no number parsing)."""
+    cells = frame(table, "<br>").map(md_escape)
+    cells.columns = [md_escape(h) for h in table.header]
+    return cells.to_markdown(index=False, disable_numparse=True)
 
 
 def render_markdown(report: StudyReport, images: dict[str, list[Path]]) -> str:
@@ -798,22 +806,23 @@ def render_markdown(report: StudyReport, images: dict[str, list[Path]]) -> str:
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em;color:#222;max-width:1600px}
 table{border-collapse:collapse;margin:.6em 0 1.4em;font-size:13px}
-th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;vertical-align:top;white-space:nowrap}
-th{background:#f0f0f0} td:first-child,th:first-child{text-align:left}
-tr.paper-choice td{background:#fff8dc} tr.reference td:first-child{font-weight:bold}
-tr.significant td{color:#a00000} tr.incomplete td:nth-child(3){background:#fde2e2}
-tr.total td{font-weight:bold} .notes{color:#555;font-size:13px} img{max-width:100%;margin:.5em 0}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;vertical-align:top;white-space:pre-line}
+th{background:#f0f0f0} td.col0,th.col0{text-align:left}
+td.paper-choice{background:#fff8dc} td.reference.col0{font-weight:bold}
+td.significant{color:#a00000} td.incomplete.col2{background:#fde2e2}
+td.total{font-weight:bold} .notes{color:#555;font-size:13px} img{max-width:100%;margin:.5em 0}
 """
 
 
 def html_table(table: Table) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in table.header)
-    body = []
-    for i, row in enumerate(table.rows):
-        cls = table.classes[i] if i < len(table.classes) else ""
-        cells = "".join("<td>" + "<br>".join(html.escape(x) for x in c) + "</td>" for c in row)
-        body.append(f'<tr class="{cls}">{cells}</tr>')
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    """An HTML table through pandas' Styler: cells escaped, each row's classes on its cells (CSS above);
+    a cell's lines break at newlines (``white-space: pre-line``)."""
+    cells = frame(table, "\n")
+    classes = [table.classes[i] if i < len(table.classes) else "" for i in range(len(cells))]
+    per_cell = pd.DataFrame([[c] * len(cells.columns) for c in classes], columns=cells.columns)
+    styled = cells.style.hide(axis="index").format(escape="html").format_index(escape="html", axis=1)
+    styled = styled.set_td_classes(per_cell)
+    return styled.to_html()
 
 
 def render_html(report: StudyReport, images: dict[str, list[Path]]) -> str:
@@ -1027,10 +1036,7 @@ def write_report(report: StudyReport, client: MlflowClient, out: Path) -> list[P
     md, html_path, csv_path = out / "report.md", out / "report.html", out / "report.csv"
     md.write_text(render_markdown(report, images))
     html_path.write_text(render_html(report, images))
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        writer.writerows(csv_rows(report))
+    pd.DataFrame(csv_rows(report), columns=list(CSV_FIELDS)).to_csv(csv_path, index=False)
     return [md, csv_path, html_path, *(p for paths in images.values() for p in paths)]
 
 
