@@ -134,7 +134,9 @@ def test_smoke_study_continues_after_a_worker_node_is_lost(cluster, tmp_path):
         running = [r for r in children if r.info.status == "RUNNING"]
         nodes = [r.data.tags.get("clsr.node_id") for r in running]
         # Train writes its snapshot once it has registered a checkpoint: from then on a retry resumes from it
-        snapshots = [k for k in bucket_keys(cluster, "smoke/") if k.endswith("/checkpoint_manager_snapshot.json")]
+        snapshots = [
+            k for k in bucket_keys(cluster, "smoke/") if k.endswith("/checkpoint_manager_snapshot.json")
+        ]
         return running if len(running) == 2 and all(nodes) and len(snapshots) == 2 else None
 
     victim = wait_until(both_checkpointed, proc, "both trials to checkpoint")[0]
@@ -229,13 +231,16 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     # each entropy model embedded the training texts for all regulator trials at once (the nodes of the
     # loopback cluster share one log folder, so each node's log monitor prints the line again, and Ray
     # rebuilds the embeddings if the lost node held them)
-    embedded = set(re.findall(r"rcl: embedded [\d,]+ training texts with the entropy model φ=([\d.]+)", output))
+    embedded = set(
+        re.findall(r"rcl: embedded [\d,]+ training texts with the entropy model φ=([\d.]+)", output)
+    )
     assert embedded == {"0.01", "0.02"}, embedded
     for run in regulators:  # stage 2 ran elsewhere and read the lost node's checkpoint from the bucket
         assert run.data.tags["clsr.node_id"] != lost_node
         if run.data.tags["clsr.point"] != "SRoBERTa-base":
-            assert run.data.params[f"method.entropy_models.{writer.data.params['method.phi']}"] == (
-                writer.data.tags["clsr.checkpoint"]
+            assert (
+                run.data.params[f"method.entropy_models.{writer.data.params['method.phi']}"]
+                == (writer.data.tags["clsr.checkpoint"])
             )
     assert output.count("preparing 1 shared input set(s)") == 2  # regulators' wave, then faq_rcl's
 
@@ -243,14 +248,19 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     start, trained = by_point["regulators", "SRoBERTa-base"], by_point["regulators", "2"]
     assert start.data.tags.get("clsr.eval_only") == "true"
     assert client.get_metric_history(start.info.run_id, "loss") == []
-    assert "clsr.eval_only" not in trained.data.tags and client.get_metric_history(trained.info.run_id, "loss")
+    assert "clsr.eval_only" not in trained.data.tags and client.get_metric_history(
+        trained.info.run_id, "loss"
+    )
     assert start.data.metrics["test_stsb"] != trained.data.metrics["test_stsb"]
     # Eq. 1 on StackFAQ's fold 0: selected on the fold's dev MAP, its test fold scored
     faq = by_point["faq_eq1", fold0].data.metrics
     assert 0 < faq["best_dev_faq"] <= 100 and 0 < faq["test_stackfaq_map"] <= 100
     # Table 2's RCL chain stays in its fold: Eq. 1 model -> entropy model from it -> RCL with its regulators
     entropy_faq = by_point["faq_entropy_models", f"{fold0}, method.phi=0.01"]
-    assert entropy_faq.data.params["model.init_checkpoint"] == by_point["faq_eq1", fold0].data.tags["clsr.checkpoint"]
+    assert (
+        entropy_faq.data.params["model.init_checkpoint"]
+        == by_point["faq_eq1", fold0].data.tags["clsr.checkpoint"]
+    )
     rcl_faq = by_point["faq_rcl", fold0]
     assert rcl_faq.data.params["method.entropy_models.0.01"] == entropy_faq.data.tags["clsr.checkpoint"]
 
@@ -274,7 +284,20 @@ def test_storage_guards(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
     monkeypatch.chdir(tmp_path)
     smoke = str(REPO_ROOT / "studies" / "smoke.yaml")
-    code = main(["study", "run", smoke, "--set", "storage_path=s3://no-such-bucket-here/runs", "--set", "name=guarded"])
+    code = main(
+        [
+            "study",
+            "run",
+            smoke,
+            "--set",
+            "storage_path=s3://no-such-bucket-here/runs",
+            "--set",
+            "name=guarded",
+        ]
+    )
     assert code == 2
-    assert "storage_path s3://no-such-bucket-here/runs: cannot write a checkpoint there" in capsys.readouterr().err
+    assert (
+        "storage_path s3://no-such-bucket-here/runs: cannot write a checkpoint there"
+        in capsys.readouterr().err
+    )
     assert study_runs(MlflowClient(env["MLFLOW_TRACKING_URI"]), "guarded") == ([], [])

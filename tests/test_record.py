@@ -116,7 +116,10 @@ def test_ctrl_c_twice_records_interrupted_and_resume_finishes_without_duplicates
     # the kept run stopped standing for the moved point and stands for the added identical one; the new
     # trial stands for both of its points
     assert run_labels(unchanged.data.tags) == [("lr", "trainer.lr=3e-05"), ("again", "trainer.lr=3e-05")]
-    assert run_labels(by_lr[("0.0002", None)].data.tags) == [("lr", "trainer.lr=0.0002"), ("same", "trainer.lr=0.0002")]
+    assert run_labels(by_lr[("0.0002", None)].data.tags) == [
+        ("lr", "trainer.lr=0.0002"),
+        ("same", "trainer.lr=0.0002"),
+    ]
     assert len(client.get_metric_history(kept.info.run_id, "loss")) == len(
         client.get_metric_history(unchanged.info.run_id, "loss")
     )
@@ -198,7 +201,10 @@ def test_a_trial_past_its_time_limit_and_a_diverging_trial_end_once_while_the_ot
     client, parents, children = runs_of(uri, "limits")
     assert parents[0].info.status == "FINISHED"
     by_point = {c.data.tags["clsr.point"]: c for c in children}
-    assert (by_point["quick"].info.status, by_point["quick"].data.tags["clsr.status"]) == ("FINISHED", "finished")
+    assert (by_point["quick"].info.status, by_point["quick"].data.tags["clsr.status"]) == (
+        "FINISHED",
+        "finished",
+    )
     slow = by_point["slow"]
     assert (slow.info.status, slow.data.tags["clsr.status"]) == ("KILLED", "timed_out")
     assert "trial_timeout_s=30" in slow.data.tags["clsr.error"]
@@ -292,7 +298,9 @@ def test_a_tracking_server_outage_past_mlflows_retries_loses_no_trial_and_no_num
     server.start()
     try:
         trainer = {"max_steps": 200, "eval_steps": 20, "log_every": 5}
-        study_file, _ = tiny_study(tmp_path, "outage", trainer, LR_GRID, system_metrics_interval_s=None, **IN_PROCESS)
+        study_file, _ = tiny_study(
+            tmp_path, "outage", trainer, LR_GRID, system_metrics_interval_s=None, **IN_PROCESS
+        )
         proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=server.url)
 
         def logging_started() -> bool:

@@ -146,8 +146,18 @@ def test_checkpoint_every_n_evaluations_and_always_at_the_last(data_dir, tmp_pat
     )
     assert final["trial_checkpoint_bytes"] == sizes and final["trial_checkpoint_s"] > 0
     # where the wall time went, with the counts that make per-unit costs (what `study plan` projects from)
-    assert (final["trial_steps_run"], final["trial_dev_evaluations"], final["trial_checkpoints_written"]) == (5, 5, 3)
-    phases = ("trial_setup_s", "trial_steps_s", "trial_dev_eval_s", "trial_checkpoint_write_s", "trial_test_eval_s")
+    assert (final["trial_steps_run"], final["trial_dev_evaluations"], final["trial_checkpoints_written"]) == (
+        5,
+        5,
+        3,
+    )
+    phases = (
+        "trial_setup_s",
+        "trial_steps_s",
+        "trial_dev_eval_s",
+        "trial_checkpoint_write_s",
+        "trial_test_eval_s",
+    )
     assert all(final[p] > 0 for p in phases)
     assert sum(final[p] for p in phases) <= final["trial_wall_s"]
 

@@ -272,5 +272,3 @@ def _canonical(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_canonical(v) for v in value) + "]"
     return json.dumps(value, default=repr)
-
-
