@@ -129,7 +129,7 @@ base:
   data:
     train: triplets.csv                                       # relative: read from the folder run in
     columns: {anchor: premise, positive: entailed, negative: contradicted}
-  trainer: {batch_size: 16, max_steps: 4, eval_steps: 2, log_every: 2, lr: 3.0e-5}
+  trainer: {batch_size: 16, max_steps: 4, eval_steps: 4, log_every: 2, lr: 3.0e-5}
   eval:
     tasks: [sts16, my_pairs]
     alignment_uniformity: false
