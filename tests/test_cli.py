@@ -169,3 +169,19 @@ def test_version_help_and_folders(tmp_path, capsys):
         f"{folder}: a folder, not a study file: give one of its .yaml files (it holds a.yaml, b.yml)"
         in capsys.readouterr().err
     )
+
+
+def test_trials_get_the_data_folder_as_an_absolute_path(tmp_path, monkeypatch):
+    """The README's `CLSR_DATA_DIR=../shared/data platform study run ...`: Ray runs each trial in a folder
+    of its own, so the driver hands trials the folder it means, not the relative path."""
+    from clsr.study.runner import _forwarded_env
+
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "clsr").mkdir()
+    monkeypatch.chdir(tmp_path / "clsr")
+    monkeypatch.setenv("CLSR_DATA_DIR", "../shared/data")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    env = _forwarded_env()
+    assert Path(env["CLSR_DATA_DIR"]).is_absolute()
+    assert Path(env["CLSR_DATA_DIR"]).resolve() == (tmp_path / "shared" / "data").resolve()
+    assert env["HF_HUB_OFFLINE"] == "1"

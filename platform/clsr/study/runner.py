@@ -373,8 +373,14 @@ def private_token() -> Path:
 
 
 def _forwarded_env() -> dict[str, str]:
+    """What trials need of the driver's environment. Folders are made absolute: Ray runs each trial in a
+    folder of its own, where ``CLSR_DATA_DIR=../shared/data`` (the README's command) points nowhere."""
     keys = ("CLSR_DATA_DIR", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME")
-    return {k: os.environ[k] for k in keys if k in os.environ}
+    env = {k: os.environ[k] for k in keys if k in os.environ}
+    for folder in ("CLSR_DATA_DIR", "HF_HOME"):
+        if env.get(folder):
+            env[folder] = os.path.abspath(os.path.expanduser(env[folder]))
+    return env
 
 
 def run_study(
