@@ -806,7 +806,7 @@ def render_markdown(report: StudyReport, images: dict[str, list[Path]]) -> str:
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em;color:#222;max-width:1600px}
 table{border-collapse:collapse;margin:.6em 0 1.4em;font-size:13px}
-th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;vertical-align:top;white-space:pre-line}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;vertical-align:top;white-space:pre}
 th{background:#f0f0f0} td.col0,th.col0{text-align:left}
 td.paper-choice{background:#fff8dc} td.reference.col0{font-weight:bold}
 td.significant{color:#a00000} td.incomplete.col2{background:#fde2e2}
@@ -816,7 +816,7 @@ td.total{font-weight:bold} .notes{color:#555;font-size:13px} img{max-width:100%;
 
 def html_table(table: Table) -> str:
     """An HTML table through pandas' Styler: cells escaped, each row's classes on its cells (CSS above);
-    a cell's lines break at newlines (``white-space: pre-line``)."""
+    a cell's lines break at its newlines only (``white-space: pre``)."""
     cells = frame(table, "\n")
     classes = [table.classes[i] if i < len(table.classes) else "" for i in range(len(cells))]
     per_cell = pd.DataFrame([[c] * len(cells.columns) for c in classes], columns=cells.columns)
