@@ -125,8 +125,10 @@ def wait_until(condition, proc: subprocess.Popen, what: str, timeout_s: float = 
 
 def test_smoke_study_continues_after_a_worker_node_is_lost(cluster, tmp_path):
     client = MlflowClient(cluster.env()["MLFLOW_TRACKING_URI"])
+    # the final evaluation is on the recovery path: STS-B only (the whole smoke study runs in test_e2e)
     proc = study_cmd(cluster, tmp_path, str(REPO_ROOT / "studies" / "smoke.yaml"),
-                     "--set", f"storage_path=s3://{BUCKET}/smoke")  # fmt: skip
+                     "--set", f"storage_path=s3://{BUCKET}/smoke", "--set", "eval.tasks=[stsb]",
+                     "--set", "eval.alignment_uniformity=false")  # fmt: skip
 
     def both_checkpointed():
         """Each trial's node, once both trials have a checkpoint in the bucket (Train's snapshot of it)."""

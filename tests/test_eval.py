@@ -85,3 +85,33 @@ def test_summary_and_table(data_dir):
     assert scores["stsb"].pairs == 1379 and scores["sts16"].pairs == 1186
     assert 0 < metrics["test_stsb"] < 60  # letter counts carry little meaning, but some
     assert "STS-B" in format_table(scores) and "Avg." in format_table(scores)
+
+
+def test_a_capped_split_keeps_every_subset_in_proportion_and_the_same_pairs_each_time(data_dir):
+    from clsr.data.sts import load_sts, subsample
+
+    sts12 = load_sts("sts12", "test", data_dir)  # 3,108 pairs in 5 subsets of 399 to 750
+    capped = subsample(sts12, 300)
+    sizes = {name: sts12.subsets.count(name) for name in dict.fromkeys(sts12.subsets)}
+    kept = {name: capped.subsets.count(name) for name in sizes}
+    assert kept == {name: round(300 * n / len(sts12.subsets)) for name, n in sizes.items()}
+    assert sum(kept.values()) == len(capped.scores) == len(capped.sentences1) == len(capped.sentences2)
+    pairs = set(zip(sts12.sentences1, sts12.sentences2, sts12.scores, strict=True))
+    assert set(zip(capped.sentences1, capped.sentences2, capped.scores, strict=True)) <= pairs  # whole pairs
+    again = subsample(sts12, 300)
+    assert again.sentences1 == capped.sentences1 and subsample(sts12, 300, seed=1).sentences1 != capped.sentences1
+    assert subsample(sts12, 10).subsets.count("surprise.SMTnews") == 3  # every subset keeps a correlation
+    assert subsample(sts12, 5000) is sts12 and subsample(sts12, None) is sts12
+
+
+def test_evaluate_sts_scores_the_capped_pairs(data_dir):
+    from clsr.data.sts import load_sts, subsample
+    from clsr.eval.sts import evaluate_sts
+
+    def lengths(sentences):  # a stand-in encoder: [length, word count]
+        return np.array([[len(s), len(s.split())] for s in sentences], dtype=float)
+
+    (score,) = evaluate_sts(lengths, ["stsb"], "test", data_dir, max_pairs=200).values()
+    capped = subsample(load_sts("stsb", "test", data_dir), 200)
+    expected = spearmanr(cosine_scores(lengths(capped.sentences1), lengths(capped.sentences2)), capped.scores)
+    assert score.pairs == 200 and score.all == pytest.approx(100 * expected.statistic)

@@ -304,9 +304,6 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.action == "plan":
         return cmd_study_plan(args)
 
-    from clsr.study.record import format_rows
-    from clsr.study.runner import run_study
-
     try:
         study = _load(args.study, args.overrides, smoke=args.smoke)
     except (StudyError, ValueError) as err:
@@ -321,6 +318,13 @@ def cmd_study(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from clsr.study.supervise import is_child, supervise
+
+    if not is_child():  # the driver runs as a child: whatever ends it, the record gets closed
+        return supervise(args.argv)
+    from clsr.study.record import format_rows
+    from clsr.study.runner import run_study
+
     started = time.perf_counter()
     resume = args.action == "resume"
     outcome = run_study(
@@ -636,7 +640,9 @@ def cmd_env(_: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    args.argv = argv
     handlers = {"study": cmd_study, "eval": cmd_eval, "data": cmd_data, "env": cmd_env, "bench": cmd_bench}
     handler = (handlers | {"cluster": cmd_cluster})[args.command]
     try:

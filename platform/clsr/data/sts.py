@@ -69,6 +69,29 @@ def load_sts(task: str, split: str = "test", data_dir: str | os.PathLike[str] | 
     return _load_pair_file(task, split, root)
 
 
+def subsample(split: STSSplit, max_pairs: int | None, seed: int = 0) -> STSSplit:
+    """At most ``max_pairs`` pairs, drawn with a fixed seed from each subset in proportion to its size
+    (at least 3 each, so every subset keeps a Spearman correlation); the whole split when it is smaller."""
+    if max_pairs is None or len(split.scores) <= max_pairs:
+        return split
+    rng = np.random.default_rng(seed)
+    subsets = np.asarray(split.subsets)
+    kept: list[int] = []
+    for name in dict.fromkeys(split.subsets):
+        members = np.flatnonzero(subsets == name)
+        share = max(3, round(max_pairs * len(members) / len(subsets)))
+        kept.extend(rng.choice(members, size=min(share, len(members)), replace=False).tolist())
+    order = sorted(kept)
+    return STSSplit(
+        task=split.task,
+        split=split.split,
+        sentences1=[split.sentences1[i] for i in order],
+        sentences2=[split.sentences2[i] for i in order],
+        scores=split.scores[order],
+        subsets=[split.subsets[i] for i in order],
+    )
+
+
 def _normalise(sentence: str) -> str:
     return " ".join(sentence.split())
 

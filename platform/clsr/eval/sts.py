@@ -16,7 +16,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from clsr.data.sources import resolve_data_dir
-from clsr.data.sts import STS_TASKS, STSSplit, load_sts
+from clsr.data.sts import STS_TASKS, STSSplit, load_sts, subsample
 from clsr.eval.embed import Embedder
 from clsr.eval.tables import paper_table
 
@@ -88,11 +88,19 @@ def score_split(split: STSSplit, embed: Embedder) -> STSScore:
 
 
 def evaluate_sts(
-    embed: Embedder, tasks: Iterable[str] = ("sts",), split: str = "test", data_dir: str | Path | None = None
+    embed: Embedder,
+    tasks: Iterable[str] = ("sts",),
+    split: str = "test",
+    data_dir: str | Path | None = None,
+    max_pairs: int | None = None,
 ) -> dict[str, STSScore]:
-    """Score each task on ``split`` (``test`` for the paper tables, ``dev`` for model selection)."""
+    """Score each task on ``split`` (``test`` for the paper tables, ``dev`` for model selection);
+    ``max_pairs``: a seeded subsample of each (smoke runs; not the papers' numbers)."""
     folder = resolve_data_dir(data_dir)  # explicit folder, else $CLSR_DATA_DIR, else the hub
-    return {task: score_split(load_sts(task, split, folder), embed) for task in expand_tasks(tasks)}
+    return {
+        task: score_split(subsample(load_sts(task, split, folder), max_pairs), embed)
+        for task in expand_tasks(tasks)
+    }
 
 
 STS12_15 = ("sts12", "sts13", "sts14", "sts15")

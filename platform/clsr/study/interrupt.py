@@ -6,6 +6,8 @@ handles SIGTERM; nothing would tell the study driver that the study did not fini
 takes both signals itself (``TUNE_DISABLE_SIGINT_HANDLER=1``), remembers which one came, and asks
 Tune to stop the same graceful way through the SIGUSR1 handler Tune installs for every run. Later
 signals only say that the record is being written: a second Ctrl-C never leaves a half-written record.
+A signal that reaches the driver twice at once (from its process group, and passed on by the
+supervisor in ``clsr.study.supervise``) counts once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
+
+from clsr.study.supervise import tell
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 TIMED_OUT_EXIT = 124  # as timeout(1)
@@ -48,6 +52,7 @@ class Interrupts:
         self.closed = threading.Lock()  # held while the record is written; one writer only
         self.record_written = False
         self._previous: dict[int, object] = {}
+        self._first: tuple[int, float] | None = None  # the stopping signal and when it came
         self._timer = threading.Timer(study_timeout_s, self._time_up) if study_timeout_s else None
 
     def __enter__(self) -> Interrupts:
@@ -78,11 +83,14 @@ class Interrupts:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        if self._first is not None and self._first[0] == signum and time.monotonic() - self._first[1] < 1.0:
+            return  # the same signal from the process group and from the supervisor
         if self.stopped:
             print(
                 f"\n{name} again: the study is already stopping; its record is being written", file=sys.stderr
             )
             return
+        self._first = (signum, time.monotonic())
         self._stop(name, EXIT_CODES[signum])
 
     def _time_up(self) -> None:
@@ -91,6 +99,7 @@ class Interrupts:
 
     def _stop(self, reason: str, exit_code: int, from_thread: bool = False) -> None:
         self.reason, self.exit_code = reason, exit_code
+        tell(stopping=reason)
         threading.Thread(target=self._give_up_later, name="clsr-grace", daemon=True).start()
         print(
             f"\n{reason}: stopping the study; running trials keep their last checkpoint "
@@ -113,6 +122,7 @@ class Interrupts:
                 )
                 try:
                     self.on_give_up()
+                    tell(settled=True)
                 except Exception as err:  # MLflow unreachable too: the lease goes stale, resume closes it
                     print(f"could not write the record ({type(err).__name__}: {err})", file=sys.stderr)
         if not hung:

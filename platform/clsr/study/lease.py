@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from clsr.study.supervise import command_pid
+
 LEASE_TAG = "clsr.lease"
 GENERATION_PARAM = "clsr.lease.{}"
 HEARTBEAT_S = 5.0
@@ -117,7 +119,7 @@ class Lease:
 
     def _beat(self, client: MlflowClient) -> None:
         client.set_tag(
-            self.run_id, LEASE_TAG, f"{self.token} {socket.gethostname()} {os.getpid()} {time.time():.0f}"
+            self.run_id, LEASE_TAG, f"{self.token} {socket.gethostname()} {command_pid()} {time.time():.0f}"
         )
 
     def start(self) -> Lease:

@@ -39,6 +39,7 @@ from clsr.study.record import (
     take_over,
 )
 from clsr.study.schema import Outputs, Study, StudyError
+from clsr.study.supervise import tell
 from clsr.study.trial import StudyContext, key_of, run_trial
 from clsr.study.tune_state import repair_before_restore
 from clsr.tracking.study_runs import (
@@ -403,6 +404,7 @@ def run_study(
             parent_run_id, storage, lease = start_record(client, uri, study, study_text, current)
             skip = frozenset()
         lease.start()
+        tell(uri=uri, parent_run_id=parent_run_id, token=lease.token)  # the supervisor closes it if we die
         try:
             return _run_waves(study, points, uri, parent_run_id, storage, lease, skip, interrupts)
         finally:
@@ -469,6 +471,7 @@ def _run_waves(
         with interrupts.closed:
             outcome = close_study(client, uri, parent_run_id, storage, study, interrupts, status)
             interrupts.record_written = True
+            tell(settled=True)
     return outcome
 
 

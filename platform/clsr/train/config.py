@@ -336,6 +336,13 @@ class EvalConfig(Section):
         le=MAX_ROWS,
         description="transfer tasks: seeded stratified cap on every split (smoke runs)",
     )
+    sts_max_pairs: int | None = Field(
+        None,
+        ge=10,
+        le=MAX_ROWS,
+        description="STS and SICK-R, dev and test: seeded cap on each split's pairs, every subset in "
+        "proportion (smoke runs; not comparable with the papers)",
+    )
     faq_max_queries: int | None = Field(
         None, ge=1, le=MAX_ROWS, description="FAQ retrieval: seeded subsample of the queries (smoke runs)"
     )

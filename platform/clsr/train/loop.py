@@ -103,7 +103,8 @@ class Evaluator:
 
     def dev(self, model: nn.Module) -> dict[str, float]:
         sts = [task for task in self.cfg.dev_tasks if task != "faq"]
-        scores = evaluate_sts(self.embedder(model), sts, DEV_SPLIT, self.data_dir) if sts else {}
+        cap = self.cfg.sts_max_pairs
+        scores = evaluate_sts(self.embedder(model), sts, DEV_SPLIT, self.data_dir, cap) if sts else {}
         metrics = {f"dev_{task}": s.all for task, s in scores.items()}
         if "faq" in self.cfg.dev_tasks:  # MAP of the trained FAQ set's dev queries (RCL Table 2)
             if self._faq_data is None:
@@ -124,7 +125,10 @@ class Evaluator:
     def final(self, model: nn.Module) -> dict[str, float]:
         embed = self.embedder(model)
         sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks(self.cfg.builtin_tasks())
-        metrics = summary_metrics(evaluate_sts(embed, sts_tasks, "test", self.data_dir)) if sts_tasks else {}
+        sts = (
+            evaluate_sts(embed, sts_tasks, "test", self.data_dir, self.cfg.sts_max_pairs) if sts_tasks else {}
+        )
+        metrics = summary_metrics(sts) if sts else {}
         if transfer_tasks:
             scores = evaluate_transfer(
                 embed,

@@ -1,0 +1,75 @@
+"""The command's supervisor closes the record a driver left open, as the driver would have, and only then
+(read back from a real MLflow store). The whole path, a driver killed after SIGTERM, runs in
+test_record.py."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from clsr.study.supervise import settle
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"  # one store: set-up costs seconds
+
+
+@pytest.fixture
+def study_record(store, request):
+    """A parent run held by lease token 'tok', one finished and one running trial run."""
+    uri = store
+    client = MlflowClient(uri)
+    experiment = client.create_experiment(request.node.name)
+    parent = client.create_run(experiment, tags={"clsr.lease": "tok host 1 0"}).info.run_id
+    done, running = (
+        client.create_run(experiment, tags={"mlflow.parentRunId": parent}).info.run_id for _ in range(2)
+    )
+    client.set_tag(done, "clsr.status", "finished")
+    client.set_terminated(done, status="FINISHED")
+    return client, {"uri": uri, "parent_run_id": parent, "token": "tok"}, done, running
+
+
+def states(client, *run_ids):
+    return [(client.get_run(r).info.status, client.get_run(r).data.tags.get("clsr.status")) for r in run_ids]
+
+
+def test_a_driver_killed_after_sigterm_leaves_unfinished_trials_interrupted(study_record, capsys):
+    client, held, done, running = study_record
+    assert settle([held], 1, "SIGTERM") == 143  # Ray's exit status 1 becomes the signal's
+    parent = held["parent_run_id"]
+    assert states(client, parent, done, running) == [
+        ("KILLED", "interrupted"),
+        ("FINISHED", "finished"),  # a finished trial stays finished
+        ("KILLED", "interrupted"),
+    ]
+    assert client.get_run(parent).data.tags["clsr.lease"] == ""
+    assert "before closing its record; closing it here" in capsys.readouterr().err
+
+
+def test_the_reason_the_driver_gave_wins_over_the_signal(study_record):
+    client, held, _, running = study_record
+    assert settle([held, {"stopping": "study_timeout"}], 1, None) == 124
+    assert states(client, held["parent_run_id"], running) == [
+        ("KILLED", "timed_out"),
+        ("KILLED", "timed_out"),
+    ]
+
+
+def test_a_driver_that_died_by_itself_leaves_a_failed_study(study_record):
+    client, held, _, running = study_record
+    assert settle([held], -signal.SIGKILL, None) == 137
+    parent = client.get_run(held["parent_run_id"])
+    assert (parent.info.status, parent.data.tags["clsr.status"]) == ("FAILED", "failed")
+    assert "killed by SIGKILL" in parent.data.tags["clsr.error"]
+    assert states(client, running) == [("FAILED", "failed")]  # never finished
+
+
+def test_a_closed_or_taken_over_record_is_left_alone(study_record):
+    client, held, _, running = study_record
+    assert settle([held, {"settled": True}], 143, "SIGTERM") == 143
+    assert settle([], 2, None) == 2  # refused before a record existed
+    assert settle([{**held, "token": "another driver"}], 1, "SIGTERM") == 143
+    assert states(client, held["parent_run_id"], running) == [("RUNNING", None), ("RUNNING", None)]
