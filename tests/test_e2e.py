@@ -132,6 +132,7 @@ base:
   trainer: {batch_size: 16, max_steps: 4, eval_steps: 4, log_every: 2, lr: 3.0e-5}
   eval:
     tasks: [sts16, my_pairs]
+    sts_max_pairs: 300                                        # the built-in STS sets: a sample
     alignment_uniformity: false
     log_model: false
     custom:

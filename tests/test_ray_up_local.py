@@ -650,10 +650,12 @@ def test_ray_up_runs_the_smoke_study_and_ray_down_stops_everything(cfg, sshd, tm
         start = time.monotonic()
         # in-process trials (no Train worker group per trial, ~90 s less here): the worker-group path
         # runs in tests/test_e2e.py and on the loopback cluster (tests/test_cluster.py); one dev
-        # evaluation and STS-B only (what is asserted here; the whole smoke study runs in test_e2e.py)
+        # evaluation and STS-B only, on 300 pairs (what is asserted here; the whole smoke study runs in
+        # test_e2e.py)
         smoke = (
             "platform study run studies/smoke.yaml --set resources.workers_per_trial=0 "
-            "--set trainer.max_steps=4 --set 'eval.tasks=[stsb]' --set eval.alignment_uniformity=false"
+            "--set trainer.max_steps=4 --set 'eval.tasks=[stsb]' --set eval.alignment_uniformity=false "
+            "--set eval.sts_max_pairs=300"
         )
         study = _ray("exec", str(config), f"cd ~/clsr && {smoke}", env=env, timeout=420)
         timings["ray exec: smoke study"] = time.monotonic() - start

@@ -5,6 +5,9 @@ test_record.py."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -73,3 +76,32 @@ def test_a_closed_or_taken_over_record_is_left_alone(study_record):
     assert settle([], 2, None) == 2  # refused before a record existed
     assert settle([{**held, "token": "another driver"}], 1, "SIGTERM") == 143
     assert states(client, held["parent_run_id"], running) == [("RUNNING", None), ("RUNNING", None)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_command_killed_alone_sends_its_driver_sigterm(tmp_path):
+    """SIGKILL of the command alone: its driver gets SIGTERM (and stops gracefully) instead of running on."""
+    got = tmp_path / "got"
+    driver = (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: (open({str(got)!r}, 'w').write('SIGTERM'), sys.exit(0)))\n"
+        f"open({str(tmp_path / 'ready')!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    command = (
+        "import subprocess, sys, time\n"
+        "from clsr.study.supervise import _stop_with_parent\n"
+        f"subprocess.Popen([sys.executable, '-c', {driver!r}], preexec_fn=_stop_with_parent)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", command])
+    deadline = time.time() + 30
+    while not (tmp_path / "ready").exists():
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    while not got.exists():
+        assert time.time() < deadline, "the driver did not get SIGTERM"
+        time.sleep(0.05)
+    assert got.read_text() == "SIGTERM"

@@ -56,7 +56,9 @@ def supervise(argv: list[str]) -> int:
     folder = Path(tempfile.mkdtemp(prefix="clsr-driver-"))
     link = folder / "link.jsonl"
     child = subprocess.Popen(
-        [sys.executable, "-m", "clsr.cli", *argv], env={**os.environ, LINK_ENV: str(link)}
+        [sys.executable, "-m", "clsr.cli", *argv],
+        env={**os.environ, LINK_ENV: str(link)},
+        preexec_fn=_stop_with_parent if sys.platform.startswith("linux") else None,
     )
     received: list[str] = []
 
