@@ -491,3 +491,24 @@ def test_an_faq_fold_gives_pairs_so_a_method_needing_negatives_is_refused_at_val
         TrialConfig.model_validate(doc | {"method": {"name": "rcl", "phis": []}})
     trial = TrialConfig.model_validate(doc | {"method": {"name": "rcl", "phis": [], "hard_negatives": False}})
     assert trial.data.faq_set() == "stackfaq" and trial.data.fold == 0
+
+
+def test_the_smoke_caps_cut_the_dev_map_too(data_dir: Path) -> None:
+    """A smoke run's dev MAP embeds the capped queries and items only (each dev evaluation of an FAQ trial
+    embedded the whole collection: 80 s on one CPU thread with MiniLM)."""
+    from clsr.eval.faq import dev_map, score_faq, select_queries, subsample_items, subsample_queries
+
+    data = load_faq("stackfaq", data_dir)
+    embedded: list[int] = []
+
+    def embed(texts):
+        embedded.append(len(texts))
+        return np.array([[len(t), t.count(" "), t.count("e")] for t in texts], dtype=float)
+
+    capped = dev_map(data, 0, embed, max_queries=5, max_items=12)
+    dev = select_queries(data, fold_split(len(data), 0).dev)
+    small = subsample_items(subsample_queries(dev, 5), 12)  # every answer relevant to the 5 queries stays
+    assert len(small) == 5 and embedded == [len({*small.queries, *small.candidates("question_answer")})]
+    assert capped == score_faq(small, embed, folds=1).map
+    assert dev_map(data, 0, embed) == score_faq(dev, embed, folds=1).map  # no caps: the whole collection
+    assert embedded[0] < embedded[2] / 4  # the uncapped dev MAP

@@ -151,9 +151,18 @@ def select_queries(data: FAQData, positions: Sequence[int]) -> FAQData:
     )
 
 
-def dev_map(data: FAQData, fold: int, embed: Embedder, candidate: str = "question_answer") -> float:
-    """MAP × 100 of fold ``fold``'s dev queries against the whole collection (model selection)."""
+def dev_map(
+    data: FAQData,
+    fold: int,
+    embed: Embedder,
+    candidate: str = "question_answer",
+    max_queries: int | None = None,
+    max_items: int | None = None,
+) -> float:
+    """MAP × 100 of fold ``fold``'s dev queries against the whole collection (model selection); the
+    smoke caps as in ``evaluate_faq``."""
     dev = select_queries(data, fold_split(len(data), fold).dev)
+    dev = subsample_items(subsample_queries(dev, max_queries), max_items)
     return score_faq(dev, embed, folds=1, candidate=candidate).map
 
 

@@ -344,13 +344,17 @@ class EvalConfig(Section):
         "proportion (smoke runs; not comparable with the papers)",
     )
     faq_max_queries: int | None = Field(
-        None, ge=1, le=MAX_ROWS, description="FAQ retrieval: seeded subsample of the queries (smoke runs)"
+        None,
+        ge=1,
+        le=MAX_ROWS,
+        description="FAQ retrieval, dev and test: seeded subsample of the queries (smoke runs)",
     )
     faq_max_items: int | None = Field(
         None,
         ge=1,
         le=MAX_ROWS,
-        description="FAQ retrieval: seeded subset of the collection, relevant items kept (smoke runs)",
+        description="FAQ retrieval, dev and test: seeded subset of the collection, relevant items kept "
+        "(smoke runs)",
     )
     batch_size: int = Field(128, ge=1, le=MAX_BATCH)
     alignment_uniformity: bool = Field(True, description="Wang & Isola metrics on STS-B dev")

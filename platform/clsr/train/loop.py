@@ -109,7 +109,8 @@ class Evaluator:
         if "faq" in self.cfg.dev_tasks:  # MAP of the trained FAQ set's dev queries (RCL Table 2)
             if self._faq_data is None:
                 self._faq_data = load_faq(self.trial.data.faq_set(), resolve_data_dir(self.data_dir))
-            metrics["dev_faq"] = dev_map(self._faq_data, self.trial.data.fold, self.embedder(model))
+            caps = {"max_queries": self.cfg.faq_max_queries, "max_items": self.cfg.faq_max_items}
+            metrics["dev_faq"] = dev_map(self._faq_data, self.trial.data.fold, self.embedder(model), **caps)
         return metrics
 
     def log_model(self, model: nn.Module, logger: RunLogger) -> None:
