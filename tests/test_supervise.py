@@ -27,12 +27,13 @@ def study_record(store, request):
     client = MlflowClient(uri)
     experiment = client.create_experiment(request.node.name)
     parent = client.create_run(experiment, tags={"clsr.lease": "tok host 1 0"}).info.run_id
+    client.log_param(parent, "clsr.lease.1", "tok")  # lease generation 1 is this driver's
     done, running = (
         client.create_run(experiment, tags={"mlflow.parentRunId": parent}).info.run_id for _ in range(2)
     )
     client.set_tag(done, "clsr.status", "finished")
     client.set_terminated(done, status="FINISHED")
-    return client, {"uri": uri, "parent_run_id": parent, "token": "tok"}, done, running
+    return client, {"uri": uri, "parent_run_id": parent, "token": "tok", "generation": 1}, done, running
 
 
 def states(client, *run_ids):
@@ -75,7 +76,18 @@ def test_a_closed_or_taken_over_record_is_left_alone(study_record):
     assert settle([held, {"settled": True}], 143, "SIGTERM") == 143
     assert settle([], 2, None) == 2  # refused before a record existed
     assert settle([{**held, "token": "another driver"}], 1, "SIGTERM") == 143
+    client.log_param(held["parent_run_id"], "clsr.lease.2", "resumed")  # a resume took the study over
+    assert settle([held], 1, "SIGTERM") == 143
     assert states(client, held["parent_run_id"], running) == [("RUNNING", None), ("RUNNING", None)]
+
+
+def test_a_driver_that_closed_its_record_and_then_died_exits_with_the_signals_status():
+    """Ray can end the driver with status 1 after its record is written: the status is still the signal's."""
+    held = {"uri": "unused", "parent_run_id": "r", "token": "t", "generation": 1}
+    assert settle([held, {"stopping": "SIGTERM"}, {"settled": True}], 1, "SIGTERM") == 143
+    assert settle([held, {"stopping": "SIGINT"}, {"settled": True}], 130, "SIGINT") == 130
+    assert settle([{"stopping": "SIGTERM"}], 1, None) == 143  # stopped before it held the study
+    assert settle([held, {"settled": True}], 1, None) == 1  # a failed trial: the driver's own status
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

@@ -70,8 +70,9 @@ def load_sts(task: str, split: str = "test", data_dir: str | os.PathLike[str] | 
 
 
 def subsample(split: STSSplit, max_pairs: int | None, seed: int = 0) -> STSSplit:
-    """At most ``max_pairs`` pairs, drawn with a fixed seed from each subset in proportion to its size
-    (at least 3 each, so every subset keeps a Spearman correlation); the whole split when it is smaller."""
+    """About ``max_pairs`` pairs, drawn with a fixed seed from each subset in proportion to its size (at
+    least 3 each, so every subset keeps a Spearman correlation: a little more than ``max_pairs`` when a
+    year has many small subsets); the whole split when it is no larger."""
     if max_pairs is None or len(split.scores) <= max_pairs:
         return split
     rng = np.random.default_rng(seed)

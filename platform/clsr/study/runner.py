@@ -404,7 +404,13 @@ def run_study(
             parent_run_id, storage, lease = start_record(client, uri, study, study_text, current)
             skip = frozenset()
         lease.start()
-        tell(uri=uri, parent_run_id=parent_run_id, token=lease.token)  # the supervisor closes it if we die
+        tell(  # the supervisor closes the record if this process dies without closing it
+            uri=uri,
+            parent_run_id=parent_run_id,
+            token=lease.token,
+            generation=lease.generation,
+            storage=storage,
+        )
         try:
             return _run_waves(study, points, uri, parent_run_id, storage, lease, skip, interrupts)
         finally:

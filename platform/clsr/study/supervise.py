@@ -30,21 +30,34 @@ from pathlib import Path
 from typing import Any
 
 LINK_ENV = "CLSR_DRIVER_LINK"
+SUPERVISOR_ENV = "CLSR_DRIVER_SUPERVISOR"
 EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "study_timeout": 124}
+_inherited: dict[str, str] = {}  # the child's link and supervisor pid, taken out of the environment
+
+
+def _from_supervisor(name: str) -> str:
+    """Taken out of ``os.environ`` on first use, so that Ray's processes and any command the driver starts
+    do not inherit them (a ``platform study run`` started from there would write into this link)."""
+    if name not in _inherited:
+        _inherited[name] = os.environ.pop(name, "")
+    return _inherited[name]
 
 
 def is_child() -> bool:
-    return bool(os.environ.get(LINK_ENV))
+    _from_supervisor(SUPERVISOR_ENV)
+    return bool(_from_supervisor(LINK_ENV))
 
 
 def command_pid() -> int:
-    """The pid of the command the user ran (the supervisor), the one to name and to signal."""
-    return os.getppid() if is_child() else os.getpid()
+    """The pid of the command the user ran (the supervisor), the one to name and to signal; this
+    process's own once the supervisor is gone (the driver is then stopping on its own)."""
+    supervisor = _from_supervisor(SUPERVISOR_ENV)
+    return int(supervisor) if supervisor and os.getppid() == int(supervisor) else os.getpid()
 
 
 def tell(**entry: Any) -> None:
     """In the child: one line for the supervisor (nothing when run without one)."""
-    path = os.environ.get(LINK_ENV)
+    path = _from_supervisor(LINK_ENV)
     if not path:
         return
     with contextlib.suppress(OSError), open(path, "a") as link:
@@ -55,21 +68,24 @@ def supervise(argv: list[str]) -> int:
     """Run ``platform <argv>`` as the driver child; close the record if it could not."""
     folder = Path(tempfile.mkdtemp(prefix="clsr-driver-"))
     link = folder / "link.jsonl"
-    child = subprocess.Popen(
-        [sys.executable, "-m", "clsr.cli", *argv],
-        env={**os.environ, LINK_ENV: str(link)},
-        preexec_fn=_stop_with_parent if sys.platform.startswith("linux") else None,
-    )
     received: list[str] = []
+    child: subprocess.Popen | None = None
 
     def pass_on(signum: int, frame: object) -> None:
         received.append(signal.Signals(signum).name)
-        if child.returncode is None:  # not yet reaped: the pid is still the child's
+        if child is not None and child.returncode is None:  # not yet reaped: the pid is still the child's
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signum)
+        elif child is not None:
+            print("\nthe study's record is being closed; a moment", file=sys.stderr)
 
     previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "clsr.cli", *argv],
+            env={**os.environ, LINK_ENV: str(link), SUPERVISOR_ENV: str(os.getpid())},
+            preexec_fn=_stop_with_parent if sys.platform.startswith("linux") else None,
+        )
         code = child.wait()
         return settle(_read(link), code, received[0] if received else None)
     finally:
@@ -90,41 +106,62 @@ def _stop_with_parent() -> None:
 def _read(link: Path) -> list[dict[str, Any]]:
     if not link.exists():
         return []
-    return [json.loads(line) for line in link.read_text().splitlines() if line.strip().endswith("}")]
+    entries = []
+    for line in link.read_text().splitlines():
+        with contextlib.suppress(ValueError):  # a line cut short by the child's end
+            entries.append(json.loads(line))
+    return [e for e in entries if isinstance(e, dict)]
 
 
 def settle(entries: list[dict[str, Any]], code: int, signalled: str | None) -> int:
     """The command's exit status; closes the record first if the child left it open."""
     held = next((e for e in entries if "parent_run_id" in e), None)
-    if held is None or any(e.get("settled") for e in entries):
-        return code if code >= 0 else 128 - code  # nothing recorded yet, or the driver closed it
     reason = next((e["stopping"] for e in entries if "stopping" in e), signalled)
+    ended_badly = code == 1 or code < 0  # Ray's exit after its raylet went, or a signal
+    if held is None or any(e.get("settled") for e in entries):  # nothing recorded yet, or closed
+        return EXIT_CODES[reason] if reason and ended_badly else _status(code)
     ended = f"exit status {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
     print(f"\nthe study driver ended ({ended}) before closing its record; closing it here", file=sys.stderr)
     try:
-        close_abandoned(held, reason, ended)
+        closed = close_abandoned(held, reason, ended)
     except Exception as err:  # MLflow unreachable too: the lease goes stale and resume closes the record
         print(
             f"could not close the record ({type(err).__name__}: {err}); `platform study resume` closes it",
             file=sys.stderr,
         )
+        closed = False
     if reason:
         return EXIT_CODES[reason]
-    return code if code > 0 else 128 - code if code < 0 else 1
+    return _status(code) if code != 0 or not closed else 1
 
 
-def close_abandoned(held: dict[str, Any], reason: str | None, ended: str) -> None:
-    """What the driver's own close would have written, if this driver still holds the study."""
+def _status(code: int) -> int:
+    return code if code >= 0 else 128 - code
+
+
+def close_abandoned(held: dict[str, Any], reason: str | None, ended: str) -> bool:
+    """What the driver's own close would have written, if the record is still this driver's: its writes
+    kept in the study's storage sent first (a record with writes still pending stays open for
+    ``platform study sync``). Returns whether it closed the record."""
+    from mlflow.entities import RunStatus
     from mlflow.tracking import MlflowClient
 
-    from clsr.study.lease import LEASE_TAG, current_holder
-    from clsr.study.record import close_open_children
+    from clsr.study.lease import GENERATION_PARAM, LEASE_TAG, generation
+    from clsr.study.record import close_open_children, replay
 
     uri, run_id = held["uri"], held["parent_run_id"]
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # a server that is down: fail in seconds
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     client = MlflowClient(uri)
-    holder = current_holder(client, run_id)
-    if holder is None or holder.token != held["token"]:
-        return  # closed already, or another driver has taken the study over
+    run = client.get_run(run_id)
+    ours = run.data.params.get(GENERATION_PARAM.format(held["generation"])) == held["token"]
+    if run.info.status != RunStatus.to_string(RunStatus.RUNNING) or not ours:
+        return False  # closed already
+    if generation(client, run_id) != held["generation"]:
+        return False  # another driver has taken the study over
+    if held.get("storage") and replay(uri, held["storage"]):
+        print("trial writes are still pending: `platform study sync` sends them and closes the record")
+        return False
     close_open_children(client, uri, run_id, reason)
     if reason:
         client.set_tag(run_id, "clsr.status", "timed_out" if reason == "study_timeout" else "interrupted")
@@ -134,3 +171,4 @@ def close_abandoned(held: dict[str, Any], reason: str | None, ended: str) -> Non
         client.set_tag(run_id, "clsr.error", f"the study driver ended ({ended}) without closing its record")
         client.set_terminated(run_id, status="FAILED")
     client.set_tag(run_id, LEASE_TAG, "")
+    return True
