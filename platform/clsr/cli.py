@@ -321,6 +321,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     from clsr.study.supervise import is_child, supervise
 
     if not is_child():  # the driver runs as a child: whatever ends it, the record gets closed
+        _refuse_unreachable(study)  # here too: the command itself says so, before a driver starts
         return supervise(args.argv)
     from clsr.study.record import format_rows
     from clsr.study.runner import run_study
@@ -354,6 +355,16 @@ def cmd_study(args: argparse.Namespace) -> int:
         )
         return outcome.exit_code
     return 1 if any(r["status"] not in ("finished", "stopped") for r in rows) else 0
+
+
+def _refuse_unreachable(study) -> None:
+    """The tracking server and cloud storage answer (ConnectionError, StorageError otherwise)."""
+    from clsr.cluster.checks import check_cloud_storage, is_cloud
+    from clsr.tracking.reach import check_reachable, resolve_tracking_uri
+
+    check_reachable(resolve_tracking_uri(study.tracking_uri))
+    if is_cloud(study.storage_path):
+        check_cloud_storage(study.name, study.storage_path)
 
 
 def cmd_study_sync(args: argparse.Namespace) -> int:
