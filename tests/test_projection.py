@@ -124,8 +124,9 @@ def test_a_probe_runs_copies_of_one_trial_at_once_here_and_prices_the_study_with
     assert sum("copy" in line for line in lines) == 4
     projection = project(study, measured, gpus=1, gpu="h100", progress=lambda _: None)
     assert projection.distinct == len(projection.plans) < projection.trials
-    step_cost = 2 * costs.step_s  # every smoke trial runs its 2 steps at the probe's cost per step
-    assert all(p.seconds >= step_cost + costs.setup_s for p in projection.plans)
+    for plan in projection.plans:  # every smoke trial runs its 2 steps at its ablation's probed cost per step
+        own = measured.for_ablation(plan.ablation)
+        assert plan.seconds >= 2 * own.step_s + own.setup_s, plan
 
 
 def test_probe_options_are_checked(capsys):
