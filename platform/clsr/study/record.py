@@ -215,10 +215,23 @@ def replay(uri: str, storage: str) -> int:
 
 def give_up(client, uri: str, parent_run_id: str, reason: str | None, lease: Lease) -> None:
     """The record of a study whose driver hangs after a signal: what did not finish is interrupted."""
-    close_open_children(client, uri, parent_run_id, reason)
-    client.set_tag(parent_run_id, "clsr.status", "timed_out" if reason == "study_timeout" else "interrupted")
-    client.set_terminated(parent_run_id, status="KILLED")
+    close_unfinished(client, uri, parent_run_id, reason)
     lease.release()
+
+
+def close_unfinished(client, uri: str, parent_run_id: str, reason: str | None, error: str = "") -> None:
+    """A study no driver will close: open trial runs and the parent interrupted (timed out) by
+    ``reason``, or, with none, failed with ``error``."""
+    close_open_children(client, uri, parent_run_id, reason)
+    if reason:
+        client.set_tag(
+            parent_run_id, "clsr.status", "timed_out" if reason == "study_timeout" else "interrupted"
+        )
+        client.set_terminated(parent_run_id, status="KILLED")
+    else:
+        client.set_tag(parent_run_id, "clsr.status", "failed")
+        client.set_tag(parent_run_id, "clsr.error", error)
+        client.set_terminated(parent_run_id, status="FAILED")
 
 
 def close_study(

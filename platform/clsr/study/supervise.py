@@ -147,7 +147,7 @@ def close_abandoned(held: dict[str, Any], reason: str | None, ended: str) -> boo
     from mlflow.tracking import MlflowClient
 
     from clsr.study.lease import GENERATION_PARAM, LEASE_TAG, generation
-    from clsr.study.record import close_open_children, replay
+    from clsr.study.record import close_unfinished, replay
 
     uri, run_id = held["uri"], held["parent_run_id"]
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # a server that is down: fail in seconds
@@ -162,13 +162,8 @@ def close_abandoned(held: dict[str, Any], reason: str | None, ended: str) -> boo
     if held.get("storage") and replay(uri, held["storage"]):
         print("trial writes are still pending: `platform study sync` sends them and closes the record")
         return False
-    close_open_children(client, uri, run_id, reason)
-    if reason:
-        client.set_tag(run_id, "clsr.status", "timed_out" if reason == "study_timeout" else "interrupted")
-        client.set_terminated(run_id, status="KILLED")
-    else:
-        client.set_tag(run_id, "clsr.status", "failed")
-        client.set_tag(run_id, "clsr.error", f"the study driver ended ({ended}) without closing its record")
-        client.set_terminated(run_id, status="FAILED")
+    close_unfinished(
+        client, uri, run_id, reason, f"the study driver ended ({ended}) without closing its record"
+    )
     client.set_tag(run_id, LEASE_TAG, "")
     return True
