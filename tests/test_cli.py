@@ -139,16 +139,16 @@ def test_summary_rows_show_the_averages_a_trial_has():
     assert "test_transfer_avg" in format_rows(rows).splitlines()[0]
 
 
-def test_version_help_and_folders(tmp_path, capsys):
+def test_version_help_and_folders(tmp_path, capfd):
     import clsr
 
     with pytest.raises(SystemExit) as done:
         main(["--version"])
-    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"platform (clsr) {clsr.__version__}"
+    assert done.value.code == 0 and capfd.readouterr().out.strip() == f"platform (clsr) {clsr.__version__}"
     for args in (["--help"], ["study", "--help"]):
         with pytest.raises(SystemExit):
             main(args)
-        out = capsys.readouterr().out
+        out = capfd.readouterr().out
         assert "``" not in out  # no reStructuredText markup in the help
     assert all(action in out for action in ("run", "resume", "sync", "validate", "report", "plan"))
 
@@ -159,7 +159,7 @@ def test_version_help_and_folders(tmp_path, capsys):
     (folder / "b.yml").write_text(smoke.replace("name: smoke", "name: other"))
     (folder / "notes.txt").write_text("not a study")
     assert main(["study", "validate", str(folder)]) == 0  # every study file in it
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert out.splitlines() == [
         f"ok  {folder / 'a.yaml'}: 2 trials (2 distinct)",
         f"ok  {folder / 'b.yml'}: 2 trials (2 distinct)",
@@ -167,7 +167,7 @@ def test_version_help_and_folders(tmp_path, capsys):
     assert main(["study", "run", str(folder)]) == 2
     assert (
         f"{folder}: a folder, not a study file: give one of its .yaml files (it holds a.yaml, b.yml)"
-        in capsys.readouterr().err
+        in capfd.readouterr().err  # the driver child's, on the command's stderr
     )
 
 

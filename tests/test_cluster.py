@@ -267,7 +267,7 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     assert rcl_faq.data.params["method.entropy_models.0.01"] == entropy_faq.data.tags["clsr.checkpoint"]
 
 
-def test_storage_guards(cluster, tmp_path, monkeypatch, capsys):
+def test_storage_guards(cluster, tmp_path, monkeypatch, capfd):
     env = cluster.env()
     for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
         monkeypatch.setenv(key, env[key])
@@ -300,6 +300,6 @@ def test_storage_guards(cluster, tmp_path, monkeypatch, capsys):
     assert code == 2
     assert (
         "storage_path s3://no-such-bucket-here/runs: cannot write a checkpoint there"
-        in capsys.readouterr().err
+        in capfd.readouterr().err  # the driver child's, on the command's stderr
     )
     assert study_runs(MlflowClient(env["MLFLOW_TRACKING_URI"]), "guarded") == ([], [])

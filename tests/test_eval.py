@@ -99,7 +99,10 @@ def test_a_capped_split_keeps_every_subset_in_proportion_and_the_same_pairs_each
     pairs = set(zip(sts12.sentences1, sts12.sentences2, sts12.scores, strict=True))
     assert set(zip(capped.sentences1, capped.sentences2, capped.scores, strict=True)) <= pairs  # whole pairs
     again = subsample(sts12, 300)
-    assert again.sentences1 == capped.sentences1 and subsample(sts12, 300, seed=1).sentences1 != capped.sentences1
+    assert (
+        again.sentences1 == capped.sentences1
+        and subsample(sts12, 300, seed=1).sentences1 != capped.sentences1
+    )
     assert subsample(sts12, 10).subsets.count("surprise.SMTnews") == 3  # every subset keeps a correlation
     assert subsample(sts12, 5000) is sts12 and subsample(sts12, None) is sts12
 

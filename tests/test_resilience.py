@@ -21,10 +21,10 @@ from test_e2e import platform_cmd, runs_of
 pytestmark = pytest.mark.e2e
 
 
-def test_unreachable_mlflow_fails_before_ray_starts(monkeypatch, capsys):
+def test_unreachable_mlflow_fails_before_ray_starts(monkeypatch, capfd):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # discard port: nothing listens
     assert main(["study", "run", "studies/smoke.yaml"]) != 0
-    message = capsys.readouterr().err
+    message = capfd.readouterr().err  # the driver child's, on the command's stderr
     assert "MLflow tracking server http://127.0.0.1:9 is unreachable" in message
     assert "mlflow server" in message  # says what to do
     assert not ray.is_initialized()

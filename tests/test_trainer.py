@@ -145,6 +145,7 @@ def test_checkpoint_every_n_evaluations_and_always_at_the_last(data_dir, tmp_pat
         f.stat().st_size for step in ("step_2", "step_4", "step_5") for f in (tmp_path / "c" / step).iterdir()
     )
     assert final["trial_checkpoint_bytes"] == sizes and final["trial_checkpoint_s"] > 0
+    assert 0 < final["trial_checkpoint_wait_s"] < 60  # the local session moves the folder
     # where the wall time went, with the counts that make per-unit costs (what `study plan` projects from)
     assert (final["trial_steps_run"], final["trial_dev_evaluations"], final["trial_checkpoints_written"]) == (
         5,

@@ -168,12 +168,12 @@ def test_non_utf8_bytes_name_the_offset(tmp_path, capsys):
     refused(capsys, path, "not UTF-8", "byte 0xe9 at offset 9")
 
 
-def test_a_set_value_with_a_tag_is_refused(tmp_path, capsys):
+def test_a_set_value_with_a_tag_is_refused(tmp_path, capfd):
     marker = tmp_path / "pwned"
     value = f'trainer.lr=!!python/object/apply:os.system ["touch {marker}"]'
-    for action in ("validate", "run"):
+    for action in ("validate", "run"):  # run: the driver child refuses it, on the command's stderr
         code = main(["study", action, str(REPO_ROOT / "studies" / "smoke.yaml"), "--set", value])
-        out, err = capsys.readouterr()
+        out, err = capfd.readouterr()
         assert code == 2 and "Traceback" not in err
         (line,) = err.strip().splitlines()
         assert f"--set {value}: not a plain YAML value (tags are not allowed)" in line
@@ -272,7 +272,7 @@ def test_validate_accepts_set(capsys):
     assert code == 1 and "base.trainer.lr: Input should be a finite number" in err
 
 
-def test_run_of_more_than_2000_trials_needs_yes(tmp_path, capsys, monkeypatch):
+def test_run_of_more_than_2000_trials_needs_yes(tmp_path, capfd, monkeypatch):
     import ray
 
     monkeypatch.chdir(tmp_path)
@@ -280,7 +280,7 @@ def test_run_of_more_than_2000_trials_needs_yes(tmp_path, capsys, monkeypatch):
     text = GOOD.replace("[0.05, 0.1]", f"[{temperatures}]") + f"seeds: {list(range(50))}\n"
     path = write(tmp_path, text)
     assert main(["study", "run", str(path)]) == 2
-    out, err = capsys.readouterr()
+    out, err = capfd.readouterr()  # the driver child's, on the command's stderr
     (line,) = err.strip().splitlines()
     assert "2,050 trials" in line and "--yes" in line and "Traceback" not in err
     assert not ray.is_initialized()

@@ -303,7 +303,10 @@ def cmd_study(args: argparse.Namespace) -> int:
         return cmd_study_sync(args)
     if args.action == "plan":
         return cmd_study_plan(args)
+    from clsr.study.supervise import is_child, supervise
 
+    if not is_child():  # the driver runs as a child: whatever ends it, the record gets closed
+        return supervise(args.argv)  # the child validates: this process stays light (no torch)
     try:
         study = _load(args.study, args.overrides, smoke=args.smoke)
     except (StudyError, ValueError) as err:
@@ -318,11 +321,6 @@ def cmd_study(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from clsr.study.supervise import is_child, supervise
-
-    if not is_child():  # the driver runs as a child: whatever ends it, the record gets closed
-        _refuse_unreachable(study)  # here too: the command itself says so, before a driver starts
-        return supervise(args.argv)
     from clsr.study.record import format_rows
     from clsr.study.runner import run_study
 
@@ -355,16 +353,6 @@ def cmd_study(args: argparse.Namespace) -> int:
         )
         return outcome.exit_code
     return 1 if any(r["status"] not in ("finished", "stopped") for r in rows) else 0
-
-
-def _refuse_unreachable(study) -> None:
-    """The tracking server and cloud storage answer (ConnectionError, StorageError otherwise)."""
-    from clsr.cluster.checks import check_cloud_storage, is_cloud
-    from clsr.tracking.reach import check_reachable, resolve_tracking_uri
-
-    check_reachable(resolve_tracking_uri(study.tracking_uri))
-    if is_cloud(study.storage_path):
-        check_cloud_storage(study.name, study.storage_path)
 
 
 def cmd_study_sync(args: argparse.Namespace) -> int:

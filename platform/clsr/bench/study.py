@@ -94,6 +94,7 @@ def run_study_bench(
                     "trial_wall_s": run.data.metrics.get("trial_wall_s"),
                     "checkpoint_s": run.data.metrics.get("trial_checkpoint_s"),
                     "checkpoint_mib": (run.data.metrics.get("trial_checkpoint_bytes") or 0) / 2**20 or None,
+                    "checkpoint_wait_s": run.data.metrics.get("trial_checkpoint_wait_s"),
                     **step_times(client, run),
                     "interval": (run.info.start_time / 1000, end / 1000),
                 }
@@ -121,7 +122,7 @@ def run_study_bench(
 def format_study(f: dict[str, Any]) -> str:
     table = format_table(
         ["trial", "status", "steps", "batch", "run s", "trial_wall_s", "loop s", "steps s", "outside steps"]
-        + ["ckpt s", "ckpt MiB"],
+        + ["ckpt s", "ckpt MiB", "ckpt wait s"],
         [
             [
                 t["run"],
@@ -135,6 +136,7 @@ def format_study(f: dict[str, Any]) -> str:
                 f"{1 - t['step_s'] / t['run_s']:.0%}" if t["step_s"] and t["run_s"] else None,
                 t.get("checkpoint_s"),
                 t.get("checkpoint_mib"),
+                t.get("checkpoint_wait_s"),
             ]
             for t in f["per_trial"]
         ],
@@ -151,7 +153,8 @@ def format_study(f: dict[str, Any]) -> str:
             f"(start-up, data, evaluation, checkpoints, logging); outside the training loop: "
             f"{f['outside_loop_fraction']:.0%}",
             "ckpt s / MiB: seconds spent writing checkpoints and what they wrote, per trial "
-            "(trial_checkpoint_s/_bytes). "
+            "(trial_checkpoint_s/_bytes); ckpt wait s: how long training waited in the reports that carried "
+            "them (the copy to the study's storage, unless trainer.checkpoint_upload: async). "
             "run s: the trial's MLflow run from open to close (Ray Train start-up included); loop s: step × "
             "batch / samples_per_s at the last evaluation (dev evaluations inside); steps s: mean clean "
             "gap between per-step loss stamps × steps.",

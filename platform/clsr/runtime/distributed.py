@@ -1,6 +1,11 @@
-"""Helpers for in-batch negatives across Ray Train workers (SimCSE's DDP all-gather, methods.md §1.3)."""
+"""Helpers across Ray Train workers: in-batch negatives (SimCSE's DDP all-gather, methods.md §1.3) and
+the final evaluation the ranks share."""
 
 from __future__ import annotations
+
+import pickle
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,3 +32,41 @@ def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
     dist.all_gather(parts, local.detach().contiguous())
     parts[rank()] = local
     return torch.cat(parts, dim=0)
+
+
+def broadcast_(tensors: Iterable[torch.Tensor], src: int = 0) -> None:
+    """Overwrite every rank's tensors in place with rank ``src``'s (the same tensors in the same order)."""
+    if world_size() == 1:
+        return
+    for tensor in tensors:
+        dist.broadcast(tensor, src)
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """Every rank's ``value`` (picklable), in rank order, on every rank."""
+    if world_size() == 1:
+        return [value]
+    parts: list[Any] = [None] * world_size()
+    dist.all_gather_object(parts, value)
+    return parts
+
+
+def gather_or_raise(compute: Any) -> list[Any]:
+    """Every rank's ``compute()`` result on every rank; if it raised on any rank, every rank raises the
+    first error (a rank that returned alone would leave the others waiting in the collective)."""
+    try:
+        mine, error = compute(), None
+    except Exception as err:
+        mine, error = None, err if _picklable(err) else RuntimeError(f"rank {rank()}: {err!r}")
+    parts = gather_objects((mine, error))
+    if errors := [e for _, e in parts if e is not None]:
+        raise errors[0]
+    return [value for value, _ in parts]
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.loads(pickle.dumps(value))
+    except Exception:
+        return False
+    return True

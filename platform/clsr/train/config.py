@@ -251,6 +251,12 @@ class TrainerConfig(Section):
         description="write the resumable checkpoint at every N-th evaluation (and always at the last); "
         "a lost worker resumes from the last one written",
     )
+    checkpoint_upload: Literal["async", "sync"] = Field(
+        "async",
+        description="async: Ray Train copies each checkpoint to the study's storage in the background "
+        "while training goes on (it counts once copied; a lost worker resumes from the last one that "
+        "was); sync: training waits for the copy. In-process trials (workers_per_trial: 0) always wait",
+    )
     seed: Seed = Field(42, description="0 <= seed < 2**32")
 
     @model_validator(mode="after")

@@ -31,9 +31,10 @@ from clsr.eval.alignment import alignment_uniformity
 from clsr.eval.custom import ClassifierSettings, evaluate_custom
 from clsr.eval.faq import dev_map, evaluate_faq, faq_summary_metrics
 from clsr.eval.sts import evaluate_sts, summary_metrics
-from clsr.eval.transfer import evaluate_transfer, split_eval_tasks, transfer_summary_metrics
+from clsr.eval.transfer import TransferScore, evaluate_transfer, split_eval_tasks, transfer_summary_metrics
 from clsr.methods import get_method
 from clsr.methods.base import Method
+from clsr.runtime.distributed import broadcast_, gather_or_raise
 from clsr.runtime.steps import eval_interval
 from clsr.tracking.run_logger import RunLogger
 from clsr.train import checkpoint_files
@@ -80,7 +81,8 @@ def build_method(trial: TrialConfig) -> Method:
 
 
 class Evaluator:
-    """Dev scores during training and the final test scores, computed on rank 0 only."""
+    """Dev scores during training and the final test scores, computed on rank 0; the ranks of a
+    multi-worker trial share its final transfer tasks (``shared_transfer``)."""
 
     def __init__(self, trial: TrialConfig, method: Method, pipeline: Any):
         self.cfg = trial.eval
@@ -123,7 +125,37 @@ class Evaluator:
                 warnings.warn(f"the trained model could not be logged: {err!r}", stacklevel=2)
                 logger.set_tags({"clsr.model_error": repr(err)[:5000]})
 
-    def final(self, model: nn.Module) -> dict[str, float]:
+    def transfer_tasks(self) -> list[str]:
+        return split_eval_tasks(self.cfg.builtin_tasks())[1]
+
+    def shares_transfer(self, world_size: int) -> bool:
+        """Whether the ranks share the final transfer tasks (the same answer on every rank)."""
+        return world_size > 1 and len(self.transfer_tasks()) > 1
+
+    def transfer(self, model: nn.Module, tasks: list[str]) -> dict[str, TransferScore]:
+        return evaluate_transfer(
+            self.embedder(model),
+            tasks,
+            self.data_dir,
+            mode=self.cfg.transfer_mode,
+            max_examples=self.cfg.transfer_max_examples,
+            classifier=self.cfg.transfer_classifier,
+        )
+
+    def shared_transfer(self, model: nn.Module, session) -> dict[str, TransferScore]:
+        """Every rank takes rank 0's weights (the best ones, loaded there) and scores every
+        ``world_size``-th transfer task on its own device and CPUs; the scores are gathered on every
+        rank. SentEval's classifier fits are CPU-bound, so on one GPU node the ranks' CPUs fit in
+        parallel, and each rank embeds its tasks' sentences on its own GPU."""
+        broadcast_(trained_state(unwrap(model)).values())
+        tasks = self.transfer_tasks()
+        mine = tasks[session.rank :: session.world_size]
+        parts = gather_or_raise(lambda: self.transfer(model, mine) if mine else {})
+        gathered = {task: score for part in parts for task, score in part.items()}
+        return {task: gathered[task] for task in tasks}
+
+    def final(self, model: nn.Module, transfer: dict[str, TransferScore] | None = None) -> dict[str, float]:
+        """The test scores; ``transfer``: the transfer scores when the ranks computed them together."""
         embed = self.embedder(model)
         sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks(self.cfg.builtin_tasks())
         sts = (
@@ -131,14 +163,7 @@ class Evaluator:
         )
         metrics = summary_metrics(sts) if sts else {}
         if transfer_tasks:
-            scores = evaluate_transfer(
-                embed,
-                transfer_tasks,
-                self.data_dir,
-                mode=self.cfg.transfer_mode,
-                max_examples=self.cfg.transfer_max_examples,
-                classifier=self.cfg.transfer_classifier,
-            )
+            scores = transfer if transfer is not None else self.transfer(model, transfer_tasks)
             metrics |= transfer_summary_metrics(scores)
         if faq_tasks:  # 5-fold CV over the queries, whole collection as the pool (methods.md §6.5)
             scores = evaluate_faq(
@@ -304,7 +329,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     autocast = autocast_context(t.precision, device)
     grad_scaler = loss_scaler(t.precision, device)
     is_main = session.rank == 0
-    evaluator = Evaluator(trial, method, pipeline) if is_main else None
+    evaluator = Evaluator(trial, method, pipeline)  # scores on rank 0; every rank shares the transfer tasks
     if is_main:
         logger.set_tags(node_tags())  # a retry on another node (a lost machine) updates them
         evaluator.artifacts(model, "start", logger)
@@ -420,9 +445,10 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
                 state["checkpoint_s"] = state.get("checkpoint_s", 0.0) + clock.last_phase_s
                 state["checkpoint_bytes"] = state.get("checkpoint_bytes", 0) + folder_bytes(checkpoint)
                 logger.save_to(checkpoint)  # a retry elsewhere sends what MLflow has not taken yet
-        session.report(metrics, checkpoint)
-        if checkpoint is not None:  # Ray has copied it to the run's storage (LocalSession moved it)
-            shutil.rmtree(checkpoint, ignore_errors=True)
+        began = time.perf_counter()
+        session.report(metrics, checkpoint)  # the session takes the folder (copies, moves or removes it)
+        if checkpoint is not None:  # how long training waited for it (the copy, unless uploaded async)
+            state["checkpoint_wait_s"] = state.get("checkpoint_wait_s", 0.0) + time.perf_counter() - began
         model.train()
 
     return finish(model, state, best_weights, evaluator, logger, session, clock)
@@ -434,8 +460,8 @@ def evaluate_only(trial: TrialConfig, method: Method, session, logger: RunLogger
     pipeline = method.text_pipeline(trial, None)  # no shared input: nothing is trained with it
     model = session.prepare_model(method.build_model(trial.model, pipeline))
     state: dict[str, Any] = {"step": 0, "best_score": -math.inf, "best_step": 0}
-    evaluator = Evaluator(trial, method, pipeline) if session.rank == 0 else None
-    if evaluator is not None:
+    evaluator = Evaluator(trial, method, pipeline)
+    if session.rank == 0:
         logger.set_tags(node_tags() | {EVAL_ONLY_TAG: "true"})  # the method's "start" files describe
         # its training input (SelfCCL's scored rows): only the "final" ones are logged, by finish
         clock.setup_done(0)
@@ -472,13 +498,21 @@ def finish(model, state, best_weights, evaluator, logger, session, clock: TrialC
         final |= {
             "trial_checkpoint_s": state["checkpoint_s"],
             "trial_checkpoint_bytes": state["checkpoint_bytes"],
+            "trial_checkpoint_wait_s": state.get("checkpoint_wait_s", 0.0),
         }
-    clock.stop_training(session)  # every rank, before rank 0 evaluates alone
-    if evaluator is not None:
-        if best_weights is not None:
-            load_trained_state(unwrap(model), best_weights)
-        with clock.phase("test_eval"):
-            final |= evaluator.final(model)
+    clock.stop_training(session)  # every rank
+    main = session.rank == 0
+    if main and best_weights is not None:
+        load_trained_state(unwrap(model), best_weights)
+    with clock.phase("test_eval"):
+        # the ranks share the transfer tasks (with rank 0's weights), rank 0 scores the rest
+        shared = evaluator.shares_transfer(session.world_size)
+        transfer = evaluator.shared_transfer(model, session) if shared else None
+        if main:
+            final |= evaluator.final(model, transfer)
+    if main:
+        if transfer is not None:
+            logger.set_tags({"clsr.transfer_eval_ranks": str(session.world_size)})
         evaluator.artifacts(model, "final", logger)
         if state["best_score"] > -math.inf:  # a dev score picked the weights (step 0: the starting model)
             # every dev task's score at the selected step: a study metric may be another dev task than
@@ -495,7 +529,7 @@ def finish(model, state, best_weights, evaluator, logger, session, clock: TrialC
         logger.log({k: v for k, v in final.items() if k not in ("step", "finished")}, state["step"])
         logger.flush()
     session.report(final, None)
-    return final if evaluator is not None else {}
+    return final if main else {}
 
 
 class TrialClock:

@@ -56,11 +56,17 @@ class LocalSession(_OneDevice):
 
 
 class RayTrainSession:
-    """Inside ``TorchTrainer``: every worker reports; rank 0 attaches the checkpoint."""
+    """Inside ``TorchTrainer``: every worker reports; rank 0 attaches the checkpoint. With
+    ``upload_async`` Ray copies it to the study's storage on a background thread and removes the local
+    folder once copied (``CheckpointUploadMode.ASYNC``: reports reach Tune in order, a checkpoint counts
+    only once copied, and the worker's end waits for the copies); otherwise the step waits for the copy."""
 
     rank = property(lambda self: rank())
     world_size = property(lambda self: world_size())
     gpu_share = 1.0
+
+    def __init__(self, upload_async: bool = True):
+        self.upload_async = upload_async
 
     @property
     def device(self) -> torch.device:
@@ -79,9 +85,17 @@ class RayTrainSession:
         return _local_copy(ray.train.get_checkpoint())
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: Path | None = None) -> None:
+        """Every session's ``report`` takes the checkpoint folder: the caller leaves it alone afterwards."""
         import ray.train
 
-        ray.train.report(metrics, checkpoint=_checkpoint(ray.train.Checkpoint, checkpoint_dir))
+        checkpoint = _checkpoint(ray.train.Checkpoint, checkpoint_dir)
+        if self.upload_async:  # Ray removes the folder once it is copied
+            mode = ray.train.CheckpointUploadMode.ASYNC
+            ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=mode)
+            return
+        ray.train.report(metrics, checkpoint=checkpoint)
+        if checkpoint_dir is not None:  # copied to the study's storage
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
 
 
 class TuneTrialSession(_OneDevice):
@@ -98,6 +112,8 @@ class TuneTrialSession(_OneDevice):
         import ray.tune
 
         ray.tune.report(metrics, checkpoint=_checkpoint(ray.tune.Checkpoint, checkpoint_dir))
+        if checkpoint_dir is not None:  # copied to the study's storage
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
         import ray
 
         shared = ray.get(config["shared"][0])
-    session = TuneTrialSession() if config.get("in_process") else RayTrainSession()
+    upload_async = trial.trainer.checkpoint_upload == "async"
+    session = TuneTrialSession() if config.get("in_process") else RayTrainSession(upload_async)
     session.gpu_share = min(1.0, config.get("gpus_per_worker") or 1.0)
     cap_gpu_memory(session.gpu_share, session.device)
     try:
