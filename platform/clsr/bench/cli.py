@@ -71,7 +71,11 @@ def add_bench_parser(commands: Any) -> None:
         "--compile", action="store_true", help="clsr with trainer.compile (give --warmup steps to compile)"
     )
     train.add_argument(
-        "--attention", default=None, choices=["sdpa", "eager"], help="both sides' attention kernel"
+        "--attention",
+        default=None,
+        choices=["sdpa", "eager", "flash_attention_2"],
+        help="both sides' attention kernel (flash_attention_2: a CUDA GPU with flash-attn; clsr packs the "
+        "batch's sentences without padding, sentence-transformers pads)",
     )
 
     memory = add(
@@ -140,6 +144,16 @@ def add_bench_parser(commands: Any) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the chosen benchmark, print the machine and the figures, and write ``--json``."""
+    try:
+        return _run_bench(args)
+    except ValueError as err:  # an option this machine cannot run (flash_attention_2 on a CPU, a bad model)
+        import sys
+
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _run_bench(args: argparse.Namespace) -> int:
     from clsr.bench import format_machine, machine, write_json
 
     if args.bench == "train":

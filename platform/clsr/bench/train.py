@@ -112,7 +112,9 @@ class PlatformStep:
         cpu_batch = self.batcher.collate(indices)
         self.collate_s.append(time.perf_counter() - started)
         mask = cpu_batch["attention_mask"]
-        tokens = (int(mask.sum()), grouped_width_tokens(mask, cpu_batch.get("length_group_size")))
+        real = int(mask.sum())
+        packed = any(getattr(m, "packed", False) for m in self.model.modules())  # flash_attention_2
+        tokens = (real, real if packed else grouped_width_tokens(mask, cpu_batch.get("length_group_size")))
         batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in cpu_batch.items()}
         if t.gradcache_chunk_rows:
             loss = gradcache_backward(

@@ -50,7 +50,8 @@ class ModelConfig(BaseModel):
         None,
         description="attention kernel: PyTorch's scaled_dot_product_attention (sdpa), the plain "
         "matmul-softmax (eager) or FlashAttention-2 (flash_attention_2: CUDA GPUs with the flash-attn "
-        "package); None: transformers' default for the model (sdpa where supported)",
+        "package; a batch's sentences are packed into one row without padding, position ids per "
+        "sentence); None: transformers' default for the model (sdpa where supported)",
     )
     init_checkpoint: str | None = Field(
         None,
@@ -71,6 +72,15 @@ class ModelConfig(BaseModel):
                 self.pooling = own_pooling(self.name)
             except NotSentenceTransformers as err:
                 raise ValueError(f"model.pooling auto: {err}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _packing_has_no_drophead(self) -> ModelConfig:
+        if self.attention == "flash_attention_2" and self.drophead:
+            raise ValueError(
+                "model.drophead does not combine with model.attention flash_attention_2: its sentences "
+                "are packed into one row, and DropHead draws its heads per row; use sdpa with drophead"
+            )
         return self
 
     @field_validator("attention_dropout", "drophead")
@@ -216,6 +226,8 @@ class TransformerEncoder(nn.Module):
         init_std = getattr(self.backbone.config, "initializer_range", 0.02)
         self.pooler = Pooler(cfg.pooling, hidden, mlp_only_train=cfg.mlp_only_train, init_std=init_std)
         self._compiled: Callable[..., Any] | None = None  # set by compile_for_training
+        # FlashAttention-2 takes the sentences packed into one row (its variable-length kernel)
+        self.packed = cfg.attention == "flash_attention_2"
 
     def compile_for_training(
         self, mode: str = "default", width_multiple: int = COMPILE_WIDTH_MULTIPLE
@@ -240,6 +252,8 @@ class TransformerEncoder(nn.Module):
     ) -> torch.Tensor:
         """Pooled embeddings; with ``length_group_size`` the sentences are encoded in groups of that many
         of similar length, each cut to its own longest sentence (same embeddings, less padding)."""
+        if self.packed:  # no padding to group away
+            return self.encode_packed(input_ids, attention_mask)
         if not length_group_size or input_ids.size(0) <= length_group_size:
             return self.encode(input_ids, attention_mask)
         return encode_in_length_groups(self.encode, input_ids, attention_mask, length_group_size)
@@ -259,6 +273,38 @@ class TransformerEncoder(nn.Module):
         )
         hidden_states = out.hidden_states if self.pooler.needs_all_layers else (out.last_hidden_state,)
         return self.pooler(hidden_states, attention_mask)
+
+    def encode_packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The batch's real tokens as one row, without padding: each sentence's position ids start at 0,
+        and its cumulative lengths (``cu_seq_lens``) keep attention inside it in FlashAttention-2's
+        variable-length kernel (transformers' padding-free path). The hidden states are put back into
+        the padded layout for pooling, so the embeddings equal the padded pass's (tested on CPU with a
+        reference variable-length kernel)."""
+        real = attention_mask.bool()
+        lengths = real.sum(dim=1)
+        starts = nn.functional.pad(lengths.cumsum(0), (1, 0))
+        cu_seq_lens = starts.to(torch.int32)
+        flat = input_ids[real].unsqueeze(0)  # row after row, each sentence's tokens in order
+        positions = torch.arange(flat.size(1), device=flat.device) - starts[:-1].repeat_interleave(lengths)
+        longest = int(lengths.max())  # one host sync per forward pass, as the length groups have
+        out = self.backbone(
+            input_ids=flat,
+            position_ids=positions.unsqueeze(0),
+            cu_seq_lens_q=cu_seq_lens,
+            cu_seq_lens_k=cu_seq_lens,
+            max_length_q=longest,
+            max_length_k=longest,
+            output_hidden_states=self.pooler.needs_all_layers,
+        )
+        packed = out.hidden_states if self.pooler.needs_all_layers else (out.last_hidden_state,)
+        return self.pooler(tuple(unpack(h, real) for h in packed), attention_mask)
+
+
+def unpack(packed: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """``(1, tokens, dim)`` hidden states back to ``(rows, width, dim)``, zeros at the padding."""
+    padded = packed.new_zeros(*real.shape, packed.size(-1))
+    padded[real] = packed[0]
+    return padded
 
 
 def encode_in_length_groups(
