@@ -50,14 +50,24 @@ def varlen_reference(module, query, key, value, attention_mask, cu_seq_lens_q=No
 AttentionInterface.register("clsr_varlen_reference", varlen_reference)
 
 
-@pytest.fixture(scope="module", params=["avg", "cls", "avg_first_last"])
+@pytest.fixture(
+    scope="module",
+    params=[(p, k) for p in ("avg", "cls", "avg_first_last") for k in ("flash_reference", "sdpa_packed")],
+    ids=lambda param: "-".join(param),
+)
 def encoders(request, tmp_path_factory) -> tuple[TransformerEncoder, TransformerEncoder]:
+    """A padded encoder and a packed one with the same weights: ``sdpa_packed`` as configured, or the
+    packing of ``flash_attention_2`` with the reference kernel in flash-attn's place."""
+    pooling, kernel = request.param
     folder = save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-packing"), dropout=0.0)
-    padded = TransformerEncoder(ModelConfig(name=folder, pooling=request.param))
-    packed = TransformerEncoder(ModelConfig(name=folder, pooling=request.param))
+    padded = TransformerEncoder(ModelConfig(name=folder, pooling=pooling))
+    attention = "sdpa_packed" if kernel == "sdpa_packed" else None
+    packed = TransformerEncoder(ModelConfig(name=folder, pooling=pooling, attention=attention))
     packed.load_state_dict(padded.state_dict())
-    packed.backbone.set_attn_implementation("clsr_varlen_reference")
-    packed.packed = True  # what model.attention: flash_attention_2 sets
+    if kernel == "flash_reference":
+        packed.backbone.set_attn_implementation("clsr_varlen_reference")
+        packed.packed = True  # what model.attention: flash_attention_2 sets
+    assert packed.packed
     return padded, packed
 
 
@@ -88,9 +98,30 @@ def test_packed_gradients_equal_one_padded_pass(encoders):
             torch.testing.assert_close(param.grad, grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_flash_attention_2_packs_and_refuses_drophead():
-    with pytest.raises(ValueError, match="drophead does not combine with model.attention flash_attention_2"):
-        ModelConfig(name="minilm", attention="flash_attention_2", drophead=0.1)
+@pytest.mark.parametrize("attention", ["flash_attention_2", "sdpa_packed"])
+def test_packing_refuses_drophead(attention):
+    with pytest.raises(ValueError, match=f"drophead does not combine with model.attention {attention}"):
+        ModelConfig(name="minilm", attention=attention, drophead=0.1)
+
+
+def test_sdpa_packed_keeps_each_sentence_to_itself():
+    from clsr.encoders.packing import padded_view, sdpa_packed
+
+    lengths = [3, 1, 2]
+    cu = torch.tensor([0, 3, 4, 6], dtype=torch.int32)
+    index, real = padded_view(cu, 3)
+    assert index.tolist() == [[0, 1, 2], [3, 3, 3], [4, 5, 4]]
+    assert real.sum(1).tolist() == lengths
+    q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))  # (1, heads, tokens, head_dim)
+    out, _ = sdpa_packed(None, q, k, v, None, cu_seq_lens_q=cu, max_length_q=3)
+    expected = torch.cat(
+        [
+            torch.nn.functional.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b])
+            for a, b in ((0, 3), (3, 4), (4, 6))
+        ],
+        dim=2,
+    ).transpose(1, 2)
+    torch.testing.assert_close(out, expected)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a CUDA GPU")

@@ -107,11 +107,12 @@ def model_parts(device: str, steps: int, warmup: int, small: str, large: str | N
             f"train simcse_sup BERT-base batch {batch}",
             lambda batch=batch: run_train("simcse_sup", large, batch, 32, steps, warmup, device=device),
         )
-    if large:  # packed without padding; without the flash-attn package the part prints what to install
-        parts["train_simcse_sup_bert_base_b512_flash_attention_2"] = attempt(
-            "train simcse_sup BERT-base batch 512, flash_attention_2",
-            lambda: run_train(
-                "simcse_sup", large, 512, 32, steps, warmup, device=device, attention="flash_attention_2"
+    for packed in ("sdpa_packed", "flash_attention_2") if large else ():
+        # sentences packed without padding; without the flash-attn package its part says what to install
+        parts[f"train_simcse_sup_bert_base_b512_{packed}"] = attempt(
+            f"train simcse_sup BERT-base batch 512, {packed}",
+            lambda packed=packed: run_train(
+                "simcse_sup", large, 512, 32, steps, warmup, device=device, attention=packed
             ),
         )
     model = large or small

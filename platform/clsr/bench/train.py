@@ -169,6 +169,8 @@ def sentence_transformers_trainer(
 
     from clsr.encoders.registry import resolve_model_path
 
+    if attention == "sdpa_packed":  # clsr's packing; sentence-transformers pads its batches for sdpa
+        attention = "sdpa"
     kwargs = {"attn_implementation": attention} if attention else {}
     st_model = SentenceTransformer(resolve_model_path(model), device=str(device), model_kwargs=kwargs)
     st_model.max_seq_length = length
@@ -424,8 +426,10 @@ def format_train(f: dict[str, Any]) -> str:
             f"token tables (collate, inside the step) took {f.get('clsr_collate_ms_per_step', 0):.2f} ms a step.",
             "note: clsr encodes all columns in one forward pass, "
             + (
-                f"sorted by length in groups of {f['length_group_size']} sentences, each padded to its own "
-                "longest (trainer.length_group_size)"
+                "packed into one row without padding (only sdpa_packed's attention pads, per sentence)"
+                if "packed" in str(f["attention"]) or f["attention"] == "flash_attention_2"
+                else f"sorted by length in groups of {f['length_group_size']} sentences, each padded to "
+                "its own longest (trainer.length_group_size)"
                 if f["length_group_size"]
                 else "padded to the batch's longest (length groups off)"
             )

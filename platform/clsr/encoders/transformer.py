@@ -11,6 +11,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from clsr.encoders.packing import SDPA_PACKED
 from clsr.encoders.pooling import Pooler, PoolingName
 from clsr.encoders.registry import describe_load_failure, resolve_model_path
 
@@ -18,6 +19,7 @@ from clsr.encoders.registry import describe_load_failure, resolve_model_path
 _DROPOUT_ATTRS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
 # trainer.compile: sequence widths are padded up to a multiple of this (shape buckets, few recompiles)
 COMPILE_WIDTH_MULTIPLE = 8
+PACKED_ATTENTION = ("flash_attention_2", "sdpa_packed")  # kernels that take packed rows
 # The subset that holds the attention-probability dropout (BERT/RoBERTa/MPNet, DistilBERT).
 _ATTENTION_DROPOUT_ATTRS = ("attention_probs_dropout_prob", "attention_dropout")
 
@@ -46,12 +48,14 @@ class ModelConfig(BaseModel):
     drophead: float | None = Field(
         None, description="DropHead (Zhou et al. 2020): drop whole attention heads in training, p per head"
     )
-    attention: Literal["sdpa", "eager", "flash_attention_2"] | None = Field(
+    attention: Literal["sdpa", "eager", "flash_attention_2", "sdpa_packed"] | None = Field(
         None,
         description="attention kernel: PyTorch's scaled_dot_product_attention (sdpa), the plain "
-        "matmul-softmax (eager) or FlashAttention-2 (flash_attention_2: CUDA GPUs with the flash-attn "
-        "package; a batch's sentences are packed into one row without padding, position ids per "
-        "sentence); None: transformers' default for the model (sdpa where supported)",
+        "matmul-softmax (eager), FlashAttention-2 (flash_attention_2: CUDA GPUs with the flash-attn "
+        "package) or sdpa on packed rows (sdpa_packed: any device). The last two pack a forward pass's "
+        "sentences into one row without padding (position ids per sentence), so only attention sees "
+        "padding (sdpa_packed) or none does (flash_attention_2). None: transformers' default for the "
+        "model (sdpa where supported)",
     )
     init_checkpoint: str | None = Field(
         None,
@@ -76,9 +80,9 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _packing_has_no_drophead(self) -> ModelConfig:
-        if self.attention == "flash_attention_2" and self.drophead:
+        if self.attention in PACKED_ATTENTION and self.drophead:
             raise ValueError(
-                "model.drophead does not combine with model.attention flash_attention_2: its sentences "
+                f"model.drophead does not combine with model.attention {self.attention}: its sentences "
                 "are packed into one row, and DropHead draws its heads per row; use sdpa with drophead"
             )
         return self
@@ -140,7 +144,7 @@ def _load_backbone(
     if attention == "flash_attention_2":
         check_flash_attention()
     if attention is not None:
-        kwargs["attn_implementation"] = attention
+        kwargs["attn_implementation"] = SDPA_PACKED if attention == "sdpa_packed" else attention
     hf_logging.set_verbosity_error()  # the load report lists BERT's unused pretrained pooler: expected
     hf_logging.disable_progress_bar()
     # BERT's pretrained pooler is never used (SimCSE adds its own MLP); leaving it out keeps DDP from
@@ -226,8 +230,8 @@ class TransformerEncoder(nn.Module):
         init_std = getattr(self.backbone.config, "initializer_range", 0.02)
         self.pooler = Pooler(cfg.pooling, hidden, mlp_only_train=cfg.mlp_only_train, init_std=init_std)
         self._compiled: Callable[..., Any] | None = None  # set by compile_for_training
-        # FlashAttention-2 takes the sentences packed into one row (its variable-length kernel)
-        self.packed = cfg.attention == "flash_attention_2"
+        # the sentences packed into one row for a variable-length attention kernel (clsr.encoders.packing)
+        self.packed = cfg.attention in PACKED_ATTENTION
 
     def compile_for_training(
         self, mode: str = "default", width_multiple: int = COMPILE_WIDTH_MULTIPLE
@@ -277,9 +281,9 @@ class TransformerEncoder(nn.Module):
     def encode_packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The batch's real tokens as one row, without padding: each sentence's position ids start at 0,
         and its cumulative lengths (``cu_seq_lens``) keep attention inside it in FlashAttention-2's
-        variable-length kernel (transformers' padding-free path). The hidden states are put back into
-        the padded layout for pooling, so the embeddings equal the padded pass's (tested on CPU with a
-        reference variable-length kernel)."""
+        variable-length kernel or in ``sdpa_packed`` (transformers' padding-free path). The hidden
+        states are put back into the padded layout for pooling, so the embeddings equal the padded
+        pass's (tested)."""
         real = attention_mask.bool()
         lengths = real.sum(dim=1)
         starts = nn.functional.pad(lengths.cumsum(0), (1, 0))
