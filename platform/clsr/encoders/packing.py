@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
 
 SDPA_PACKED = "clsr_sdpa_packed"  # the name transformers knows the kernel by
 
@@ -68,4 +67,10 @@ def sdpa_packed(
     return out.transpose(1, 2)[real].unsqueeze(0), None  # (N, L, H, D) -> real positions, in order
 
 
-AttentionInterface.register(SDPA_PACKED, sdpa_packed)
+def register_sdpa_packed() -> str:
+    """Make the kernel known to transformers (before a model is loaded with it); returns its name.
+    Not at import: importing transformers' model code costs seconds that validating a study need not pay."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(SDPA_PACKED, sdpa_packed)
+    return SDPA_PACKED

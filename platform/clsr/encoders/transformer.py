@@ -11,7 +11,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from clsr.encoders.packing import SDPA_PACKED
+from clsr.encoders.packing import register_sdpa_packed
 from clsr.encoders.pooling import Pooler, PoolingName
 from clsr.encoders.registry import describe_load_failure, resolve_model_path
 
@@ -144,7 +144,7 @@ def _load_backbone(
     if attention == "flash_attention_2":
         check_flash_attention()
     if attention is not None:
-        kwargs["attn_implementation"] = SDPA_PACKED if attention == "sdpa_packed" else attention
+        kwargs["attn_implementation"] = register_sdpa_packed() if attention == "sdpa_packed" else attention
     hf_logging.set_verbosity_error()  # the load report lists BERT's unused pretrained pooler: expected
     hf_logging.disable_progress_bar()
     # BERT's pretrained pooler is never used (SimCSE adds its own MLP); leaving it out keeps DDP from
