@@ -11,12 +11,15 @@ pooling) would show here.
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+from clsr.encoders.transformer import ModelConfig, TransformerEncoder, first_position, load_tokenizer
 from conftest import save_tiny_bert
 
 SENTENCES = [
@@ -48,18 +51,42 @@ def varlen_reference(module, query, key, value, attention_mask, cu_seq_lens_q=No
 
 
 AttentionInterface.register("clsr_varlen_reference", varlen_reference)
+KERNELS = ("flash_reference", "sdpa_packed")
 
 
-@pytest.fixture(
-    scope="module",
-    params=[(p, k) for p in ("avg", "cls", "avg_first_last") for k in ("flash_reference", "sdpa_packed")],
-    ids=lambda param: "-".join(param),
-)
+def save_tiny_roberta(folder: Path) -> str:
+    """A 2-layer RoBERTa (random weights) with MiniLM's tokenizer: its position ids start after the
+    padding id, not at 0 (RoBERTa's convention; nli-roberta-base-v2 is RCL's model)."""
+    from transformers import RobertaConfig, RobertaModel
+
+    torch.manual_seed(0)
+    tokenizer = load_tokenizer("minilm")
+    config = RobertaConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=32,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    RobertaModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+CASES = [(m, p, k) for m in ("bert", "roberta") for p in ("avg", "cls", "avg_first_last") for k in KERNELS]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda param: "-".join(param))
 def encoders(request, tmp_path_factory) -> tuple[TransformerEncoder, TransformerEncoder]:
     """A padded encoder and a packed one with the same weights: ``sdpa_packed`` as configured, or the
     packing of ``flash_attention_2`` with the reference kernel in flash-attn's place."""
-    pooling, kernel = request.param
-    folder = save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-packing"), dropout=0.0)
+    model, pooling, kernel = request.param
+    tmp = tmp_path_factory.mktemp(f"tiny-{model}-packing")
+    folder = save_tiny_bert(tmp, dropout=0.0) if model == "bert" else save_tiny_roberta(tmp)
     padded = TransformerEncoder(ModelConfig(name=folder, pooling=pooling))
     attention = "sdpa_packed" if kernel == "sdpa_packed" else None
     packed = TransformerEncoder(ModelConfig(name=folder, pooling=pooling, attention=attention))
@@ -67,6 +94,7 @@ def encoders(request, tmp_path_factory) -> tuple[TransformerEncoder, Transformer
     if kernel == "flash_reference":
         packed.backbone.set_attn_implementation("clsr_varlen_reference")
         packed.packed = True  # what model.attention: flash_attention_2 sets
+        packed.first_position = first_position(packed.backbone.config, packed.cfg)
     assert packed.packed
     return padded, packed
 
@@ -104,6 +132,16 @@ def test_packing_refuses_drophead(attention):
         ModelConfig(name="minilm", attention=attention, drophead=0.1)
 
 
+def test_packing_refuses_models_whose_positions_it_does_not_know():
+    cfg = ModelConfig(name="all-mpnet-base-v2", attention="sdpa_packed")
+    with pytest.raises(
+        ValueError, match="packs sentences for bert, roberta, xlm-roberta encoders; .* 'mpnet'"
+    ):
+        first_position(SimpleNamespace(model_type="mpnet", pad_token_id=1), cfg)
+    assert first_position(SimpleNamespace(model_type="roberta", pad_token_id=1), cfg) == 2
+    assert first_position(SimpleNamespace(model_type="bert", pad_token_id=0), cfg) == 0
+
+
 def test_sdpa_packed_keeps_each_sentence_to_itself():
     from clsr.encoders.packing import padded_view, sdpa_packed
 
@@ -134,3 +172,13 @@ def test_the_bench_refuses_flash_attention_2_on_a_cpu_in_one_line(capsys):
     assert (
         err.startswith("error: model.attention flash_attention_2 needs a CUDA GPU") and "Traceback" not in err
     )
+
+
+def test_packing_refuses_compile():
+    from clsr.train.config import TrialConfig
+
+    trial = {"model": {"name": "minilm", "attention": "sdpa_packed"}, "method": {"name": "simcse_unsup"}}
+    with pytest.raises(
+        ValueError, match="trainer.compile: true does not combine with model.attention sdpa_packed"
+    ):
+        TrialConfig.model_validate({**trial, "trainer": {"compile": True}})

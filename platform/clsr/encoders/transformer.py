@@ -232,6 +232,7 @@ class TransformerEncoder(nn.Module):
         self._compiled: Callable[..., Any] | None = None  # set by compile_for_training
         # the sentences packed into one row for a variable-length attention kernel (clsr.encoders.packing)
         self.packed = cfg.attention in PACKED_ATTENTION
+        self.first_position = first_position(self.backbone.config, cfg) if self.packed else 0
 
     def compile_for_training(
         self, mode: str = "default", width_multiple: int = COMPILE_WIDTH_MULTIPLE
@@ -289,7 +290,9 @@ class TransformerEncoder(nn.Module):
         starts = nn.functional.pad(lengths.cumsum(0), (1, 0))
         cu_seq_lens = starts.to(torch.int32)
         flat = input_ids[real].unsqueeze(0)  # row after row, each sentence's tokens in order
-        positions = torch.arange(flat.size(1), device=flat.device) - starts[:-1].repeat_interleave(lengths)
+        # each sentence's positions from its model's first (RoBERTa's: after the padding id)
+        offsets = starts[:-1].repeat_interleave(lengths, output_size=flat.size(1)) - self.first_position
+        positions = torch.arange(flat.size(1), device=flat.device) - offsets
         longest = int(lengths.max())  # one host sync per forward pass, as the length groups have
         out = self.backbone(
             input_ids=flat,
@@ -302,6 +305,23 @@ class TransformerEncoder(nn.Module):
         )
         packed = out.hidden_states if self.pooler.needs_all_layers else (out.last_hidden_state,)
         return self.pooler(tuple(unpack(h, real) for h in packed), attention_mask)
+
+
+# model types whose absolute position ids are known: BERT's start at 0, RoBERTa's after the padding id
+# (transformers numbers padded positions from ``padding_idx + 1``)
+PACKABLE_MODEL_TYPES = {"bert": False, "roberta": True, "xlm-roberta": True}
+
+
+def first_position(config: Any, cfg: ModelConfig) -> int:
+    """The position id of a sentence's first token in the padded path, which packing must reproduce;
+    other model types (relative position biases, rotary embeddings) are refused."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in PACKABLE_MODEL_TYPES:
+        raise ValueError(
+            f"model.attention {cfg.attention} packs sentences for {', '.join(PACKABLE_MODEL_TYPES)} "
+            f"encoders; {cfg.name!r} is a {model_type!r} model: use sdpa"
+        )
+    return config.pad_token_id + 1 if PACKABLE_MODEL_TYPES[model_type] else 0
 
 
 def unpack(packed: torch.Tensor, real: torch.Tensor) -> torch.Tensor:

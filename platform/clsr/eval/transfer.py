@@ -70,6 +70,22 @@ C_GRID = tuple(2.0**t for t in range(-2, 4))  # SentEval's scikit-learn C: neste
 KFOLD_C_GRID = tuple(2.0**t for t in range(-1, 6))  # SentEval's scikit-learn C: TREC and MRPC
 VALIDATION_SPLIT = 0.05  # SentEval's refits hold out this share of the training rows for early stopping
 TASK_GROUPS = {"sts": STS_TASKS, "transfer": TRANSFER_TASKS, "faq": FAQ_TASKS}
+# What a task's classifier fits cost relative to each other (thousands of row-fits in "test" mode:
+# fits × training rows, MRPC's features twice as wide); how ranks share the final evaluation.
+FIT_COST = {"mr": 3550, "cr": 1257, "subj": 3330, "mpqa": 3531, "sst2": 269, "trec": 202, "mrpc": 302}
+
+
+def shares(tasks: Sequence[str], ranks: int) -> list[list[str]]:
+    """``tasks`` split over ``ranks`` by their fit cost: the costliest first, each to the rank with the
+    least so far (ties: the lower rank); each share keeps the tasks' order."""
+    load = [0] * ranks
+    share_of: dict[str, int] = {}
+    for task in sorted(tasks, key=lambda t: -FIT_COST.get(t, 1000)):
+        rank = min(range(ranks), key=lambda r: load[r])
+        share_of[task], load[rank] = rank, load[rank] + FIT_COST.get(task, 1000)
+    return [[t for t in tasks if share_of[t] == r] for r in range(ranks)]
+
+
 DISPLAY_NAMES = {
     "mr": "MR",
     "cr": "CR",

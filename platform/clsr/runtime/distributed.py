@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -42,26 +43,45 @@ def broadcast_(tensors: Iterable[torch.Tensor], src: int = 0) -> None:
         dist.broadcast(tensor, src)
 
 
-def gather_objects(value: Any) -> list[Any]:
+def gather_objects(value: Any, group: Any = None) -> list[Any]:
     """Every rank's ``value`` (picklable), in rank order, on every rank."""
     if world_size() == 1:
         return [value]
     parts: list[Any] = [None] * world_size()
-    dist.all_gather_object(parts, value)
+    dist.all_gather_object(parts, value, group=group)
     return parts
 
 
-def gather_or_raise(compute: Any) -> list[Any]:
+def patient_group(hours: float = 24) -> Any:
+    """A gloo group over every rank whose collectives wait ``hours``: for a gather that waits on the
+    slowest rank's long CPU work (the default group's timeout, 30 min under Ray Train, would end the
+    workers). Every rank must call it, in the same order."""
+    if world_size() == 1:
+        return None
+    return dist.new_group(backend="gloo", timeout=timedelta(hours=hours))
+
+
+def gather_or_raise(compute: Any, group: Any = None) -> list[Any]:
     """Every rank's ``compute()`` result on every rank; if it raised on any rank, every rank raises the
     first error (a rank that returned alone would leave the others waiting in the collective)."""
     try:
         mine, error = compute(), None
     except Exception as err:
-        mine, error = None, err if _picklable(err) else RuntimeError(f"rank {rank()}: {err!r}")
-    parts = gather_objects((mine, error))
+        mine, error = None, err if _picklable(err) else _builtin_like(err)
+    parts = gather_objects((mine, error), group)
     if errors := [e for _, e in parts if e is not None]:
         raise errors[0]
     return [value for value, _ in parts]
+
+
+def _builtin_like(err: Exception) -> Exception:
+    """An error that does not pickle, as its nearest built-in kind (a ValueError stays one: the trial's
+    retry policy tells them apart) with its message and rank."""
+    kind = next(k for k in type(err).__mro__ if k.__module__ == "builtins")
+    try:
+        return kind(f"rank {rank()}: {type(err).__name__}: {err}")
+    except Exception:
+        return RuntimeError(f"rank {rank()}: {type(err).__name__}: {err}")
 
 
 def _picklable(value: Any) -> bool:

@@ -421,6 +421,16 @@ class TrialConfig(Section):
         return config(**method).model_dump()
 
     @model_validator(mode="after")
+    def _packed_rows_are_not_compiled(self) -> TrialConfig:
+        attention = getattr(self.model, "attention", None)
+        if self.trainer.compile and attention in ("flash_attention_2", "sdpa_packed"):
+            raise ValueError(
+                f"trainer.compile: true does not combine with model.attention {attention} (packed rows "
+                "change shape every step); set trainer.compile: false, or use sdpa"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _gradcache_fits_method(self) -> TrialConfig:
         """Refuse GradCache when the study is validated, not when the trial starts."""
         from clsr.methods import get_method

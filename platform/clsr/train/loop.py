@@ -31,10 +31,16 @@ from clsr.eval.alignment import alignment_uniformity
 from clsr.eval.custom import ClassifierSettings, evaluate_custom
 from clsr.eval.faq import dev_map, evaluate_faq, faq_summary_metrics
 from clsr.eval.sts import evaluate_sts, summary_metrics
-from clsr.eval.transfer import TransferScore, evaluate_transfer, split_eval_tasks, transfer_summary_metrics
+from clsr.eval.transfer import (
+    TransferScore,
+    evaluate_transfer,
+    shares,
+    split_eval_tasks,
+    transfer_summary_metrics,
+)
 from clsr.methods import get_method
 from clsr.methods.base import Method
-from clsr.runtime.distributed import broadcast_, gather_or_raise
+from clsr.runtime.distributed import broadcast_, gather_or_raise, patient_group
 from clsr.runtime.steps import eval_interval
 from clsr.tracking.run_logger import RunLogger
 from clsr.train import checkpoint_files
@@ -143,14 +149,15 @@ class Evaluator:
         )
 
     def shared_transfer(self, model: nn.Module, session) -> dict[str, TransferScore]:
-        """Every rank takes rank 0's weights (the best ones, loaded there) and scores every
-        ``world_size``-th transfer task on its own device and CPUs; the scores are gathered on every
-        rank. SentEval's classifier fits are CPU-bound, so on one GPU node the ranks' CPUs fit in
+        """Every rank takes rank 0's weights (the best ones, loaded there) and scores its share of the
+        transfer tasks (split by their fit cost) on its own device and CPUs; the scores are gathered on
+        every rank. SentEval's classifier fits are CPU-bound, so on one GPU node the ranks' CPUs fit in
         parallel, and each rank embeds its tasks' sentences on its own GPU."""
         broadcast_(trained_state(unwrap(model)).values())
         tasks = self.transfer_tasks()
-        mine = tasks[session.rank :: session.world_size]
-        parts = gather_or_raise(lambda: self.transfer(model, mine) if mine else {})
+        mine = shares(tasks, session.world_size)[session.rank]
+        # the ranks wait for the slowest share: longer than the default group's timeout allows
+        parts = gather_or_raise(lambda: self.transfer(model, mine) if mine else {}, patient_group())
         gathered = {task: score for part in parts for task, score in part.items()}
         return {task: gathered[task] for task in tasks}
 
@@ -437,6 +444,9 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
             # every checkpoint_every-th evaluation, and the last one (a test evaluation cut short resumes
             # from there, not from an earlier step)
             if state["evaluations"] % t.checkpoint_every == 0 or step == total_steps or stalled:
+                began = time.perf_counter()
+                session.wait_for_upload()  # one checkpoint copied in the background at a time
+                state["checkpoint_wait_s"] = state.get("checkpoint_wait_s", 0.0) + time.perf_counter() - began
                 with clock.phase("checkpoint"):
                     checkpoint = save_checkpoint(
                         model, optimizer, scheduler, state, best_weights, device, grad_scaler
@@ -508,6 +518,8 @@ def finish(model, state, best_weights, evaluator, logger, session, clock: TrialC
         # the ranks share the transfer tasks (with rank 0's weights), rank 0 scores the rest
         shared = evaluator.shares_transfer(session.world_size)
         transfer = evaluator.shared_transfer(model, session) if shared else None
+        if shared:  # what the other ranks' shares cost in CPU seconds counts too
+            clock.add_other_ranks_eval_cpu(session)
         if main:
             final |= evaluator.final(model, transfer)
     if main:
@@ -546,6 +558,7 @@ class TrialClock:
         self.phase_s: dict[str, float] = {"dev_eval": 0.0, "checkpoint": 0.0, "test_eval": 0.0}
         self.phase_count: dict[str, int] = {"dev_eval": 0, "checkpoint": 0}
         self.last_phase_s = 0.0  # how long the last ``phase`` took
+        self.other_ranks_eval_cpu_s = 0.0  # their shares of the final evaluation
 
     def setup_done(self, step: int) -> None:
         """Model, data and restored state are ready; this attempt trains from ``step``."""
@@ -584,21 +597,21 @@ class TrialClock:
 
     def stop_training(self, session) -> None:
         """Sum the workers' CPU seconds so far (a collective: every rank calls it)."""
-        mine = torch.tensor([time.process_time() - self.cpu_started], dtype=torch.float64)
-        if session.world_size > 1 and torch.distributed.is_initialized():
-            backend = torch.distributed.get_backend()
-            device = session.device if backend == "nccl" else torch.device("cpu")
-            mine = mine.to(device)
-            torch.distributed.all_reduce(mine)
-        self.training_cpu_s = float(mine.item())
+        self.training_cpu_s = _sum_over_ranks(time.process_time() - self.cpu_started, session)
         self.eval_cpu_started = time.process_time()
+
+    def add_other_ranks_eval_cpu(self, session) -> None:
+        """Sum the other ranks' CPU seconds since training stopped (a collective: every rank calls it)."""
+        mine = 0.0 if session.rank == 0 else time.process_time() - self.eval_cpu_started
+        self.other_ranks_eval_cpu_s = _sum_over_ranks(mine, session)
 
     def cost(self, session) -> dict[str, float]:
         wall = time.perf_counter() - self.wall_started
         gpus = session.world_size * session.gpu_share if session.device.type == "cuda" else 0.0
+        eval_cpu = time.process_time() - self.eval_cpu_started + self.other_ranks_eval_cpu_s
         return {
             "trial_wall_s": wall,
-            "trial_cpu_s": self.training_cpu_s + time.process_time() - self.eval_cpu_started,
+            "trial_cpu_s": self.training_cpu_s + eval_cpu,
             "trial_gpu_s": wall * gpus,
         }
 
@@ -607,3 +620,13 @@ class TrialClock:
         if session.device.type == "cuda":
             return f"{session.world_size} x {torch.cuda.get_device_name(session.device)}"
         return f"{session.world_size} x cpu"
+
+
+def _sum_over_ranks(value: float, session) -> float:
+    """``value`` summed over the trial's ranks (a collective when there are several)."""
+    total = torch.tensor([value], dtype=torch.float64)
+    if session.world_size > 1 and torch.distributed.is_initialized():
+        backend = torch.distributed.get_backend()
+        total = total.to(session.device if backend == "nccl" else torch.device("cpu"))
+        torch.distributed.all_reduce(total)
+    return float(total.item())

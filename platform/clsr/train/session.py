@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,9 @@ class _OneDevice:
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         return model.to(self.device)
+
+    def wait_for_upload(self) -> None:
+        """Nothing is copied in the background here."""
 
 
 class LocalSession(_OneDevice):
@@ -67,6 +72,19 @@ class RayTrainSession:
 
     def __init__(self, upload_async: bool = True):
         self.upload_async = upload_async
+        self._uploading: Path | None = None  # the folder Ray is copying in the background
+
+    def wait_for_upload(self, limit_s: float = 3600.0, poll_s: float = 0.05) -> None:
+        """Before the next checkpoint is written: until Ray has copied the last one (it removes the folder
+        then), so that at most one checkpoint waits on this machine's disk and Tune's view lags by at
+        most one. Past ``limit_s`` (Ray could not remove the folder) it goes on with a warning."""
+        started = time.monotonic()
+        while self._uploading is not None and self._uploading.exists():
+            if time.monotonic() - started > limit_s:
+                warnings.warn(f"{self._uploading} is still there after {limit_s:.0f} s", stacklevel=2)
+                break
+            time.sleep(poll_s)
+        self._uploading = None
 
     @property
     def device(self) -> torch.device:
@@ -92,6 +110,7 @@ class RayTrainSession:
         if self.upload_async:  # Ray removes the folder once it is copied
             mode = ray.train.CheckpointUploadMode.ASYNC
             ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=mode)
+            self._uploading = checkpoint_dir or self._uploading
             return
         ray.train.report(metrics, checkpoint=checkpoint)
         if checkpoint_dir is not None:  # copied to the study's storage
