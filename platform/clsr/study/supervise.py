@@ -6,8 +6,9 @@ at once, with exit status 1 ("the Raylet IPC connection failed and the local Ray
 Python handler runs, the graceful stop never writes the record, and the scheduler sees the wrong
 status. So ``platform study run|resume`` runs the driver as a child process at once and waits;
 the child validates the study (this process imports neither torch nor Ray nor MLflow until it has
-to close a record, so it adds well under a second). The child writes to a small file (``LINK_ENV``) which parent run and lease it
-holds, why it is stopping, and when it has settled the record. If it ends without settling it, this
+to close a record, so it adds well under a second). The child writes to a small file
+(``LINK_ENV``) which parent run and lease it holds, why it is stopping, and when it has settled the
+record. If it ends without settling it, this
 process, which holds no Ray connection, closes the record as the driver would have: unfinished
 trials interrupted (failed when nothing stopped the study), the parent run KILLED (FAILED), the
 lease released; and it exits with the signal's status (130, 143, 124) or the child's.

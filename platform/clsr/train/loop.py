@@ -444,9 +444,8 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
             # every checkpoint_every-th evaluation, and the last one (a test evaluation cut short resumes
             # from there, not from an earlier step)
             if state["evaluations"] % t.checkpoint_every == 0 or step == total_steps or stalled:
-                began = time.perf_counter()
-                session.wait_for_upload()  # one checkpoint copied in the background at a time
-                state["checkpoint_wait_s"] = state.get("checkpoint_wait_s", 0.0) + time.perf_counter() - began
+                with waiting_for_checkpoints(state):
+                    session.wait_for_upload()  # one checkpoint copied in the background at a time
                 with clock.phase("checkpoint"):
                     checkpoint = save_checkpoint(
                         model, optimizer, scheduler, state, best_weights, device, grad_scaler
@@ -455,13 +454,22 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
                 state["checkpoint_s"] = state.get("checkpoint_s", 0.0) + clock.last_phase_s
                 state["checkpoint_bytes"] = state.get("checkpoint_bytes", 0) + folder_bytes(checkpoint)
                 logger.save_to(checkpoint)  # a retry elsewhere sends what MLflow has not taken yet
-        began = time.perf_counter()
-        session.report(metrics, checkpoint)  # the session takes the folder (copies, moves or removes it)
-        if checkpoint is not None:  # how long training waited for it (the copy, unless uploaded async)
-            state["checkpoint_wait_s"] = state.get("checkpoint_wait_s", 0.0) + time.perf_counter() - began
+        # the session takes the folder (copies, moves or removes it); the copy's wait counts, unless async
+        with waiting_for_checkpoints(state) if checkpoint is not None else contextlib.nullcontext():
+            session.report(metrics, checkpoint)
         model.train()
 
     return finish(model, state, best_weights, evaluator, logger, session, clock)
+
+
+@contextlib.contextmanager
+def waiting_for_checkpoints(state: dict) -> Iterator[None]:
+    """Adds the block's seconds to ``state["checkpoint_wait_s"]``: training waiting on checkpoint copies."""
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        state["checkpoint_wait_s"] = state.get("checkpoint_wait_s", 0.0) + time.perf_counter() - began
 
 
 def evaluate_only(trial: TrialConfig, method: Method, session, logger: RunLogger, clock: TrialClock):
