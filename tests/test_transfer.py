@@ -537,3 +537,36 @@ def test_senteval_pytorch_split_scheme_against_the_reference() -> None:
         "sst2", {n: X[r] for n, r in splits.items()}, {n: y[r] for n, r in splits.items()}, classifier="lbfgs"
     )
     assert abs(got["acc"] - lbfgs["acc"]) <= 10.0
+
+
+@pytest.mark.parametrize("mode", ["test", "fast"])
+def test_stacked_fits_equal_one_fit_at_a_time(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fits of one lockstep key (training size, validation scheme, penalty) run as one stacked layer;
+    each fit's predictions and early stop equal its own fit run alone, also after others stopped."""
+    import clsr.eval.transfer as transfer
+
+    X, y = overlapping_blobs(480, 3, seed=5)
+    features = torch.from_numpy(X.astype(np.float32))
+    fit = FitSettings("senteval_pytorch", MODES[mode].torch, n_classes=3)
+    rows = np.random.default_rng(0).permutation(400)
+    folds = np.split(rows, 8)  # 8 folds of 50: training sets of 350 rows, as a k-fold's
+    test = np.arange(400, 480)
+    jobs = [Job(np.setdiff1d(rows, fold), [fold, test], 1e-3, fold) for fold in folds]
+    refits = [Job(np.setdiff1d(rows, fold), [test], 1e-2) for fold in folds[:4]]  # seeded 5 % valid
+    assert [len(g) for g in transfer.lockstep_groups(jobs + refits)] == [8, 4]
+    torch.set_num_threads(1)
+    keep_fits = transfer._keep_fits
+    for group in (jobs, refits):
+        cuts: list[int] = []  # fits kept each time the stack shrank
+        monkeypatch.setattr(
+            transfer, "_keep_fits", lambda *a, cuts=cuts: cuts.append(len(a[-1])) or keep_fits(*a)
+        )
+        stacked = transfer._torch_fit_group(features, y, group, fit)
+        monkeypatch.setattr(transfer, "_keep_fits", keep_fits)
+        alone = [transfer._torch_fit_group(features, y, [job], fit)[0] for job in group]
+        for (got, got_stopped), (want, want_stopped) in zip(stacked, alone, strict=True):
+            assert got_stopped == want_stopped
+            for a, b in zip(got, want, strict=True):
+                np.testing.assert_array_equal(a, b)
+        # the stack shrank while some fits still trained: they stopped at different rounds
+        assert group is refits or any(0 < kept < len(group) for kept in cuts)

@@ -35,6 +35,11 @@ Schemes (SentEval's ``tools/validation.py``, seed 1111):
   two decimals before the arg-max (ties go to the first grid value), and accuracies are ×100.
 * Every fit runs with one thread, and fits are spread over ``n_jobs`` processes, so the scores do
   not depend on ``n_jobs``.
+* PyTorch fits that share a training size, a validation scheme and a penalty run as one stacked
+  linear layer (written here: SentEval and PyTorch fit one classifier at a time). SentEval reseeds
+  every classifier, so such fits draw the same shuffles and take their optimizer steps in lockstep;
+  each keeps its own validation rows, best state and early stop, and its predictions equal those of
+  its fit run alone (tested). On one CPU thread that is 3-5× faster than a loop of fits.
 
 ``mode="fast"`` (SimCSE's "fasttest", for training-time or smoke runs): 5 folds everywhere, the
 fasttest PyTorch settings above, the same penalty grids. ``max_examples`` caps every split at a
@@ -306,45 +311,104 @@ def _sklearn_fit_predict(X: np.ndarray, y: np.ndarray, job: Job, fit: FitSetting
 
 def _torch_fit_predict(X, y: np.ndarray, job: Job, fit: FitSettings) -> tuple[list, bool]:
     """SentEval's ``PyTorchClassifier.fit`` with ``nhid=0``; ``X`` is a float32 tensor of every row."""
+    return _torch_fit_group(X, y, [job], fit)[0]
+
+
+def lockstep_key(job: Job) -> tuple[int, bool, float]:
+    """Fits that step in lockstep: SentEval reseeds numpy for every classifier, so fits with the same
+    training size and validation scheme draw the same shuffles, and with the same penalty take the
+    same optimizer (one stacked optimizer then does each fit's element-wise update)."""
+    return len(job.train), job.valid is None, job.reg
+
+
+def _torch_fit_group(X, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> list[tuple[list, bool]]:
+    """SentEval's ``PyTorchClassifier.fit`` (``nhid=0``) for fits of one :func:`lockstep_key`, stepped
+    together: one stacked linear layer ``[fits, classes, dim]`` instead of a Python loop per fit
+    (written here: SentEval and PyTorch fit one classifier at a time). Each fit keeps its own
+    validation rows, best state and early stop; a stopped fit leaves the stack."""
     import torch
 
     s = fit.torch
     rng = np.random.RandomState(fit.seed)  # SentEval reseeds numpy's global RNG for every classifier
-    train, valid = job.train, job.valid
-    if valid is None:  # SentEval's validation_split: the first 5 % of a seeded permutation
-        order = rng.permutation(len(train))
-        cut = int(VALIDATION_SPLIT * len(train))
+    trains, valids = [job.train for job in jobs], [job.valid for job in jobs]
+    if jobs[0].valid is None:  # SentEval's validation_split: the first 5 % of a seeded permutation
+        order = rng.permutation(len(trains[0]))
+        cut = int(VALIDATION_SPLIT * len(order))
         # our choice: under 20 rows SentEval's 5 % is empty (it would divide by zero); use train
-        train, valid = (train[order[cut:]], train[order[:cut]]) if cut else (train[order], train[order])
+        trains, valids = zip(
+            *[(t[order[cut:]], t[order[:cut]]) if cut else (t[order], t[order]) for t in trains], strict=True
+        )
     with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's generator
         torch.manual_seed(fit.seed)
-        model = torch.nn.Linear(X.shape[1], fit.n_classes)
+        init = torch.nn.Linear(X.shape[1], fit.n_classes)
+    count = len(jobs)
+    weight = init.weight.detach().expand(count, -1, -1).clone().requires_grad_()
+    bias = init.bias.detach().expand(count, -1).clone().requires_grad_()
     optim = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}[s.optim]
-    optimizer = optim(model.parameters(), weight_decay=job.reg)
-    x_train, y_train = X[torch.from_numpy(train)], torch.from_numpy(y[train])
-    x_valid, y_valid = X[torch.from_numpy(valid)], torch.from_numpy(y[valid])
-    best, best_state, misses, epoch, stopped = -1, None, 0, 0, False
-    while epoch <= s.max_epoch:
+    optimizer = optim([weight, bias], weight_decay=jobs[0].reg)
+    labels = torch.from_numpy(y)
+    train_rows = torch.from_numpy(np.stack(trains))  # [fits, rows]
+    live = list(range(count))  # the fits still training, in stack order
+    best, best_state, misses = [-1] * count, [None] * count, [0] * count
+    stopped = [False] * count
+    epoch = 0
+    while epoch <= s.max_epoch and live:
         for _ in range(s.epoch_size):
-            for batch in torch.from_numpy(rng.permutation(len(train))).split(s.batch_size):
-                loss = torch.nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
+            for batch in torch.from_numpy(rng.permutation(train_rows.shape[1])).split(s.batch_size):
+                rows = train_rows[:, batch]
+                # [fits, classes, rows]: autograd then forms the weights' gradient as (classes × rows)
+                # @ (rows × dim), a fast shape; x @ wᵀ would give it as dim × classes, 3-10× slower
+                inputs = X.index_select(0, rows.flatten()).view(*rows.shape, -1)  # 5× X[rows]'s speed
+                logits = torch.baddbmm(bias.unsqueeze(2), weight, inputs.transpose(1, 2))
+                losses = torch.nn.functional.cross_entropy(logits, labels[rows], reduction="none")
                 optimizer.zero_grad()
-                loss.backward()
+                losses.mean(1).sum().backward()  # each fit's batch mean, as SentEval's loss
                 optimizer.step()
         epoch += s.epoch_size
+        keep = []
         with torch.no_grad():
-            correct = int((model(x_valid).argmax(1) == y_valid).sum())
-        if correct > best:
-            best, best_state = correct, {k: v.clone() for k, v in model.state_dict().items()}
-        elif misses >= s.tenacity:  # SentEval counts every round without improvement, never resets
-            stopped = True
-            break
-        else:
-            misses += 1
-    model.load_state_dict(best_state)
+            for slot, f in enumerate(live):
+                rows = torch.from_numpy(valids[f])
+                logits = torch.nn.functional.linear(X[rows], weight[slot], bias[slot])
+                correct = int((logits.argmax(1) == labels[rows]).sum())
+                if correct > best[f]:
+                    best[f], best_state[f] = correct, (weight[slot].clone(), bias[slot].clone())
+                elif misses[f] >= s.tenacity:  # SentEval counts every round without improvement
+                    stopped[f] = True
+                    continue
+                else:
+                    misses[f] += 1
+                keep.append(slot)
+        if len(keep) < len(live):
+            weight, bias, optimizer = _keep_fits(optimizer, weight, bias, keep)
+            live = [live[slot] for slot in keep]
+            train_rows = train_rows[keep]
+    results = []
     with torch.no_grad():
-        preds = [model(X[torch.from_numpy(rows)]).argmax(1).numpy() for rows in job.evaluate]
-    return preds, stopped
+        for f, job in enumerate(jobs):
+            w, b = best_state[f]
+            preds = [
+                torch.nn.functional.linear(X[torch.from_numpy(r)], w, b).argmax(1).numpy()
+                for r in job.evaluate
+            ]
+            results.append((preds, stopped[f]))
+    return results
+
+
+def _keep_fits(optimizer, weight, bias, keep: list[int]):
+    """The stack and its optimizer state cut to the fits ``keep`` (stack slots)."""
+    import torch
+
+    index = torch.tensor(keep, dtype=torch.long)
+    kept = [weight.detach()[index].requires_grad_(), bias.detach()[index].requires_grad_()]
+    cut = type(optimizer)(kept, **optimizer.defaults)
+    for old, new in zip((weight, bias), kept, strict=True):
+        state = optimizer.state.get(old, {})
+        cut.state[new] = {
+            key: value[index] if torch.is_tensor(value) and value.dim() > 0 else value
+            for key, value in state.items()
+        }
+    return kept[0], kept[1], cut
 
 
 def fit_predict(X, y: np.ndarray, job: Job, fit: FitSettings) -> tuple[list[np.ndarray], bool]:
@@ -357,7 +421,8 @@ def fit_predict(X, y: np.ndarray, job: Job, fit: FitSettings) -> tuple[list[np.n
 
 
 def _fit_batch(X: np.ndarray, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> list[tuple[list, bool]]:
-    """Several fits with one thread, so that results do not depend on the thread count."""
+    """Several fits with one thread, so that results do not depend on the thread count; PyTorch fits
+    of one :func:`lockstep_key` run stacked."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):
@@ -369,9 +434,22 @@ def _fit_batch(X: np.ndarray, y: np.ndarray, jobs: list[Job], fit: FitSettings) 
         torch.set_num_threads(1)
         try:
             features = torch.from_numpy(X.astype(np.float32))
-            return [fit_predict(features, y, job, fit) for job in jobs]
+            results: list = [None] * len(jobs)
+            for group in lockstep_groups(jobs):
+                done = _torch_fit_group(features, y, [jobs[i] for i in group], fit)
+                for i, result in zip(group, done, strict=True):
+                    results[i] = result
+            return results
         finally:
             torch.set_num_threads(threads)
+
+
+def lockstep_groups(jobs: Sequence[Job]) -> list[list[int]]:
+    """Indices of ``jobs`` grouped by :func:`lockstep_key`, in first-seen order."""
+    groups: dict[tuple, list[int]] = {}
+    for i, job in enumerate(jobs):
+        groups.setdefault(lockstep_key(job), []).append(i)
+    return list(groups.values())
 
 
 class _Runner:
@@ -392,14 +470,17 @@ class _Runner:
         else:
             from joblib import Parallel, delayed
 
-            # a few chunks per worker: even load, little dispatch overhead; order is kept
-            chunks = [jobs[i :: 4 * workers] for i in range(min(len(jobs), 4 * workers))]
+            # a few chunks per worker (even load, little dispatch overhead), each a run of lockstep
+            # fits, so that PyTorch fits stack within a chunk
+            order = [i for group in lockstep_groups(jobs) for i in group]
+            chunks = np.array_split(np.array(order), min(len(jobs), 4 * workers))
             done = Parallel(n_jobs=workers)(
-                delayed(_fit_batch)(self.X, self.y, chunk, self.fit) for chunk in chunks
+                delayed(_fit_batch)(self.X, self.y, [jobs[i] for i in chunk], self.fit) for chunk in chunks
             )
             results = [None] * len(jobs)
-            for i, chunk_results in enumerate(done):
-                results[i :: len(chunks)] = chunk_results
+            for chunk, chunk_results in zip(chunks, done, strict=True):
+                for i, result in zip(chunk, chunk_results, strict=True):
+                    results[i] = result
         self.fits += len(results)
         self.unconverged += sum(not converged for _, converged in results)
         return [preds for preds, _ in results]
