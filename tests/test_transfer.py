@@ -570,3 +570,50 @@ def test_stacked_fits_equal_one_fit_at_a_time(mode: str, monkeypatch: pytest.Mon
                 np.testing.assert_array_equal(a, b)
         # the stack shrank while some fits still trained: they stopped at different rounds
         assert group is refits or any(0 < kept < len(group) for kept in cuts)
+
+
+def test_transfer_device_follows_the_setting_and_the_model() -> None:
+    """``eval.transfer_device``: 'cpu' (default) keeps the fits in CPU processes; 'auto' takes the
+    model's GPU, and stays on the CPU for a model there."""
+    from types import SimpleNamespace
+
+    from clsr.eval.transfer import _Runner
+    from clsr.train.loop import Evaluator
+
+    assert EvalConfig().transfer_device == "cpu"
+    model = torch.nn.Linear(2, 2)
+    for setting in ("cpu", "auto"):
+        evaluator = SimpleNamespace(cfg=EvalConfig(transfer_device=setting))
+        assert Evaluator.transfer_device(evaluator, model) is None  # a model on the CPU
+    fit = FitSettings("senteval_pytorch", MODES["fast"].torch, n_classes=2)
+    X, y = overlapping_blobs(40, 2)
+    assert _Runner(X, y, fit, 2, "cuda:0").device == "cuda:0"
+    assert _Runner(X, y, fit, 2, "cpu").device is None  # CPU fits keep their processes
+    liblinear = FitSettings("liblinear", MODES["fast"].torch, n_classes=2)
+    assert _Runner(X, y, liblinear, 2, "cuda:0").device is None  # scikit-learn has no GPU path
+
+
+def test_stacked_fits_on_a_named_device_equal_the_cpu_processes() -> None:
+    """The in-process device path (what a GPU trial runs), here on the CPU: the same scores as the
+    fits spread over processes."""
+    import clsr.eval.transfer as transfer
+
+    X, y = overlapping_blobs(300, 2, seed=7)
+    fit = FitSettings("senteval_pytorch", MODES["fast"].torch, n_classes=2)
+    train, test = np.arange(240), np.arange(240, 300)
+    jobs = [Job(train, [test], reg) for reg in (1e-5, 1e-3)]
+    on_device = transfer._fit_batch(X, y, jobs, fit, "cpu")
+    in_processes = transfer._Runner(X, y, fit, 2)(jobs)
+    for (got, _), want in zip(on_device, in_processes, strict=True):
+        np.testing.assert_array_equal(got[0], want[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fits_on_the_gpu_score_as_on_the_cpu() -> None:
+    """On a GPU the stacked fits give the CPU's accuracy up to float rounding (runs on GPU machines)."""
+    X, y = overlapping_blobs(600, 3, seed=9)
+    splits = {"train": np.arange(480), "test": np.arange(480, 600)}
+    feats, labels = {n: X[r] for n, r in splits.items()}, {n: y[r] for n, r in splits.items()}
+    cpu = classify("trec", feats, labels, mode="fast")
+    gpu = classify("trec", feats, labels, mode="fast", device="cuda")
+    assert abs(cpu["acc"] - gpu["acc"]) <= 2.0 and cpu["fits"] == gpu["fits"]

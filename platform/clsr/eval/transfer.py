@@ -341,20 +341,22 @@ def _torch_fit_group(X, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> lis
     with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's generator
         torch.manual_seed(fit.seed)
         init = torch.nn.Linear(X.shape[1], fit.n_classes)
-    count = len(jobs)
-    weight = init.weight.detach().expand(count, -1, -1).clone().requires_grad_()
-    bias = init.bias.detach().expand(count, -1).clone().requires_grad_()
+    count, device = len(jobs), X.device
+    weight = init.weight.detach().to(device).expand(count, -1, -1).clone().requires_grad_()
+    bias = init.bias.detach().to(device).expand(count, -1).clone().requires_grad_()
     optim = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}[s.optim]
     optimizer = optim([weight, bias], weight_decay=jobs[0].reg)
-    labels = torch.from_numpy(y)
-    train_rows = torch.from_numpy(np.stack(trains))  # [fits, rows]
+    labels = torch.from_numpy(y).to(device)
+    train_rows = torch.from_numpy(np.stack(trains)).to(device)  # [fits, rows]
+    valid_rows = [torch.from_numpy(rows).to(device) for rows in valids]
     live = list(range(count))  # the fits still training, in stack order
     best, best_state, misses = [-1] * count, [None] * count, [0] * count
     stopped = [False] * count
     epoch = 0
     while epoch <= s.max_epoch and live:
         for _ in range(s.epoch_size):
-            for batch in torch.from_numpy(rng.permutation(train_rows.shape[1])).split(s.batch_size):
+            shuffled = torch.from_numpy(rng.permutation(train_rows.shape[1])).to(device)
+            for batch in shuffled.split(s.batch_size):
                 rows = train_rows[:, batch]
                 # [fits, classes, rows]: autograd then forms the weights' gradient as (classes × rows)
                 # @ (rows × dim), a fast shape; x @ wᵀ would give it as dim × classes, 3-10× slower
@@ -368,7 +370,7 @@ def _torch_fit_group(X, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> lis
         keep = []
         with torch.no_grad():
             for slot, f in enumerate(live):
-                rows = torch.from_numpy(valids[f])
+                rows = valid_rows[f]
                 logits = torch.nn.functional.linear(X[rows], weight[slot], bias[slot])
                 correct = int((logits.argmax(1) == labels[rows]).sum())
                 if correct > best[f]:
@@ -388,7 +390,7 @@ def _torch_fit_group(X, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> lis
         for f, job in enumerate(jobs):
             w, b = best_state[f]
             preds = [
-                torch.nn.functional.linear(X[torch.from_numpy(r)], w, b).argmax(1).numpy()
+                torch.nn.functional.linear(X[torch.from_numpy(r).to(device)], w, b).argmax(1).cpu().numpy()
                 for r in job.evaluate
             ]
             results.append((preds, stopped[f]))
@@ -399,7 +401,7 @@ def _keep_fits(optimizer, weight, bias, keep: list[int]):
     """The stack and its optimizer state cut to the fits ``keep`` (stack slots)."""
     import torch
 
-    index = torch.tensor(keep, dtype=torch.long)
+    index = torch.tensor(keep, dtype=torch.long, device=weight.device)
     kept = [weight.detach()[index].requires_grad_(), bias.detach()[index].requires_grad_()]
     cut = type(optimizer)(kept, **optimizer.defaults)
     for old, new in zip((weight, bias), kept, strict=True):
@@ -420,9 +422,15 @@ def fit_predict(X, y: np.ndarray, job: Job, fit: FitSettings) -> tuple[list[np.n
     return _sklearn_fit_predict(X, y, job, fit)
 
 
-def _fit_batch(X: np.ndarray, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> list[tuple[list, bool]]:
+def _is_cuda(device: str | None) -> bool:
+    return device is not None and str(device).startswith("cuda")
+
+
+def _fit_batch(
+    X: np.ndarray, y: np.ndarray, jobs: list[Job], fit: FitSettings, device: str | None = None
+) -> list[tuple[list, bool]]:
     """Several fits with one thread, so that results do not depend on the thread count; PyTorch fits
-    of one :func:`lockstep_key` run stacked."""
+    of one :func:`lockstep_key` run stacked, on ``device`` when given (default: the CPU)."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):
@@ -433,7 +441,7 @@ def _fit_batch(X: np.ndarray, y: np.ndarray, jobs: list[Job], fit: FitSettings) 
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            features = torch.from_numpy(X.astype(np.float32))
+            features = torch.from_numpy(X.astype(np.float32)).to(device or "cpu")
             results: list = [None] * len(jobs)
             for group in lockstep_groups(jobs):
                 done = _torch_fit_group(features, y, [jobs[i] for i in group], fit)
@@ -455,8 +463,12 @@ def lockstep_groups(jobs: Sequence[Job]) -> list[list[int]]:
 class _Runner:
     """Runs batches of independent fits, in this process (n_jobs=1) or over joblib worker processes."""
 
-    def __init__(self, X: np.ndarray, y: np.ndarray, fit: FitSettings, n_jobs: int):
+    def __init__(
+        self, X: np.ndarray, y: np.ndarray, fit: FitSettings, n_jobs: int, device: str | None = None
+    ):
         self.X, self.y, self.fit, self.n_jobs = X, y, fit, n_jobs
+        # PyTorch fits on a GPU: every stack in this process (one CUDA context, no worker processes)
+        self.device = device if fit.classifier == "senteval_pytorch" and _is_cuda(device) else None
         torch_path = fit.classifier == "senteval_pytorch"
         self.grid = L2_GRID if torch_path else C_GRID  # nested CV and SST-2
         self.kfold_grid = L2_GRID if torch_path else KFOLD_C_GRID  # TREC and MRPC
@@ -465,7 +477,9 @@ class _Runner:
 
     def __call__(self, jobs: list[Job]) -> list[list[np.ndarray]]:
         workers = min(self.n_jobs, len(jobs))
-        if workers <= 1:
+        if self.device is not None:
+            results = _fit_batch(self.X, self.y, jobs, self.fit, self.device)
+        elif workers <= 1:
             results = _fit_batch(self.X, self.y, jobs, self.fit)
         else:
             from joblib import Parallel, delayed
@@ -563,6 +577,7 @@ def classify(
     seed: int = SEED,
     n_jobs: int = 1,
     n_classes: int | None = None,
+    device: str | None = None,
 ) -> dict:
     """SentEval's scheme for ``task`` on given features (splits as :func:`load_transfer` names them):
     ``acc``, ``devacc``, ``chosen_c`` (C or weight decay), ``fits``, ``unconverged_fits``, MRPC ``f1``."""
@@ -572,7 +587,7 @@ def classify(
     bounds = np.cumsum([0, *(len(labels[n]) for n in names)])
     rows = {n: np.arange(bounds[i], bounds[i + 1]) for i, n in enumerate(names)}
     fit = FitSettings(classifier, MODES[mode].torch, n_classes or int(y.max()) + 1, seed)
-    run = _Runner(X, y, fit, n_jobs)
+    run = _Runner(X, y, fit, n_jobs, device)
     folds = MODES[mode].folds
     if task in CV_TASKS:
         result = _nested_cv(run, folds, seed)
@@ -609,6 +624,7 @@ def evaluate_transfer(
     n_jobs: int | None = None,
     on_task: Callable[[TransferScore], None] | None = None,
     classifier: str = "senteval_pytorch",
+    device: str | None = None,
 ) -> dict[str, TransferScore]:
     """Score ``embed`` on the transfer tasks (``"transfer"`` = all seven) with SentEval's protocol.
 
@@ -617,6 +633,8 @@ def evaluate_transfer(
     ``max_examples``: cap each split at a seeded stratified subsample of this size (smoke runs).
     ``n_jobs``: classifier processes (default :func:`default_n_jobs`); scores do not depend on it.
     ``on_task`` is called with each score as soon as its task is done (progress output).
+    ``device``: a CUDA device runs ``senteval_pytorch``'s fits there, in this process (``n_jobs`` unused);
+    None or a CPU: one thread per fit over ``n_jobs`` processes.
     """
     if mode not in MODES:
         raise ValueError(f"unknown transfer mode {mode!r}; allowed: {', '.join(MODES)}")
@@ -635,7 +653,7 @@ def evaluate_transfer(
         features = _embed_task(embed, splits)
         embedded = time.perf_counter()
         labels = {n: s.labels for n, s in splits.items()}
-        result = classify(task, features, labels, mode, classifier, seed, jobs, data.num_classes)
+        result = classify(task, features, labels, mode, classifier, seed, jobs, data.num_classes, device)
         scores[task] = TransferScore(
             task=task,
             acc=result["acc"],

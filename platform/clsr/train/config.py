@@ -336,6 +336,13 @@ class EvalConfig(Section):
         description="transfer tasks: SentEval's PyTorch logistic regression (default: the setting SimCSE "
         "reports, released code), its scikit-learn liblinear path, or L-BFGS (our choice, fastest)",
     )
+    transfer_device: Literal["cpu", "auto"] = Field(
+        "cpu",
+        description="transfer tasks, senteval_pytorch: where its classifier fits run. 'cpu': one thread "
+        "each over the trial's CPUs (the same scores on any machine); 'auto': the trial's GPU when it "
+        "has one, as SentEval ran them, the fits of a stack one kernel per step (float rounding differs "
+        "from the CPU's)",
+    )
     transfer_max_examples: int | None = Field(
         None,
         ge=1,

@@ -146,7 +146,15 @@ class Evaluator:
             mode=self.cfg.transfer_mode,
             max_examples=self.cfg.transfer_max_examples,
             classifier=self.cfg.transfer_classifier,
+            device=self.transfer_device(model),
         )
+
+    def transfer_device(self, model: nn.Module) -> str | None:
+        """The GPU that ``transfer_device: auto`` fits on: the model's, when it is on one."""
+        if self.cfg.transfer_device != "auto":
+            return None
+        device = next(model.parameters()).device
+        return str(device) if device.type == "cuda" else None
 
     def shared_transfer(self, model: nn.Module, session) -> dict[str, TransferScore]:
         """Every rank takes rank 0's weights (the best ones, loaded there) and scores its share of the
