@@ -553,7 +553,7 @@ def test_stacked_fits_equal_one_fit_at_a_time(mode: str, monkeypatch: pytest.Mon
     test = np.arange(400, 480)
     jobs = [Job(np.setdiff1d(rows, fold), [fold, test], 1e-3, fold) for fold in folds]
     refits = [Job(np.setdiff1d(rows, fold), [test], 1e-2) for fold in folds[:4]]  # seeded 5 % valid
-    assert [len(g) for g in transfer.lockstep_groups(jobs + refits)] == [8, 4]
+    assert [len(g) for g in transfer.stacks(jobs + refits)] == [8, 4]
     torch.set_num_threads(1)
     keep_fits = transfer._keep_fits
     for group in (jobs, refits):
@@ -602,7 +602,7 @@ def test_stacked_fits_on_a_named_device_equal_the_cpu_processes() -> None:
     fit = FitSettings("senteval_pytorch", MODES["fast"].torch, n_classes=2)
     train, test = np.arange(240), np.arange(240, 300)
     jobs = [Job(train, [test], reg) for reg in (1e-5, 1e-3)]
-    on_device = transfer._fit_batch(X, y, jobs, fit, "cpu")
+    on_device = [r for stack in transfer._fit_stacks(X, y, [[j] for j in jobs], fit, "cpu") for r in stack]
     in_processes = transfer._Runner(X, y, fit, 2)(jobs)
     for (got, _), want in zip(on_device, in_processes, strict=True):
         np.testing.assert_array_equal(got[0], want[0])
@@ -617,3 +617,23 @@ def test_fits_on_the_gpu_score_as_on_the_cpu() -> None:
     cpu = classify("trec", feats, labels, mode="fast")
     gpu = classify("trec", feats, labels, mode="fast", device="cuda")
     assert abs(cpu["acc"] - gpu["acc"]) <= 2.0 and cpu["fits"] == gpu["fits"]
+
+
+def test_stacks_do_not_depend_on_n_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group larger than a stack is cut the same way in one process and over several workers,
+    whose chunks hold whole stacks: the same predictions for every n_jobs."""
+    import clsr.eval.transfer as transfer
+
+    monkeypatch.setattr(transfer, "STACK_FITS", 3)  # 8 same-key fits: stacks of 3, 3, 2
+    X, y = overlapping_blobs(330, 2, dim=64, seed=11)
+    fit = FitSettings("senteval_pytorch", MODES["fast"].torch, n_classes=2)
+    rows = np.arange(320)
+    folds = np.split(rows, 8)
+    jobs = [Job(np.setdiff1d(rows, fold), [fold, np.arange(320, 330)], 1e-4, fold) for fold in folds]
+    assert transfer.stacks(jobs) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    one = transfer._Runner(X, y, fit, 1)(jobs)
+    for n_jobs in (2, 3):  # parts of whole stacks, cut in this process
+        spread = transfer._Runner(X, y, fit, n_jobs)(jobs)
+        for a, b in zip(one, spread, strict=True):
+            for p, q in zip(a, b, strict=True):
+                np.testing.assert_array_equal(p, q)

@@ -38,8 +38,10 @@ Schemes (SentEval's ``tools/validation.py``, seed 1111):
 * PyTorch fits that share a training size, a validation scheme and a penalty run as one stacked
   linear layer (written here: SentEval and PyTorch fit one classifier at a time). SentEval reseeds
   every classifier, so such fits draw the same shuffles and take their optimizer steps in lockstep;
-  each keeps its own validation rows, best state and early stop, and its predictions equal those of
-  its fit run alone (tested). On one CPU thread that is 3-5× faster than a loop of fits.
+  each keeps its own validation rows, best state and early stop. On the CPU its predictions equal
+  those of its fit run alone, and do not depend on ``n_jobs`` (tested; a stack is at most
+  ``STACK_FITS`` fits, cut the same way in every path). On one CPU thread that is 3-5× faster than a
+  loop of fits. On a GPU (``device``) a fit's last bits may depend on its stack's size.
 
 ``mode="fast"`` (SimCSE's "fasttest", for training-time or smoke runs): 5 folds everywhere, the
 fasttest PyTorch settings above, the same penalty grids. ``max_examples`` caps every split at a
@@ -68,6 +70,7 @@ if TYPE_CHECKING:  # not imported at run time: joblib workers import this module
     from clsr.eval.embed import Embedder
 
 SEED = 1111
+STACK_FITS = 16  # PyTorch fits stepped together at most (fixed: a fit's stack must not depend on n_jobs)
 MAX_ITER = 2000  # L-BFGS on raw (unnormalised) embeddings with C up to 32 needs more than the default 100
 CLASSIFIERS = ("senteval_pytorch", "liblinear", "lbfgs")
 L2_GRID = tuple(10.0**t for t in range(-5, -1))  # SentEval's PyTorch weight decays, every scheme
@@ -426,38 +429,35 @@ def _is_cuda(device: str | None) -> bool:
     return device is not None and str(device).startswith("cuda")
 
 
-def _fit_batch(
-    X: np.ndarray, y: np.ndarray, jobs: list[Job], fit: FitSettings, device: str | None = None
-) -> list[tuple[list, bool]]:
-    """Several fits with one thread, so that results do not depend on the thread count; PyTorch fits
-    of one :func:`lockstep_key` run stacked, on ``device`` when given (default: the CPU)."""
+def _fit_stacks(
+    X: np.ndarray, y: np.ndarray, stacked: list[list[Job]], fit: FitSettings, device: str | None = None
+) -> list[list[tuple[list, bool]]]:
+    """Each stack's fits (see :func:`stacks`) with one thread, so that results do not depend on the
+    thread count; PyTorch fits of a stack run as one, on ``device`` when given (default: the CPU)."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):
         if fit.classifier != "senteval_pytorch":
-            return [fit_predict(X, y, job, fit) for job in jobs]
+            return [[fit_predict(X, y, job, fit) for job in stack] for stack in stacked]
         import torch
 
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
             features = torch.from_numpy(X.astype(np.float32)).to(device or "cpu")
-            results: list = [None] * len(jobs)
-            for group in lockstep_groups(jobs):
-                done = _torch_fit_group(features, y, [jobs[i] for i in group], fit)
-                for i, result in zip(group, done, strict=True):
-                    results[i] = result
-            return results
+            return [_torch_fit_group(features, y, stack, fit) for stack in stacked]
         finally:
             torch.set_num_threads(threads)
 
 
-def lockstep_groups(jobs: Sequence[Job]) -> list[list[int]]:
-    """Indices of ``jobs`` grouped by :func:`lockstep_key`, in first-seen order."""
+def stacks(jobs: Sequence[Job]) -> list[list[int]]:
+    """Indices of ``jobs`` in the stacks they are fitted in: grouped by :func:`lockstep_key` (first-seen
+    order), each group cut into runs of ``STACK_FITS``. A fit's stack, hence its arithmetic, is then
+    the same whether the fits run in one process, on a GPU, or spread over any number of workers."""
     groups: dict[tuple, list[int]] = {}
     for i, job in enumerate(jobs):
         groups.setdefault(lockstep_key(job), []).append(i)
-    return list(groups.values())
+    return [group[i : i + STACK_FITS] for group in groups.values() for i in range(0, len(group), STACK_FITS)]
 
 
 class _Runner:
@@ -476,24 +476,27 @@ class _Runner:
         self.unconverged = 0
 
     def __call__(self, jobs: list[Job]) -> list[list[np.ndarray]]:
-        workers = min(self.n_jobs, len(jobs))
-        if self.device is not None:
-            results = _fit_batch(self.X, self.y, jobs, self.fit, self.device)
-        elif workers <= 1:
-            results = _fit_batch(self.X, self.y, jobs, self.fit)
+        pieces = stacks(jobs)  # cut here, once: every path fits the same stacks
+        workers = min(self.n_jobs, len(pieces))
+        if self.device is not None or workers <= 1:
+            parts = [pieces]
+            done = [
+                _fit_stacks(self.X, self.y, [[jobs[i] for i in p] for p in pieces], self.fit, self.device)
+            ]
         else:
             from joblib import Parallel, delayed
 
-            # a few chunks per worker (even load, little dispatch overhead), each a run of lockstep
-            # fits, so that PyTorch fits stack within a chunk
-            order = [i for group in lockstep_groups(jobs) for i in group]
-            chunks = np.array_split(np.array(order), min(len(jobs), 4 * workers))
+            # a few parts per worker (even load, little dispatch overhead), each of whole stacks
+            bounds = np.array_split(np.arange(len(pieces)), min(len(pieces), 4 * workers))
+            parts = [[pieces[k] for k in part] for part in bounds]
             done = Parallel(n_jobs=workers)(
-                delayed(_fit_batch)(self.X, self.y, [jobs[i] for i in chunk], self.fit) for chunk in chunks
+                delayed(_fit_stacks)(self.X, self.y, [[jobs[i] for i in p] for p in part], self.fit)
+                for part in parts
             )
-            results = [None] * len(jobs)
-            for chunk, chunk_results in zip(chunks, done, strict=True):
-                for i, result in zip(chunk, chunk_results, strict=True):
+        results: list = [None] * len(jobs)
+        for part, part_done in zip(parts, done, strict=True):
+            for piece, piece_done in zip(part, part_done, strict=True):
+                for i, result in zip(piece, piece_done, strict=True):
                     results[i] = result
         self.fits += len(results)
         self.unconverged += sum(not converged for _, converged in results)
