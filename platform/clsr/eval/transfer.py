@@ -467,9 +467,9 @@ class _Runner:
         self, X: np.ndarray, y: np.ndarray, fit: FitSettings, n_jobs: int, device: str | None = None
     ):
         self.X, self.y, self.fit, self.n_jobs = X, y, fit, n_jobs
-        # PyTorch fits on a GPU: every stack in this process (one CUDA context, no worker processes)
-        self.device = device if fit.classifier == "senteval_pytorch" and _is_cuda(device) else None
         torch_path = fit.classifier == "senteval_pytorch"
+        # PyTorch fits on a GPU: every stack in this process (one CUDA context, no worker processes)
+        self.device = device if torch_path and _is_cuda(device) else None
         self.grid = L2_GRID if torch_path else C_GRID  # nested CV and SST-2
         self.kfold_grid = L2_GRID if torch_path else KFOLD_C_GRID  # TREC and MRPC
         self.fits = 0
