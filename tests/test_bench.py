@@ -68,11 +68,13 @@ def test_bench_suite_reads_its_targets_off_the_parts():
     cpu = {
         "device": "cpu",
         "train_simcse_sup_minilm_b64": {"ratio_clsr_over_st": 1.48},
+        "train_simcse_sup_minilm_b64_sdpa_packed": {"ratio_clsr_over_st": 1.69},
         "sts_eval": {"ratio_clsr_over_st_time": 0.8},
         "memory": {"error": "RuntimeError: out of memory"},
     }
     assert target_rows(cpu) == [
         ["simcse_sup MiniLM b64 speed vs ST", "≥ 1.6", 1.48, "no"],
+        ["the same, model.attention sdpa_packed", "≥ 1.6", 1.69, "yes"],
         ["STS eval time vs ST", "≤ 0.7", 0.8, "no"],
     ]
     text = format_suite({"device": "cpu", "machine": {"cpu": "x"}, "memory": cpu["memory"]})

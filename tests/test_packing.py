@@ -142,24 +142,42 @@ def test_packing_refuses_models_whose_positions_it_does_not_know():
     assert first_position(SimpleNamespace(model_type="bert", pad_token_id=0), cfg) == 0
 
 
-def test_sdpa_packed_keeps_each_sentence_to_itself():
-    from clsr.encoders.packing import padded_view, sdpa_packed
+def test_sdpa_packed_plans_buckets_of_sentences_by_length():
+    from clsr.encoders.packing import attention_plan
 
-    lengths = [3, 1, 2]
-    cu = torch.tensor([0, 3, 4, 6], dtype=torch.int32)
-    index, real = padded_view(cu, 3)
-    assert index.tolist() == [[0, 1, 2], [3, 3, 3], [4, 5, 4]]
-    assert real.sum(1).tolist() == lengths
-    q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))  # (1, heads, tokens, head_dim)
-    out, _ = sdpa_packed(None, q, k, v, None, cu_seq_lens_q=cu, max_length_q=3)
-    expected = torch.cat(
-        [
-            torch.nn.functional.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b])
-            for a, b in ((0, 3), (3, 4), (4, 6))
-        ],
-        dim=2,
-    ).transpose(1, 2)
+    cu = torch.tensor([0, 3, 4, 6], dtype=torch.int32)  # lengths 3, 1, 2
+    plan = attention_plan(cu, buckets=2)
+    assert plan.buckets == [(2, 3), (1, 1)]  # longest first: sentences 0 and 2 padded to 3, then 1
+    assert plan.gather.tolist() == [0, 1, 2, 4, 5, 4, 3]  # padding points at the sentence's first token
+    assert [m.tolist() for m in plan.masks] == [[[True, True, True], [True, True, False]], [[True]]]
+    assert plan.scatter.tolist() == [0, 1, 2, 6, 3, 4]  # packed token -> its slot in the gathered rows
+
+
+def reference_attention(q, k, v, bounds):
+    """PyTorch's SDPA one sentence at a time: ``(1, heads, tokens, dim)`` -> ``(1, tokens, heads, dim)``."""
+    parts = [
+        torch.nn.functional.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b])
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+    return torch.cat(parts, dim=2).transpose(1, 2)
+
+
+def test_sdpa_packed_keeps_each_sentence_to_itself_across_buckets():
+    from clsr.encoders.packing import ATTENTION_BUCKETS, sdpa_packed
+
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 20, (10 * ATTENTION_BUCKETS + 3,), generator=generator)  # 11 a bucket
+    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    tokens = int(cu[-1])
+    q, k, v = (torch.randn(1, 2, tokens, 4, generator=generator, requires_grad=True) for _ in range(3))
+    out, _ = sdpa_packed(None, q, k, v, None, cu_seq_lens_q=cu, max_length_q=int(lengths.max()))
+    expected = reference_attention(q, k, v, cu.tolist())
     torch.testing.assert_close(out, expected)
+    weights = torch.randn(out.shape, generator=generator)
+    got = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    want = torch.autograd.grad((expected * weights).sum(), (q, k, v))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a CUDA GPU")

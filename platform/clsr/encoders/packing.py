@@ -6,11 +6,13 @@ transformers' padding-free path. Every layer but attention then runs on real tok
 needs a kernel that keeps each sentence to itself:
 
 * ``flash_attention_2``: flash-attn's variable-length kernel (CUDA GPUs with the package);
-* ``sdpa_packed`` (this module, registered with transformers as ``clsr_sdpa_packed``): the packed
-  queries, keys and values are gathered into a padded ``(sentences, heads, longest, head_dim)`` view,
-  PyTorch's ``scaled_dot_product_attention`` runs on it with the padding masked, and the real positions
-  are gathered back. Any device; attention is a small share of a short sentence's cost (its
-  projections and feed-forward layers, which run unpadded, are the rest).
+* ``sdpa_packed`` (this module, registered with transformers as ``clsr_sdpa_packed``): the sentences
+  are sorted by length and cut into ``ATTENTION_BUCKETS`` buckets; each bucket's queries, keys and
+  values are gathered into a padded ``(sentences, heads, its longest, head_dim)`` view, PyTorch's
+  ``scaled_dot_product_attention`` runs on it with the padding masked, and the real positions are
+  gathered back. Any device. The projections and feed-forward layers, most of a short sentence's
+  cost, run unpadded; the buckets keep attention's own padding (its scores, softmax and dropout mask
+  grow with the square of the width) near the sentences' own lengths instead of the batch's longest.
 
 Why by hand: transformers' padding-free path ships kernels for flash-attn only, and PyTorch's own
 variable-length attention runs on CUDA only.
@@ -18,30 +20,63 @@ variable-length attention runs on CUDA only.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
 import torch
 from torch import nn
 
 SDPA_PACKED = "clsr_sdpa_packed"  # the name transformers knows the kernel by
 
 
-def padded_view(cu_seq_lens: torch.Tensor, longest: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(sentences, longest)`` indices into the packed row (padding points at the sentence's first
-    token) and the mask of real positions."""
-    starts, lengths = cu_seq_lens[:-1].long(), cu_seq_lens.diff().long()
-    offsets = torch.arange(longest, device=cu_seq_lens.device)
-    real = offsets[None, :] < lengths[:, None]
-    return starts[:, None] + offsets[None, :] * real, real
+ATTENTION_BUCKETS = 4  # per forward pass: few enough that a GPU's kernel launches stay few
 
 
-def packed_positions(cu_seq_lens: torch.Tensor, longest: int, tokens: int) -> torch.Tensor:
-    """Each packed token's place in the flattened ``(sentences, longest)`` padded view, in packed
-    order; computed without reading anything back to the host."""
-    starts, lengths = cu_seq_lens[:-1].long(), cu_seq_lens.diff().long()
-    sentence = torch.repeat_interleave(
-        torch.arange(lengths.numel(), device=cu_seq_lens.device), lengths, output_size=tokens
+class AttentionPlan(NamedTuple):
+    """Where a packed row's tokens go for bucketed attention, built once per forward pass."""
+
+    gather: torch.Tensor  # flat indices into the packed row, bucket after bucket (padding: a real token)
+    buckets: list[tuple[int, int]]  # (sentences, width) of each bucket, in gather order
+    masks: list[torch.Tensor]  # (sentences, width) real positions of each bucket
+    scatter: torch.Tensor  # each packed token's index in the gathered layout, in packed order
+
+
+def attention_plan(cu_seq_lens: torch.Tensor, buckets: int = ATTENTION_BUCKETS) -> AttentionPlan:
+    """The sentences of ``cu_seq_lens`` longest first, cut into ``buckets`` of equal count, each padded
+    to its own longest. Reads the lengths to the host once (small integer arrays)."""
+    bounds = cu_seq_lens.tolist()
+    starts, lengths = np.array(bounds[:-1]), np.diff(bounds)
+    bucket = max(-(-len(lengths) // buckets), 1)
+    order = np.argsort(-lengths, kind="stable")
+    gather, scatter, buckets, masks = [], np.empty(bounds[-1], dtype=np.int64), [], []
+    base = 0
+    for first in range(0, len(order), bucket):
+        rows = order[first : first + bucket]
+        width = max(int(lengths[rows].max()), 1)
+        offsets = np.arange(width)
+        real = offsets[None, :] < lengths[rows, None]
+        gather.append((starts[rows, None] + offsets[None, :] * real).ravel())
+        slots = base + np.arange(len(rows))[:, None] * width + offsets[None, :]
+        scatter[(starts[rows, None] + offsets[None, :])[real]] = slots[real]
+        buckets.append((len(rows), width))
+        masks.append(torch.from_numpy(real).to(cu_seq_lens.device, non_blocking=True))
+        base += len(rows) * width
+    device = cu_seq_lens.device
+    return AttentionPlan(
+        torch.from_numpy(np.concatenate(gather)).to(device, non_blocking=True),
+        buckets,
+        masks,
+        torch.from_numpy(scatter).to(device, non_blocking=True),
     )
-    offset = torch.arange(tokens, device=cu_seq_lens.device) - starts[sentence]
-    return sentence * longest + offset
+
+
+_last_plan: list = [None, None]  # (cu_seq_lens, its plan): every layer of a forward pass gets the same
+
+
+def cached_plan(cu_seq_lens: torch.Tensor) -> AttentionPlan:
+    if _last_plan[0] is not cu_seq_lens:
+        _last_plan[:] = [cu_seq_lens, attention_plan(cu_seq_lens)]
+    return _last_plan[1]
 
 
 def sdpa_packed(
@@ -63,30 +98,33 @@ def sdpa_packed(
     gradients are ``index_add_`` over those rows. Advanced indexing (``states[:, index]``,
     ``out[real]``) computes the same but its gradient, an accumulating ``index_put_``, is several
     times slower on a CPU (8 % of a MiniLM step, measured)."""
-    if cu_seq_lens_q is None or max_length_q is None or query.size(0) != 1:
+    if cu_seq_lens_q is None or query.size(0) != 1:
         raise ValueError(
             "model.attention sdpa_packed runs packed rows only (TransformerEncoder.encode_packed)"
         )
-    longest, (_, heads, tokens, head_dim) = int(max_length_q), query.shape
-    index, real = padded_view(cu_seq_lens_q, longest)
-    sentences = index.size(0)
-    flat_index = index.reshape(-1)
+    plan = cached_plan(cu_seq_lens_q)
+    heads, head_dim = query.size(1), query.size(3)
 
-    def padded(states: torch.Tensor) -> torch.Tensor:  # (1, H, T, D) -> (N, H, L, D)
+    def gathered(states: torch.Tensor) -> list[torch.Tensor]:  # (1, H, T, D) -> [(n, H, width, D)]
         rows = states[0].transpose(0, 1)  # (T, H, D): transformers' own layout before its transpose
-        return rows.index_select(0, flat_index).view(sentences, longest, heads, head_dim).transpose(1, 2)
+        flat = rows.index_select(0, plan.gather)
+        views, start = [], 0
+        for sentences, width in plan.buckets:
+            size = sentences * width
+            views.append(flat[start : start + size].view(sentences, width, heads, head_dim).transpose(1, 2))
+            start += size
+        return views
 
-    out = nn.functional.scaled_dot_product_attention(
-        padded(query),
-        padded(key),
-        padded(value),
-        attn_mask=real[:, None, None, :],  # keys: the sentence's own tokens
-        dropout_p=dropout,
-        scale=scaling,
-    )
-    flat_out = out.transpose(1, 2).reshape(sentences * longest, heads, head_dim)
-    positions = packed_positions(cu_seq_lens_q, longest, tokens)
-    return flat_out.index_select(0, positions).unsqueeze(0), None  # real positions, in packed order
+    outs = [
+        nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=real[:, None, None, :], dropout_p=dropout, scale=scaling
+        )
+        .transpose(1, 2)
+        .reshape(-1, heads, head_dim)  # keys: the sentence's own tokens
+        for q, k, v, real in zip(gathered(query), gathered(key), gathered(value), plan.masks, strict=True)
+    ]
+    flat_out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return flat_out.index_select(0, plan.scatter).unsqueeze(0), None  # real positions, packed order
 
 
 def register_sdpa_packed() -> str:

@@ -55,7 +55,7 @@ class ModelConfig(BaseModel):
         "package) or sdpa on packed rows (sdpa_packed: any device). The last two pack a forward pass's "
         "sentences into one row without padding (position ids per sentence), so only attention sees "
         "padding (sdpa_packed) or none does (flash_attention_2). None: transformers' default for the "
-        "model (sdpa where supported)",
+        "model (sdpa where supported). On CPUs sdpa_packed is the faster (docs/performance.md)",
     )
     init_checkpoint: str | None = Field(
         None,
