@@ -234,6 +234,28 @@ def test_classification_without_a_split_column_is_nested_cross_validation(tmp_pa
     assert score == pytest.approx(np.mean(folds), abs=0.02)
 
 
+@pytest.mark.parametrize("split", [True, False])
+def test_custom_classification_fits_where_transfer_device_says(tmp_path, data_dir, monkeypatch, split):
+    """``eval.transfer_device: auto`` puts a trial's custom classification fits on its GPU, as it does
+    the transfer tasks': the device reaches SentEval's classifier for both schemes."""
+    import clsr.eval.transfer as transfer
+    from clsr.eval.custom import ClassifierSettings, CustomTask, evaluate_custom
+
+    labelled, _, _ = write_classification(tmp_path, data_dir, split=split)
+    seen = []
+
+    def classify(*args, device=None, **kwargs):
+        seen.append(device)
+        return {"acc": 50.0}
+
+    monkeypatch.setattr(transfer, "classify", classify)
+    task = CustomTask(type="classification", path=str(labelled))
+    embed = lambda texts: np.zeros((len(texts), 4), dtype=np.float32)  # noqa: E731
+    for settings in (ClassifierSettings(), ClassifierSettings(device="cuda:1")):
+        assert evaluate_custom(embed, {"part": task}, settings) == {"test_part": 50.0}
+    assert seen == [None, "cuda:1"]
+
+
 def test_a_trial_scores_the_custom_tasks_eval_tasks_names(tmp_path, data_dir, tiny_bert):
     _, sts_task = write_sts(tmp_path, data_dir, rows=40)
     config = TrialConfig.model_validate(

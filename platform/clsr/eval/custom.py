@@ -169,11 +169,13 @@ def source_problems(name: str, task: CustomTask) -> list[str]:
 
 @dataclass(frozen=True)
 class ClassifierSettings:
-    """How classification tasks are fitted: ``eval.transfer_mode`` and ``eval.transfer_classifier``."""
+    """How classification tasks are fitted: ``eval.transfer_mode``, ``eval.transfer_classifier`` and the
+    GPU that ``eval.transfer_device: auto`` resolved to (None: the CPU), as for the transfer tasks."""
 
     mode: str = "test"
     classifier: str = "senteval_pytorch"
     seed: int = 1111
+    device: str | None = None
 
 
 def evaluate_custom(
@@ -271,6 +273,7 @@ def _classification(
             seed=settings.seed,
             n_jobs=default_n_jobs(),
             n_classes=len(classes),
+            device=settings.device,
         )
     else:  # nested k-fold over all rows, as MR/CR/SUBJ/MPQA
         result = classify(
@@ -282,5 +285,6 @@ def _classification(
             seed=settings.seed,
             n_jobs=default_n_jobs(),
             n_classes=len(classes),
+            device=settings.device,
         )
     return {f"test_{name}": float(result["acc"])}

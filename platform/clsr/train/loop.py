@@ -191,7 +191,9 @@ class Evaluator:
             )
             metrics |= faq_summary_metrics(scores)
         if custom := self.cfg.custom_tasks():  # the user's own sets (clsr.eval.custom)
-            fits = ClassifierSettings(self.cfg.transfer_mode, self.cfg.transfer_classifier)
+            fits = ClassifierSettings(
+                self.cfg.transfer_mode, self.cfg.transfer_classifier, device=self.transfer_device(model)
+            )
             metrics |= evaluate_custom(embed, custom, fits)
         if self.cfg.alignment_uniformity:
             dev = load_sts("stsb", DEV_SPLIT, resolve_data_dir(self.data_dir))
