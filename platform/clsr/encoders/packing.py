@@ -74,9 +74,11 @@ _last_plan: list = [None, None]  # (cu_seq_lens, its plan): every layer of a for
 
 
 def cached_plan(cu_seq_lens: torch.Tensor) -> AttentionPlan:
-    if _last_plan[0] is not cu_seq_lens:
-        _last_plan[:] = [cu_seq_lens, attention_plan(cu_seq_lens)]
-    return _last_plan[1]
+    cached, plan = _last_plan
+    if cached is not cu_seq_lens:
+        plan = attention_plan(cu_seq_lens)
+        _last_plan[:] = [cu_seq_lens, plan]
+    return plan
 
 
 def sdpa_packed(
