@@ -1,8 +1,8 @@
 """``platform bench suite``: every figure of docs/performance.md in one command.
 
 On a CPU it runs the CPU targets: ``simcse_sup`` (with the default length groups and with
-``sdpa_packed``) and ``supmpn`` training throughput on MiniLM against sentence-transformers, GradCache memory, the 7-task STS evaluation and the smoke study. On a GPU it
-adds, in bf16, the same training on a BERT-base-shaped encoder at batch 64 and 512, the projected time
+``sdpa_packed``) and ``supmpn`` training throughput on MiniLM against sentence-transformers, GradCache
+memory, the 7-task STS evaluation and the smoke study. On a GPU it adds, in bf16, the same training on a BERT-base-shaped encoder at batch 64 and 512, the projected time
 of one SimCSE-sup epoch (275,602 NLI triplets) from the batch-512 throughput, and the full GCLSR study.
 Every part runs even when another fails; a failed part is printed with its error.
 

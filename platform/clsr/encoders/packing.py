@@ -44,7 +44,7 @@ class AttentionPlan(NamedTuple):
 def attention_plan(cu_seq_lens: torch.Tensor, buckets: int = ATTENTION_BUCKETS) -> AttentionPlan:
     """The sentences of ``cu_seq_lens`` longest first, cut into ``buckets`` of equal count, each padded
     to its own longest. Reads the lengths to the host once (small integer arrays)."""
-    bounds = cu_seq_lens.tolist()
+    bounds, device = cu_seq_lens.tolist(), cu_seq_lens.device
     starts, lengths = np.array(bounds[:-1]), np.diff(bounds)
     bucket = max(-(-len(lengths) // buckets), 1)
     order = np.argsort(-lengths, kind="stable")
@@ -59,9 +59,8 @@ def attention_plan(cu_seq_lens: torch.Tensor, buckets: int = ATTENTION_BUCKETS) 
         slots = base + np.arange(len(rows))[:, None] * width + offsets[None, :]
         scatter[(starts[rows, None] + offsets[None, :])[real]] = slots[real]
         buckets.append((len(rows), width))
-        masks.append(torch.from_numpy(real).to(cu_seq_lens.device, non_blocking=True))
+        masks.append(torch.from_numpy(real).to(device, non_blocking=True))
         base += len(rows) * width
-    device = cu_seq_lens.device
     return AttentionPlan(
         torch.from_numpy(np.concatenate(gather)).to(device, non_blocking=True),
         buckets,
@@ -90,8 +89,7 @@ def sdpa_packed(
     dropout: float = 0.0,
     scaling: float | None = None,
     cu_seq_lens_q: torch.Tensor | None = None,
-    max_length_q: int | None = None,
-    **kwargs,
+    **kwargs,  # max_length_q and the others transformers passes: each bucket's width is its own
 ) -> tuple[torch.Tensor, None]:
     """Attention within each sentence of a packed ``(1, heads, tokens, head_dim)`` row; returns
     ``(1, tokens, heads, head_dim)`` as transformers' attention functions do.
