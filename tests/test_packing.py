@@ -153,15 +153,6 @@ def test_sdpa_packed_plans_buckets_of_sentences_by_length():
     assert plan.scatter.tolist() == [0, 1, 2, 6, 3, 4]  # packed token -> its slot in the gathered rows
 
 
-def reference_attention(q, k, v, bounds):
-    """PyTorch's SDPA one sentence at a time: ``(1, heads, tokens, dim)`` -> ``(1, tokens, heads, dim)``."""
-    parts = [
-        torch.nn.functional.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b])
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-    ]
-    return torch.cat(parts, dim=2).transpose(1, 2)
-
-
 def test_sdpa_packed_keeps_each_sentence_to_itself_across_buckets():
     from clsr.encoders.packing import ATTENTION_BUCKETS, sdpa_packed
 
@@ -171,7 +162,7 @@ def test_sdpa_packed_keeps_each_sentence_to_itself_across_buckets():
     tokens = int(cu[-1])
     q, k, v = (torch.randn(1, 2, tokens, 4, generator=generator, requires_grad=True) for _ in range(3))
     out, _ = sdpa_packed(None, q, k, v, None, cu_seq_lens_q=cu, max_length_q=int(lengths.max()))
-    expected = reference_attention(q, k, v, cu.tolist())
+    expected, _ = varlen_reference(SimpleNamespace(is_causal=False), q, k, v, None, cu_seq_lens_q=cu)
     torch.testing.assert_close(out, expected)
     weights = torch.randn(out.shape, generator=generator)
     got = torch.autograd.grad((out * weights).sum(), (q, k, v))
