@@ -56,7 +56,7 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -70,7 +70,7 @@ if TYPE_CHECKING:  # not imported at run time: joblib workers import this module
     from clsr.eval.embed import Embedder
 
 SEED = 1111
-STACK_FITS = 16  # training sets stepped together at most (fixed: a fit's stack must not depend on n_jobs)
+STACK_FITS = 16  # PyTorch fits stepped together at most (fixed: a fit's stack must not depend on n_jobs)
 MAX_ITER = 2000  # L-BFGS on raw (unnormalised) embeddings with C up to 32 needs more than the default 100
 CLASSIFIERS = ("senteval_pytorch", "liblinear", "lbfgs")
 L2_GRID = tuple(10.0**t for t in range(-5, -1))  # SentEval's PyTorch weight decays, every scheme
@@ -317,109 +317,81 @@ def _torch_fit_predict(X, y: np.ndarray, job: Job, fit: FitSettings) -> tuple[li
     return _torch_fit_group(X, y, [job], fit)[0]
 
 
-def lockstep_key(job: Job) -> tuple[int, bool]:
+def lockstep_key(job: Job) -> tuple[int, bool, float]:
     """Fits that step in lockstep: SentEval reseeds numpy for every classifier, so fits with the same
-    training size and validation scheme draw the same shuffles (whatever their penalty)."""
-    return len(job.train), job.valid is None
-
-
-@dataclass
-class _Layer:
-    """The fits of one stack that share a penalty: one stacked linear layer ``[fits, classes, dim]``
-    and one optimizer group (the penalty is the group's weight decay)."""
-
-    reg: float
-    members: list[int]  # the fits still training, as indices into the stack's jobs
-    slots: Any  # each member's training set, as a row of the stack's live training sets (a tensor)
-    weight: Any
-    bias: Any
+    training size and validation scheme draw the same shuffles, and with the same penalty take the
+    same optimizer (one stacked optimizer then does each fit's element-wise update)."""
+    return len(job.train), job.valid is None, job.reg
 
 
 def _torch_fit_group(X, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> list[tuple[list, bool]]:
-    """SentEval's ``PyTorchClassifier.fit`` (``nhid=0``) for the fits of one stack (:func:`stacks`),
-    stepped together (written here: SentEval and PyTorch fit one classifier at a time). Each batch's
-    rows are gathered once per training set and feed one stacked linear layer per penalty; each fit
-    keeps its own validation rows, best state and early stop; a stopped fit leaves its layer. A fit's
-    arithmetic is that of its fit run alone: a layer's batched products do not mix its fits."""
+    """SentEval's ``PyTorchClassifier.fit`` (``nhid=0``) for fits of one :func:`lockstep_key`, stepped
+    together: one stacked linear layer ``[fits, classes, dim]`` instead of a Python loop per fit
+    (written here: SentEval and PyTorch fit one classifier at a time). Each fit keeps its own
+    validation rows, best state and early stop; a stopped fit leaves the stack."""
     import torch
 
     s = fit.torch
     rng = np.random.RandomState(fit.seed)  # SentEval reseeds numpy's global RNG for every classifier
-    set_of = _training_sets(jobs)
-    trains = [jobs[set_of.index(k)].train for k in range(max(set_of) + 1)]
-    valids = [job.valid for job in jobs]
+    trains, valids = [job.train for job in jobs], [job.valid for job in jobs]
     if jobs[0].valid is None:  # SentEval's validation_split: the first 5 % of a seeded permutation
         order = rng.permutation(len(trains[0]))
         cut = int(VALIDATION_SPLIT * len(order))
         # our choice: under 20 rows SentEval's 5 % is empty (it would divide by zero); use train
-        held = [t[order[:cut]] if cut else t[order] for t in trains]
-        trains = [t[order[cut:]] if cut else t[order] for t in trains]
-        valids = [held[k] for k in set_of]
+        trains, valids = zip(
+            *[(t[order[cut:]], t[order[:cut]]) if cut else (t[order], t[order]) for t in trains], strict=True
+        )
     with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's generator
         torch.manual_seed(fit.seed)
         init = torch.nn.Linear(X.shape[1], fit.n_classes)
-    device = X.device
-    layers = []
-    for reg in dict.fromkeys(job.reg for job in jobs):  # first-seen order
-        members = [f for f, job in enumerate(jobs) if job.reg == reg]
-        weight = init.weight.detach().to(device).expand(len(members), -1, -1).clone().requires_grad_()
-        bias = init.bias.detach().to(device).expand(len(members), -1).clone().requires_grad_()
-        slots = torch.tensor([set_of[f] for f in members], dtype=torch.long, device=device)
-        layers.append(_Layer(reg, members, slots, weight, bias))
+    count, device = len(jobs), X.device
+    weight = init.weight.detach().to(device).expand(count, -1, -1).clone().requires_grad_()
+    bias = init.bias.detach().to(device).expand(count, -1).clone().requires_grad_()
     optim = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}[s.optim]
-    optimizer = optim([{"params": [ly.weight, ly.bias], "weight_decay": ly.reg} for ly in layers])
+    optimizer = optim([weight, bias], weight_decay=jobs[0].reg)
     labels = torch.from_numpy(y).to(device)
-    train_rows = torch.from_numpy(np.stack(trains)).to(device)  # [training sets, rows]
+    train_rows = torch.from_numpy(np.stack(trains)).to(device)  # [fits, rows]
     valid_rows = [torch.from_numpy(rows).to(device) for rows in valids]
     # one buffer for every batch's gathered rows: a fresh multi-MB tensor per step is a new mmap that
-    # page-faults on every touch, which on the CPU costs as much as a step's arithmetic
-    gathered = torch.empty(len(trains) * s.batch_size, X.shape[1], dtype=X.dtype, device=device)
-    best, best_state, misses = [-1] * len(jobs), [None] * len(jobs), [0] * len(jobs)
-    stopped = [False] * len(jobs)
+    # page-faults on every touch (bit-identical, 7 % off a CPU task's fits)
+    gathered = torch.empty(count * s.batch_size, X.shape[1], dtype=X.dtype, device=device)
+    live = list(range(count))  # the fits still training, in stack order
+    best, best_state, misses = [-1] * count, [None] * count, [0] * count
+    stopped = [False] * count
     epoch = 0
-    while epoch <= s.max_epoch and layers:
-        every_set = torch.arange(train_rows.shape[0], device=device)
-        dense = [torch.equal(layer.slots, every_set) for layer in layers]  # a layer on every live set
+    while epoch <= s.max_epoch and live:
         for _ in range(s.epoch_size):
             shuffled = torch.from_numpy(rng.permutation(train_rows.shape[1])).to(device)
             for batch in shuffled.split(s.batch_size):
                 rows = train_rows[:, batch]
+                # [fits, classes, rows]: autograd then forms the weights' gradient as (classes × rows)
+                # @ (rows × dim), a fast shape; x @ wᵀ would give it as dim × classes, 3-10× slower
                 into = gathered[: rows.numel()]  # index_select: 5× X[rows]'s speed
                 inputs = torch.index_select(X, 0, rows.flatten(), out=into).view(*rows.shape, -1)
-                loss = 0.0
-                for layer, on_every_set in zip(layers, dense, strict=True):
-                    x = inputs if on_every_set else inputs[layer.slots]
-                    # [fits, classes, rows]: autograd then forms the weights' gradient as (classes ×
-                    # rows) @ (rows × dim), a fast shape; x @ wᵀ would give it as dim × classes, 3-10× slower
-                    logits = torch.baddbmm(layer.bias.unsqueeze(2), layer.weight, x.transpose(1, 2))
-                    target = labels[rows if on_every_set else rows[layer.slots]]
-                    losses = torch.nn.functional.cross_entropy(logits, target, reduction="none")
-                    loss = loss + losses.mean(1).sum()  # each fit's batch mean, as SentEval's loss
+                logits = torch.baddbmm(bias.unsqueeze(2), weight, inputs.transpose(1, 2))
+                losses = torch.nn.functional.cross_entropy(logits, labels[rows], reduction="none")
                 optimizer.zero_grad()
-                loss.backward()
+                losses.mean(1).sum().backward()  # each fit's batch mean, as SentEval's loss
                 optimizer.step()
         epoch += s.epoch_size
-        keeps = []
+        keep = []
         with torch.no_grad():
-            for layer in layers:
-                keep = []
-                for slot, f in enumerate(layer.members):
-                    rows = valid_rows[f]
-                    logits = torch.nn.functional.linear(X[rows], layer.weight[slot], layer.bias[slot])
-                    correct = int((logits.argmax(1) == labels[rows]).sum())
-                    if correct > best[f]:
-                        best[f] = correct
-                        best_state[f] = (layer.weight[slot].clone(), layer.bias[slot].clone())
-                    elif misses[f] >= s.tenacity:  # SentEval counts every round without improvement
-                        stopped[f] = True
-                        continue
-                    else:
-                        misses[f] += 1
-                    keep.append(slot)
-                keeps.append(keep)
-        if any(len(keep) < len(layer.members) for layer, keep in zip(layers, keeps, strict=True)):
-            layers, optimizer = _keep_fits(optimizer, layers, keeps)
-            train_rows = _keep_sets(layers, train_rows)
+            for slot, f in enumerate(live):
+                rows = valid_rows[f]
+                logits = torch.nn.functional.linear(X[rows], weight[slot], bias[slot])
+                correct = int((logits.argmax(1) == labels[rows]).sum())
+                if correct > best[f]:
+                    best[f], best_state[f] = correct, (weight[slot].clone(), bias[slot].clone())
+                elif misses[f] >= s.tenacity:  # SentEval counts every round without improvement
+                    stopped[f] = True
+                    continue
+                else:
+                    misses[f] += 1
+                keep.append(slot)
+        if len(keep) < len(live):
+            weight, bias, optimizer = _keep_fits(optimizer, weight, bias, keep)
+            live = [live[slot] for slot in keep]
+            train_rows = train_rows[keep]
     results = []
     with torch.no_grad():
         for f, job in enumerate(jobs):
@@ -432,53 +404,20 @@ def _torch_fit_group(X, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> lis
     return results
 
 
-def _training_sets(jobs: Sequence[Job]) -> list[int]:
-    """Each job's training set, numbered in first-seen order (equal rows: the same set)."""
-    numbers: dict[bytes, int] = {}
-    return [numbers.setdefault(job.train.tobytes(), len(numbers)) for job in jobs]
-
-
-def _keep_fits(optimizer, layers: list[_Layer], keeps: list[list[int]]):
-    """The layers and their optimizer state cut to the fits ``keeps`` (layer slots); empty layers go."""
+def _keep_fits(optimizer, weight, bias, keep: list[int]):
+    """The stack and its optimizer state cut to the fits ``keep`` (stack slots)."""
     import torch
 
-    state = {}
-    kept_layers = []
-    for layer, keep in zip(layers, keeps, strict=True):
-        if not keep:
-            continue
-        index = torch.tensor(keep, dtype=torch.long, device=layer.weight.device)
-        kept = [layer.weight.detach()[index].requires_grad_(), layer.bias.detach()[index].requires_grad_()]
-        for old, new in zip((layer.weight, layer.bias), kept, strict=True):
-            state[new] = {
-                key: value[index] if torch.is_tensor(value) and value.dim() > 0 else value
-                for key, value in optimizer.state.get(old, {}).items()
-            }
-        members = [layer.members[slot] for slot in keep]
-        kept_layers.append(_Layer(layer.reg, members, layer.slots[index], kept[0], kept[1]))
-    if not kept_layers:
-        return [], None
-    groups = [{"params": [ly.weight, ly.bias], "weight_decay": ly.reg} for ly in kept_layers]
-    cut = type(optimizer)(groups, **optimizer.defaults)
-    for param, param_state in state.items():
-        cut.state[param] = param_state
-    return kept_layers, cut
-
-
-def _keep_sets(layers: list[_Layer], train_rows):
-    """The training sets some fit still trains on, in order; the layers' slots renumbered to them."""
-    import torch
-
-    if not layers:
-        return train_rows
-    live = torch.unique(torch.cat([layer.slots for layer in layers]))  # sorted
-    if len(live) == train_rows.shape[0]:
-        return train_rows
-    renumber = torch.full((train_rows.shape[0],), -1, dtype=torch.long, device=live.device)
-    renumber[live] = torch.arange(len(live), device=live.device)
-    for layer in layers:
-        layer.slots = renumber[layer.slots]
-    return train_rows[live]
+    index = torch.tensor(keep, dtype=torch.long, device=weight.device)
+    kept = [weight.detach()[index].requires_grad_(), bias.detach()[index].requires_grad_()]
+    cut = type(optimizer)(kept, **optimizer.defaults)
+    for old, new in zip((weight, bias), kept, strict=True):
+        state = optimizer.state.get(old, {})
+        cut.state[new] = {
+            key: value[index] if torch.is_tensor(value) and value.dim() > 0 else value
+            for key, value in state.items()
+        }
+    return kept[0], kept[1], cut
 
 
 def fit_predict(X, y: np.ndarray, job: Job, fit: FitSettings) -> tuple[list[np.ndarray], bool]:
@@ -517,18 +456,12 @@ def _fit_stacks(
 
 def stacks(jobs: Sequence[Job]) -> list[list[int]]:
     """Indices of ``jobs`` in the stacks they are fitted in: grouped by :func:`lockstep_key` (first-seen
-    order), each group's distinct training sets (first-seen order) cut into runs of ``STACK_FITS``, a
-    stack holding every fit on its sets. A fit's stack, hence its arithmetic, is then the same whether
-    the fits run in one process, on a GPU, or spread over any number of workers."""
-    groups: dict[tuple, dict[bytes, list[int]]] = {}
+    order), each group cut into runs of ``STACK_FITS``. A fit's stack, hence its arithmetic, is then
+    the same whether the fits run in one process, on a GPU, or spread over any number of workers."""
+    groups: dict[tuple, list[int]] = {}
     for i, job in enumerate(jobs):
-        groups.setdefault(lockstep_key(job), {}).setdefault(job.train.tobytes(), []).append(i)
-    cut = []
-    for by_set in groups.values():
-        fits = list(by_set.values())
-        for start in range(0, len(fits), STACK_FITS):
-            cut.append(sorted(i for on_set in fits[start : start + STACK_FITS] for i in on_set))
-    return cut
+        groups.setdefault(lockstep_key(job), []).append(i)
+    return [group[i : i + STACK_FITS] for group in groups.values() for i in range(0, len(group), STACK_FITS)]
 
 
 class _Runner:
