@@ -4,6 +4,8 @@ bag-of-words embedding, for one or several classifiers.
     CLSR_DATA_DIR=../shared/data python benchmarks/transfer_eval.py                 # paper protocol
     CLSR_DATA_DIR=../shared/data python benchmarks/transfer_eval.py --mode fast     # SimCSE's fasttest
     CLSR_DATA_DIR=../shared/data python benchmarks/transfer_eval.py --max-examples 2000 --tasks mr,trec
+    # the stacked fits on a GPU (eval.transfer_device: auto) against two CPU processes:
+    CLSR_DATA_DIR=../shared/data python benchmarks/transfer_eval.py --embedding bow --tasks mr,cr --fit-device cuda
     # the three classifiers on TREC with hashed unigrams+bigrams (no model, a few CPU minutes):
     CLSR_DATA_DIR=../shared/data python benchmarks/transfer_eval.py --embedding bow --tasks trec \
         --classifiers senteval_pytorch,liblinear,lbfgs
@@ -52,6 +54,12 @@ def main() -> None:
     parser.add_argument("--mode", default="test", choices=["test", "fast"])
     parser.add_argument("--max-examples", type=int, default=None, help="stratified cap per split")
     parser.add_argument("--n-jobs", type=int, default=None, help="classifier processes (default: auto)")
+    parser.add_argument(
+        "--fit-device",
+        default="cpu",
+        help="where senteval_pytorch's fits run: cpu (processes, the default) or cuda (stacked, in this "
+        "process: eval.transfer_device auto)",
+    )
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--data-dir", default=None, help="default: $CLSR_DATA_DIR, else the hub")
     args = parser.parse_args()
@@ -61,7 +69,8 @@ def main() -> None:
     name = "bag of words (hashed)" if args.embedding == "bow" else f"{args.model} ({args.pooling} pooling)"
     print(
         f"transfer benchmark: {name} on {device}, mode {args.mode}, "
-        f"max_examples {args.max_examples}, {n_jobs} classifier process(es)"
+        f"max_examples {args.max_examples}, "
+        + ("fits on cuda" if args.fit_device.startswith("cuda") else f"{n_jobs} classifier process(es)")
     )
     started = time.perf_counter()
     if args.embedding == "bow":
@@ -96,6 +105,7 @@ def main() -> None:
             n_jobs=n_jobs,
             on_task=progress,
             classifier=classifier,
+            device=args.fit_device,
         )
         report(scores, f"{name}, {classifier}, mode {args.mode}", time.perf_counter() - started)
 

@@ -1,0 +1,38 @@
+#!/bin/bash
+# Issue 17's open GPU figures in one call on a lent GPU machine (repository root), ~10 minutes:
+#   1. Table 3's transfer fits on the card (eval.transfer_device: auto: the SentEval PyTorch stacks in
+#      the trial's process) on hashed bags of words, MR, CR and SUBJ: against the 153 / 67 / 122 s that
+#      two CPU processes took on the H200 machine (docs/performance.md);
+#   2. `platform study plan studies/gclsr_ablations.yaml --probe` with the fits on the card: eight copies
+#      of Table 3's trial (components) and of a Table 5 trial (weight_decay) at once, and the full
+#      study's projection on one GPU from them (target: 20 minutes).
+# Set-up as benchmarks/gpu_check.sh: the ignored folder .gpu/ carried along holds whl/ (wheels the GPU
+# image lacks, for its Python: gpu_check.sh's list plus gensim, smart_open and wrapt) and data/ (wiki/,
+# senteval/downstream/ and sts_original/ from CLSR_DATA_DIR). The word vectors are random ones in
+# word2vec's binary format for the carried data's words (benchmarks/random_word2vec.py). Results: $OUT.
+# Knobs (defaults for the GPU): FITDEV=cuda TASKS=mr,cr,subj FIT_S=240 FIT_ARGS= PROBE_S=330 GPU=h100
+# PROBE_ARGS= (a CPU rehearsal: docs/performance.md, "Study throughput")
+# shellcheck disable=SC2086  # FIT_ARGS and PROBE_ARGS are lists of arguments
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if [ -d .gpu/whl ] && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD/platform
+  export CLSR_DATA_DIR=$PWD/.gpu/data
+else
+  export PYTHONPATH=$PWD/platform
+fi
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+t0=$(date +%s)
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1; nproc; python3 -c "import torch; print(torch.__version__)"; } | tee "$OUT/env.txt"
+VEC=/tmp/random-300.bin
+python3 benchmarks/random_word2vec.py "$CLSR_DATA_DIR" $VEC || exit 1
+echo "== transfer fits on ${FITDEV:-cuda} (t=$(( $(date +%s)-t0 ))s)"
+timeout "${FIT_S:-240}" python3 benchmarks/transfer_eval.py --embedding bow --tasks "${TASKS:-mr,cr,subj}" \
+  --fit-device "${FITDEV:-cuda}" ${FIT_ARGS:-} 2>&1 | grep -v -i warning | tee "$OUT/transfer_fits.txt" | tail -20
+echo "== study plan --probe: components and weight_decay, fits on the card (t=$(( $(date +%s)-t0 ))s)"
+timeout "${PROBE_S:-330}" python3 -m clsr.cli study plan studies/gclsr_ablations.yaml --probe \
+  --probe-ablation components --probe-ablation weight_decay --gpus 1 --gpu "${GPU:-h100}" \
+  --set base.model.vectors=$VEC --set base.eval.transfer_device=auto ${PROBE_ARGS:-} 2>&1 \
+  | grep -v -i "warning\|it/s" | tee "$OUT/plan.txt" | tail -60
+echo "== done (t=$(( $(date +%s)-t0 ))s)"
