@@ -35,6 +35,8 @@ def varlen_reference(module, query, key, value, attention_mask, cu_seq_lens_q=No
     """``(1, heads, tokens, head_dim)`` packed queries; attention within each ``cu_seq_lens_q`` span."""
     assert query.size(0) == 1 and attention_mask is None and cu_seq_lens_q is not None
     bounds = cu_seq_lens_q.tolist()
+    longest = max(end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True))
+    assert kwargs["max_length_q"] == kwargs["max_length_k"] == longest  # what flash-attn's kernel takes
     parts = [
         sdpa_attention_forward(
             module,
@@ -93,7 +95,7 @@ def encoders(request, tmp_path_factory) -> tuple[TransformerEncoder, Transformer
     packed.load_state_dict(padded.state_dict())
     if kernel == "flash_reference":
         packed.backbone.set_attn_implementation("clsr_varlen_reference")
-        packed.packed = True  # what model.attention: flash_attention_2 sets
+        packed.packed = packed.pass_longest = True  # what model.attention: flash_attention_2 sets
         packed.first_position = first_position(packed.backbone.config, packed.cfg)
     assert packed.packed
     return padded, packed
@@ -142,6 +144,19 @@ def test_packing_refuses_models_whose_positions_it_does_not_know():
     assert first_position(SimpleNamespace(model_type="bert", pad_token_id=0), cfg) == 0
 
 
+def test_only_flash_attention_2_is_given_the_longest_sentence(tmp_path: Path):
+    """The longest sentence costs a host sync per forward pass: only FlashAttention's kernel takes it."""
+    packed = TransformerEncoder(ModelConfig(name=save_tiny_bert(tmp_path), attention="sdpa_packed"))
+    assert not packed.pass_longest
+    seen = {}
+    forward = packed.backbone.forward
+    packed.backbone.forward = lambda **kwargs: seen.update(kwargs) or forward(**kwargs)
+    inputs = batch(packed)
+    with torch.no_grad():
+        packed.eval()(inputs["input_ids"], inputs["attention_mask"])
+    assert "cu_seq_lens_q" in seen and "max_length_q" not in seen and "max_length_k" not in seen
+
+
 def test_sdpa_packed_plans_buckets_of_sentences_by_length():
     from clsr.encoders.packing import attention_plan
 
@@ -161,8 +176,11 @@ def test_sdpa_packed_keeps_each_sentence_to_itself_across_buckets():
     cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
     tokens = int(cu[-1])
     q, k, v = (torch.randn(1, 2, tokens, 4, generator=generator, requires_grad=True) for _ in range(3))
-    out, _ = sdpa_packed(None, q, k, v, None, cu_seq_lens_q=cu, max_length_q=int(lengths.max()))
-    expected, _ = varlen_reference(SimpleNamespace(is_causal=False), q, k, v, None, cu_seq_lens_q=cu)
+    out, _ = sdpa_packed(None, q, k, v, None, cu_seq_lens_q=cu)  # sizes its buckets itself
+    longest = {"max_length_q": int(lengths.max()), "max_length_k": int(lengths.max())}
+    expected, _ = varlen_reference(
+        SimpleNamespace(is_causal=False), q, k, v, None, cu_seq_lens_q=cu, **longest
+    )
     torch.testing.assert_close(out, expected)
     weights = torch.randn(out.shape, generator=generator)
     got = torch.autograd.grad((out * weights).sum(), (q, k, v))

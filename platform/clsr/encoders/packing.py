@@ -89,7 +89,7 @@ def sdpa_packed(
     dropout: float = 0.0,
     scaling: float | None = None,
     cu_seq_lens_q: torch.Tensor | None = None,
-    **kwargs,  # max_length_q and the others transformers passes: each bucket's width is its own
+    **kwargs,  # what else transformers passes: each bucket sizes itself (no max_length_q)
 ) -> tuple[torch.Tensor, None]:
     """Attention within each sentence of a packed ``(1, heads, tokens, head_dim)`` row; returns
     ``(1, tokens, heads, head_dim)`` as transformers' attention functions do.

@@ -233,6 +233,9 @@ class TransformerEncoder(nn.Module):
         # the sentences packed into one row for a variable-length attention kernel (clsr.encoders.packing)
         self.packed = cfg.attention in PACKED_ATTENTION
         self.first_position = first_position(self.backbone.config, cfg) if self.packed else 0
+        # FlashAttention's varlen kernel takes the longest sentence (a host sync per forward pass);
+        # sdpa_packed's buckets size themselves
+        self.pass_longest = cfg.attention == "flash_attention_2"
 
     def compile_for_training(
         self, mode: str = "default", width_multiple: int = COMPILE_WIDTH_MULTIPLE
@@ -293,15 +296,17 @@ class TransformerEncoder(nn.Module):
         # each sentence's positions from its model's first (RoBERTa's: after the padding id)
         offsets = starts[:-1].repeat_interleave(lengths, output_size=flat.size(1)) - self.first_position
         positions = torch.arange(flat.size(1), device=flat.device) - offsets
-        longest = int(lengths.max())  # one host sync per forward pass, as the length groups have
+        widths = {}
+        if self.pass_longest:
+            longest = int(lengths.max())
+            widths = {"max_length_q": longest, "max_length_k": longest}
         out = self.backbone(
             input_ids=flat,
             position_ids=positions.unsqueeze(0),
             cu_seq_lens_q=cu_seq_lens,
             cu_seq_lens_k=cu_seq_lens,
-            max_length_q=longest,
-            max_length_k=longest,
             output_hidden_states=self.pooler.needs_all_layers,
+            **widths,
         )
         packed = out.hidden_states if self.pooler.needs_all_layers else (out.last_hidden_state,)
         return self.pooler(tuple(unpack(h, real) for h in packed), attention_mask)

@@ -264,27 +264,20 @@ def _classification(
                 f"custom task {name}: column split holds {sorted(set(parts))}; allowed: train, test"
             )
         chosen = {p: parts == p for p in ("train", "test")}
-        result = classify(
-            "custom",
-            {p: features[m] for p, m in chosen.items()},
-            {p: labels[m] for p, m in chosen.items()},
-            mode=settings.mode,
-            classifier=settings.classifier,
-            seed=settings.seed,
-            n_jobs=default_n_jobs(),
-            n_classes=len(classes),
-            device=settings.device,
-        )
+        scheme = "custom"  # C by k-fold on train, accuracy on test (as TREC)
+        split_features = {p: features[m] for p, m in chosen.items()}
+        split_labels = {p: labels[m] for p, m in chosen.items()}
     else:  # nested k-fold over all rows, as MR/CR/SUBJ/MPQA
-        result = classify(
-            CV_TASKS[0],
-            {"all": features},
-            {"all": labels},
-            mode=settings.mode,
-            classifier=settings.classifier,
-            seed=settings.seed,
-            n_jobs=default_n_jobs(),
-            n_classes=len(classes),
-            device=settings.device,
-        )
+        scheme, split_features, split_labels = CV_TASKS[0], {"all": features}, {"all": labels}
+    result = classify(
+        scheme,
+        split_features,
+        split_labels,
+        mode=settings.mode,
+        classifier=settings.classifier,
+        seed=settings.seed,
+        n_jobs=default_n_jobs(),
+        n_classes=len(classes),
+        device=settings.device,
+    )
     return {f"test_{name}": float(result["acc"])}
