@@ -10,7 +10,7 @@
 # image lacks, for its Python: gpu_check.sh's list plus gensim, smart_open and wrapt) and data/ (wiki/,
 # senteval/downstream/ and sts_original/ from CLSR_DATA_DIR). The word vectors are random ones in
 # word2vec's binary format for the carried data's words (benchmarks/random_word2vec.py). Results: $OUT.
-# Knobs (defaults for the GPU): FITDEV=cuda TASKS=mr,cr,subj FIT_S=240 FIT_ARGS= PROBE_S=330 GPU=h100
+# Knobs (defaults for the GPU): FITDEV=cuda TASKS=mr,cr,subj FIT_S=200 FIT_ARGS= PROBE_S=280 GPU=(the card's)
 # PROBE_ARGS= (a CPU rehearsal: docs/performance.md, "Study throughput")
 # shellcheck disable=SC2086  # FIT_ARGS and PROBE_ARGS are lists of arguments
 set -u
@@ -21,18 +21,22 @@ if [ -d .gpu/whl ] && python3 -c "import torch; assert torch.cuda.is_available()
   export CLSR_DATA_DIR=$PWD/.gpu/data
 else
   export PYTHONPATH=$PWD/platform
+  : "${CLSR_DATA_DIR:?set CLSR_DATA_DIR to the data folder (a CPU rehearsal: ../shared/data)}"
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 t0=$(date +%s)
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1; nproc; python3 -c "import torch; print(torch.__version__)"; } | tee "$OUT/env.txt"
 VEC=/tmp/random-300.bin
+# the projection's GPU kind: the card's own (the device tool may lend an H200 for an H100)
+GPU=${GPU:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -o -i -m1 'h100\|h200\|a100' | tr '[:upper:]' '[:lower:]')}
+GPU=${GPU:-h100}
 python3 benchmarks/random_word2vec.py "$CLSR_DATA_DIR" $VEC || exit 1
 echo "== transfer fits on ${FITDEV:-cuda} (t=$(( $(date +%s)-t0 ))s)"
-timeout "${FIT_S:-240}" python3 benchmarks/transfer_eval.py --embedding bow --tasks "${TASKS:-mr,cr,subj}" \
-  --fit-device "${FITDEV:-cuda}" ${FIT_ARGS:-} 2>&1 | grep -v -i warning | tee "$OUT/transfer_fits.txt" | tail -20
+timeout "${FIT_S:-200}" python3 benchmarks/transfer_eval.py --embedding bow --tasks "${TASKS:-mr,cr,subj}" \
+  --fit-device "${FITDEV:-cuda}" ${FIT_ARGS:-} 2>&1 | grep --line-buffered -v -i warning | tee "$OUT/transfer_fits.txt" | tail -20
 echo "== study plan --probe: components and weight_decay, fits on the card (t=$(( $(date +%s)-t0 ))s)"
-timeout "${PROBE_S:-330}" python3 -m clsr.cli study plan studies/gclsr_ablations.yaml --probe \
-  --probe-ablation components --probe-ablation weight_decay --gpus 1 --gpu "${GPU:-h100}" \
+timeout "${PROBE_S:-280}" python3 -m clsr.cli study plan studies/gclsr_ablations.yaml --probe \
+  --probe-ablation components --probe-ablation weight_decay --gpus 1 --gpu "$GPU" \
   --set base.model.vectors=$VEC --set base.eval.transfer_device=auto ${PROBE_ARGS:-} 2>&1 \
-  | grep -v -i "warning\|it/s" | tee "$OUT/plan.txt" | tail -60
+  | grep --line-buffered -v -i "warning\|it/s" | tee "$OUT/plan.txt" | tail -60
 echo "== done (t=$(( $(date +%s)-t0 ))s)"

@@ -17,13 +17,25 @@ import numpy as np
 
 from clsr.encoders.word_vectors import words_of
 
-TEXT_SUFFIXES = {".txt", ".tsv", ".csv", ""}
+# every file is read as text (SentEval's are .pos, .neg, .objective, .label, ...) except these
+BINARY_SUFFIXES = {
+    ".bin",
+    ".npy",
+    ".npz",
+    ".gz",
+    ".zip",
+    ".parquet",
+    ".arrow",
+    ".model",
+    ".pt",
+    ".safetensors",
+}
 
 
 def vocabulary(folder: Path) -> list[str]:
     """The distinct words of every text file under ``folder``, in first-seen order."""
     seen: dict[str, None] = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES):
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix not in BINARY_SUFFIXES):
         with open(path, encoding="utf-8", errors="replace") as lines:
             for line in lines:
                 seen.update(dict.fromkeys(words_of(line)))
@@ -31,7 +43,8 @@ def vocabulary(folder: Path) -> list[str]:
 
 
 def write_word2vec_bin(words: list[str], path: Path, dim: int = 300, seed: int = 0) -> None:
-    """``words`` with U(-0.25, 0.25) vectors, as gensim's ``save_word2vec_format(binary=True)`` writes."""
+    """``words`` with U(-0.25, 0.25) vectors in word2vec's binary format (as its C tool writes it: a
+    newline after each vector, which gensim's ``load_word2vec_format(binary=True)`` skips)."""
     rng = np.random.default_rng(seed)
     with open(path, "wb") as out:
         out.write(f"{len(words)} {dim}\n".encode())
