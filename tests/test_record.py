@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -177,6 +178,15 @@ def test_a_sigkilled_driver_is_taken_over_by_resume(tmp_path, monkeypatch):
     assert len(truncated) == 2
     for state in truncated:
         state.write_bytes(state.read_bytes()[:20])
+    # ... and as if Tune had registered the trial's next checkpoint (deleting the one its saved state
+    # names: num_to_keep=1) just before the kill: the resume continues from that newer one under the old
+    # name (the race that made Tune's restore fail the trial on every resume: "Could not recover from
+    # checkpoint ... does not exist on storage anymore")
+    *older, newest = sorted(experiment.glob("run_trial_*/checkpoint_*"))
+    for folder in older:
+        shutil.rmtree(folder)
+    newer = newest.with_name(f"checkpoint_{int(newest.name.split('_')[1]) + 1:06d}")
+    newest.rename(newer)
 
     code, output = run("study", "run", str(study_file), tmp_path=tmp_path, uri=uri)
     assert code == 2 and "stopped without closing" in output and "study resume" in output, output[-2000:]
@@ -184,6 +194,7 @@ def test_a_sigkilled_driver_is_taken_over_by_resume(tmp_path, monkeypatch):
     assert code == 0, output[-3000:]
     assert "closed 1 run(s) a stopped driver had left RUNNING" in output
     assert output.count("restored from the stopped driver's copy") == 2, output[-3000:]
+    assert f"is gone; the newer {newer} takes its place" in output, output[-3000:]
     client, parents, children = runs_of(uri, "killed")
     assert [(p.info.status, p.data.tags["clsr.status"]) for p in parents] == [("FINISHED", "finished")]
     assert statuses(children) == [("FINISHED", "finished")]

@@ -98,3 +98,74 @@ def test_state_that_cannot_be_recovered_stops_the_resume(tmp_path, searcher, los
     with pytest.raises(UnreadableTuneState, match="cannot be read: .* continued from their checkpoints"):
         repair_before_restore(str(storage), grid=lost == "experiment state", staging_roots=[])
     assert {p.name: p.read_bytes() for p in storage.iterdir() if p.is_file()} == broken  # nothing moved
+
+
+def state_with_checkpoint(checkpoint: Path) -> bytes:
+    """An experiment state naming ``checkpoint`` as its trial's latest, written by Tune's own classes."""
+    from ray.train import Checkpoint, CheckpointConfig
+    from ray.train._internal.checkpoint_manager import _CheckpointManager
+    from ray.train._internal.session import _TrainingResult
+    from ray.tune.trainable.metadata import _TrainingRunMetadata
+
+    metadata = _TrainingRunMetadata()
+    manager = _CheckpointManager(CheckpointConfig(num_to_keep=1))
+    manager.register_checkpoint(_TrainingResult(checkpoint=Checkpoint(str(checkpoint)), metrics={"step": 50}))
+    metadata.checkpoint_manager = manager
+    trial = {"trial_id": "90249_00000", "relative_logdir": TRIAL_DIR, "config": {"point": {"seed": 1}}}
+    data = {"trial_data": [[json.dumps(trial), metadata.get_json_state()]], "runner_data": {}, "stats": {}}
+    return json.dumps(data).encode()
+
+
+def complete(folder: Path) -> None:
+    """A checkpoint folder as the trainer writes it: its files, then the manifest that lists them."""
+    folder.mkdir()
+    (folder / "state.pt").write_bytes(b"weights")
+    (folder / "manifest.json").write_text(json.dumps({"sha256": {"state.pt": "0" * 64}}))
+
+
+def latest_checkpoint(state_file: Path) -> str | None:
+    from ray.tune.trainable.metadata import _TrainingRunMetadata
+
+    [[_, metadata]] = json.loads(state_file.read_text())["trial_data"]
+    latest = _TrainingRunMetadata.from_json_state(metadata).checkpoint_manager._latest_checkpoint_result
+    return latest.checkpoint.path if latest else None
+
+
+@pytest.mark.parametrize("left", [["checkpoint_000006"], []])
+def test_a_saved_checkpoint_deleted_before_the_state_was_saved_again_is_replaced(tmp_path, searcher, left):
+    """Tune deleted checkpoint 5 when it registered 6, and the driver was killed before Tune saved its
+    state again (and while it copied 7): 6, the newest complete one, takes 5's name, so the state stays as
+    Tune wrote it (its next checkpoint is 6 again); with none left the trial starts over. Either way the
+    resume no longer fails the trial with "Could not recover from checkpoint ... does not exist"."""
+    storage = tmp_path / "runs" / "grid"
+    gone = storage / TRIAL_DIR / "checkpoint_000005"
+    state = state_with_checkpoint(gone)
+    state_folder(storage, **{EXPERIMENT_STATE: state, SEARCHER_STATE: searcher})
+    for name in left:
+        complete(storage / TRIAL_DIR / name)
+    (storage / TRIAL_DIR / "checkpoint_000007").mkdir()  # the copy a kill cut short: no manifest
+
+    [line] = repair_before_restore(str(storage), grid=True, staging_roots=[])
+
+    assert f"saved checkpoint {gone} is gone" in line
+    left_now = sorted(p.name for p in (storage / TRIAL_DIR).iterdir())
+    if left:
+        assert f"the newer {storage / TRIAL_DIR / left[0]} takes its place" in line
+        assert (storage / EXPERIMENT_STATE).read_bytes() == state
+        assert left_now == ["checkpoint_000005", "checkpoint_000007"]
+        assert (gone / "state.pt").read_bytes() == b"weights"
+    else:
+        assert "none is left: it starts over" in line
+        assert latest_checkpoint(storage / EXPERIMENT_STATE) is None
+        assert left_now == ["checkpoint_000007"]
+    assert repair_before_restore(str(storage), grid=True, staging_roots=[]) == []  # repaired once
+
+
+def test_a_saved_checkpoint_that_exists_is_kept(tmp_path, searcher):
+    storage = tmp_path / "runs" / "grid"
+    kept = storage / TRIAL_DIR / "checkpoint_000005"
+    state = state_with_checkpoint(kept)
+    state_folder(storage, **{EXPERIMENT_STATE: state, SEARCHER_STATE: searcher})
+    complete(kept)
+    assert repair_before_restore(str(storage), grid=True, staging_roots=[]) == []
+    assert (storage / EXPERIMENT_STATE).read_bytes() == state

@@ -268,7 +268,8 @@ def build_tuner(
     path = f"{ctx.storage.rstrip('/')}/{name}"
     if restore and tune.Tuner.can_restore(path):
         # a driver killed while Tune copied its state to storage can leave a file of it truncated, and
-        # Tune's restore would then start the experiment over without its trials (clsr.study.tune_state)
+        # Tune's restore would then start the experiment over without its trials; or killed just after a
+        # trial's new checkpoint, a state naming the one Tune deleted (clsr.study.tune_state)
         for line in repair_before_restore(path, grid=ablation is None):
             print(f"experiment {name}: {line}")
         # interrupted trials continue from their checkpoints; errored ones (crashes past their retries,

@@ -13,6 +13,11 @@ driver's own staging copy when that driver ran on this machine (its copy was com
 began); else a grid experiment's searcher state is set aside (a grid's searcher only hands out trials:
 the restored ones continue, and a grid trial it never handed out has no run yet, so the resume's
 new-version experiment runs it); anything else stops the resume, saying which file is lost.
+
+Then each trial's saved latest checkpoint is looked for: Tune deletes a trial's previous checkpoint when
+it registers a new one but saves the state only every few seconds, so a killed driver can leave a state
+naming a deleted checkpoint, which Tune's restore fails the trial over on every resume. Such a trial's
+newest complete checkpoint left is moved to that name (:func:`repair_missing_checkpoints`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 # the files TuneController.resume reads, newest first by name (Tune's own choice: max() of the matches)
 EXPERIMENT_STATE = "experiment_state-*.json"
@@ -94,7 +99,103 @@ def repair_before_restore(path: str, grid: bool, staging_roots: list[Path] | Non
                 f"because its driver was stopped while Tune was writing it, and no complete copy of it is on "
                 f"this machine. Its trials cannot be continued from their checkpoints."
             )
+    states = fnmatch.filter(files, EXPERIMENT_STATE)
+    if states:
+        repaired += repair_missing_checkpoints(fs, f"{root}/{max(states)}")
     return repaired
+
+
+def repair_missing_checkpoints(fs, state_path: str) -> list[str]:
+    """Give each trial whose saved latest checkpoint is gone the newest complete one left in its folder.
+
+    Tune deletes a trial's previous checkpoint as soon as it registers a new one (``num_to_keep``), but
+    saves the experiment state only every ``checkpoint_period`` (10 s by default): a driver killed in
+    between leaves a state naming a deleted checkpoint, and Tune's restore then fails that trial on every
+    resume. The newer checkpoint is moved to the name the state holds, so the state stays as Tune wrote
+    it (its next checkpoint's number included). With none left, the state forgets the checkpoint and the
+    trial starts over. The state is Tune's own (its restore unpickles the same run metadata).
+    """
+    from ray.tune.trainable.metadata import _TrainingRunMetadata
+
+    state = json.loads(_read_fs(fs, state_path))
+    repaired, forgotten = [], False
+    for entry in state["trial_data"]:
+        try:
+            metadata = _TrainingRunMetadata.from_json_state(entry[1])
+            manager = metadata.checkpoint_manager
+            latest = manager._latest_checkpoint_result if manager is not None else None
+            if latest is None or latest.checkpoint is None or _exists(latest.checkpoint):
+                continue
+            missing, newer = latest.checkpoint.path, _newest_left(latest.checkpoint)
+        except Exception:  # a form this code does not know, storage not answering: Tune's restore decides
+            continue
+        if newer is not None:
+            _move_folder(latest.checkpoint.filesystem, newer, missing)
+            repaired.append(
+                f"a trial's saved checkpoint {missing} is gone; the newer {newer} takes its place"
+            )
+            continue
+        manager._latest_checkpoint_result = None
+        manager._checkpoint_results = []
+        metadata.checkpoint_manager = manager  # Tune caches the JSON until an attribute is set
+        entry[1] = metadata.get_json_state()
+        forgotten = True
+        repaired.append(f"a trial's saved checkpoint {missing} is gone and none is left: it starts over")
+    if forgotten:
+        _write_atomically(fs, state_path, json.dumps(state).encode())
+    return repaired
+
+
+def _exists(checkpoint) -> bool:
+    import pyarrow.fs
+
+    return checkpoint.filesystem.get_file_info(checkpoint.path).type != pyarrow.fs.FileType.NotFound
+
+
+def _newest_left(missing) -> str | None:
+    """The newest complete checkpoint folder beside ``missing`` (Tune numbers them checkpoint_000000, ...).
+
+    Complete: the trainer's manifest is there with every file it lists (Tune copies a checkpoint folder
+    into storage file by file, and a driver killed during the copy leaves part of one)."""
+    import pyarrow.fs
+
+    fs = missing.filesystem
+    folder = str(PurePosixPath(missing.path).parent)
+    entries = fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True))
+    left = sorted(
+        (
+            e.path
+            for e in entries
+            if e.type == pyarrow.fs.FileType.Directory
+            and PurePosixPath(e.path).name.startswith("checkpoint_")
+        ),
+        reverse=True,
+    )
+    return next((path for path in left if _complete(fs, path)), None)
+
+
+def _move_folder(fs, source: str, target: str) -> None:
+    """A rename where the filesystem has one (local, NFS); else copy, then delete (object stores)."""
+    import pyarrow.fs
+
+    try:
+        fs.move(source, target)
+    except (OSError, NotImplementedError):
+        pyarrow.fs.copy_files(source, target, source_filesystem=fs, destination_filesystem=fs)
+        fs.delete_dir(source)
+
+
+def _complete(fs, folder: str) -> bool:
+    import pyarrow.fs
+
+    from clsr.train.checkpoint_files import MANIFEST
+
+    try:
+        listed = json.loads(_read_fs(fs, f"{folder}/{MANIFEST}"))["sha256"]
+        paths = [f"{folder}/{name}" for name in listed]
+        return all(info.type == pyarrow.fs.FileType.File for info in fs.get_file_info(paths))
+    except Exception:  # no manifest, or not the trainer's: not a checkpoint to continue from
+        return False
 
 
 def _read_fs(fs, fs_path: str) -> bytes:
