@@ -7,7 +7,7 @@ import pytest
 from scipy.stats import spearmanr
 
 from clsr.data.sts import STSSplit
-from clsr.eval.alignment import alignment, uniformity
+from clsr.eval.alignment import alignment, alignment_uniformity, uniformity
 from clsr.eval.sts import cosine_scores, expand_tasks, format_table, score_split, summary_metrics
 
 VECTORS = {  # 2-d sentence vectors whose cosines are easy to work out by hand
@@ -65,6 +65,22 @@ def test_alignment_and_uniformity_by_hand():
     assert alignment(a, b) == pytest.approx((2.0 + 0.0) / 2)  # |e1-e2|² = 2, |e2-e2|² = 0
     points = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])  # squared distances 2, 4, 2
     assert uniformity(points) == pytest.approx(np.log((2 * np.exp(-4) + np.exp(-8)) / 3))
+
+
+def test_alignment_uniformity_embeds_each_sentence_once():
+    split = STSSplit(  # positives (gold > 4): a-b and e-f; "a" recurs in a negative pair
+        task="stsb",
+        split="dev",
+        sentences1=["a", "c", "e", "a"],
+        sentences2=["b", "d", "f", "h"],
+        scores=np.array([5.0, 1.0, 4.5, 0.0]),
+        subsets=["x"] * 4,
+    )
+    calls = []
+    scores = alignment_uniformity(split, lambda sentences: calls.append(sentences) or embed(sentences))
+    assert calls == [["a", "c", "e", "b", "d", "f", "h"]]  # one call, each distinct sentence once
+    assert scores["align"] == pytest.approx(alignment(embed(["a", "e"]), embed(["b", "f"])))
+    assert scores["uniform"] == pytest.approx(uniformity(embed(["a", "c", "e", "b", "d", "f", "h"])))
 
 
 def test_task_names_expand_and_unknown_names_fail():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from clsr.train.config import TrialConfig
@@ -69,7 +70,6 @@ def test_a_restored_checkpoint_copy_is_removed_after_loading(tmp_path):
 
 
 def test_max_steps_zero_is_an_evaluation_point_and_negative_is_refused():
-    import pytest
     from pydantic import ValidationError
 
     assert tiny_trial(max_steps=0).trainer.max_steps == 0
@@ -88,6 +88,7 @@ def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(
     pooling) and scipy's Spearman correlation, not clsr's encoder or STS code."""
     import numpy as np
     from mlflow.tracking import MlflowClient
+    from scipy.spatial.distance import pdist
     from scipy.stats import spearmanr
     from sentence_transformers import SentenceTransformer
 
@@ -109,8 +110,8 @@ def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(
                 "select_on": "sickr",
                 "tasks": ["stsb"],
                 "log_model": False,
-                "alignment_uniformity": False,
                 "sts_max_pairs": max_pairs,  # each split's seeded sample, scored by the reference too
+                # (alignment and uniformity on STS-B dev's sample as well)
             },
         }
     )
@@ -127,6 +128,17 @@ def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(
     assert abs(final["test_stsb"] - spearman("stsb", "test")) < 0.05
     assert abs(final["best_dev_sickr"] - spearman("sickr", "dev")) < 0.05
     assert abs(final["best_dev_stsb"] - spearman("stsb", "dev")) < 0.05  # every dev task, not only select_on
+    # Wang & Isola on the same sample: positive pairs (gold > 4), and every pair of distinct sentences
+    dev = subsample(load_sts("stsb", "dev", data_dir), max_pairs)
+    sentences = sorted(set(dev.sentences1) | set(dev.sentences2))
+    vectors = dict(zip(sentences, reference.encode(sentences, normalize_embeddings=True), strict=True))
+    positive = [
+        (a, b) for a, b, gold in zip(dev.sentences1, dev.sentences2, dev.scores, strict=True) if gold > 4
+    ]
+    align = np.mean([np.sum((vectors[a] - vectors[b]) ** 2) for a, b in positive])
+    distances = pdist(np.stack(list(vectors.values())).astype(np.float64), "sqeuclidean")
+    assert final["align"] == pytest.approx(align, abs=1e-3)
+    assert final["uniform"] == pytest.approx(np.log(np.mean(np.exp(-2 * distances))), abs=1e-3)
     assert final["step"] == 0 and final["best_step"] == 0 and "loss_avg" not in final
     assert session.latest is None and len(session.reports) == 1  # no checkpoint, one (final) report
     run = client.get_run(run_id)

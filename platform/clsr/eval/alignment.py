@@ -32,8 +32,10 @@ def uniformity(x: np.ndarray, t: float = 2.0) -> float:
 def alignment_uniformity(
     split: STSSplit, embed: Embedder, positive_threshold: float = 4.0
 ) -> dict[str, float]:
-    positive = split.scores > positive_threshold
-    s1 = [s for s, keep in zip(split.sentences1, positive, strict=True) if keep]
-    s2 = [s for s, keep in zip(split.sentences2, positive, strict=True) if keep]
     sentences = list(dict.fromkeys(split.sentences1 + split.sentences2))
-    return {"align": alignment(embed(s1), embed(s2)), "uniform": uniformity(embed(sentences))}
+    row = {sentence: i for i, sentence in enumerate(sentences)}
+    vectors = embed(sentences)  # each distinct sentence once: the positive pairs' are among them
+    positive = np.flatnonzero(split.scores > positive_threshold)
+    first = [row[split.sentences1[i]] for i in positive]
+    second = [row[split.sentences2[i]] for i in positive]
+    return {"align": alignment(vectors[first], vectors[second]), "uniform": uniformity(vectors)}

@@ -353,8 +353,9 @@ class EvalConfig(Section):
         None,
         ge=10,
         le=MAX_ROWS,
-        description="STS and SICK-R, dev and test: seeded cap on each split's pairs, every subset in "
-        "proportion (smoke runs; not comparable with the papers)",
+        description="STS and SICK-R, dev and test, and the STS-B dev pairs of alignment/uniformity: "
+        "seeded cap on each split's pairs, every subset in proportion (smoke runs; not comparable with "
+        "the papers)",
     )
     faq_max_queries: int | None = Field(
         None,

@@ -24,7 +24,7 @@ from torch import nn
 
 from clsr.data.faq import FAQData, load_faq
 from clsr.data.sources import resolve_data_dir
-from clsr.data.sts import load_sts
+from clsr.data.sts import load_sts, subsample
 from clsr.data.training import training_rows
 from clsr.encoders.precision import autocast_context, resolved_precision
 from clsr.eval.alignment import alignment_uniformity
@@ -197,7 +197,7 @@ class Evaluator:
             metrics |= evaluate_custom(embed, custom, fits)
         if self.cfg.alignment_uniformity:
             dev = load_sts("stsb", DEV_SPLIT, resolve_data_dir(self.data_dir))
-            metrics |= alignment_uniformity(dev, embed)
+            metrics |= alignment_uniformity(subsample(dev, self.cfg.sts_max_pairs), embed)
         return metrics
 
 
