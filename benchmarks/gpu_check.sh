@@ -8,13 +8,8 @@
 # senteval/downstream/{STS,SICK} from CLSR_DATA_DIR). Results land in $OUT.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-if [ -d .gpu/whl ] && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD/platform
-else
-  export PYTHONPATH=$PWD/platform
-fi
-export CLSR_DATA_DIR=$PWD/.gpu/data HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+# shellcheck source=benchmarks/gpu_env.sh
+. benchmarks/gpu_env.sh
 STEPS=${STEPS:-10}; WARM=${WARM:-3}; DEV=${DEV:-auto}
 P="python3 -m clsr.cli"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, transformers, sentence_transformers as s; print(torch.__version__, transformers.__version__, s.__version__)"; python3 -c "import flash_attn; print('flash_attn', flash_attn.__version__)" 2>&1 | tail -1; nproc; } 2>&1 | tee $OUT/env.txt

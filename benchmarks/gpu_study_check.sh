@@ -6,7 +6,7 @@
 #   2. `platform study plan studies/gclsr_ablations.yaml --probe` with the fits on the card: eight copies
 #      of Table 3's trial (components) and of a Table 5 trial (weight_decay) at once, and the full
 #      study's projection on one GPU from them (target: 20 minutes).
-# Set-up as benchmarks/gpu_check.sh: the ignored folder .gpu/ carried along holds whl/ (wheels the GPU
+# Set-up as benchmarks/gpu_check.sh (benchmarks/gpu_env.sh): the ignored folder .gpu/ carried along holds whl/ (wheels the GPU
 # image lacks, for its Python: gpu_check.sh's list plus gensim, smart_open and wrapt) and data/ (wiki/,
 # senteval/downstream/ and sts_original/ from CLSR_DATA_DIR). The word vectors are random ones in
 # word2vec's binary format for the carried data's words (benchmarks/random_word2vec.py). Results: $OUT.
@@ -15,15 +15,8 @@
 # shellcheck disable=SC2086  # FIT_ARGS and PROBE_ARGS are lists of arguments
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if [ -d .gpu/whl ] && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD/platform
-  export CLSR_DATA_DIR=$PWD/.gpu/data
-else
-  export PYTHONPATH=$PWD/platform
-  : "${CLSR_DATA_DIR:?set CLSR_DATA_DIR to the data folder (a CPU rehearsal: ../shared/data)}"
-fi
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+# shellcheck source=benchmarks/gpu_env.sh
+. benchmarks/gpu_env.sh
 t0=$(date +%s)
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1; nproc; python3 -c "import torch; print(torch.__version__)"; } | tee "$OUT/env.txt"
 VEC=/tmp/random-300.bin

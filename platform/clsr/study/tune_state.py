@@ -72,12 +72,12 @@ def repair_before_restore(path: str, grid: bool, staging_roots: list[Path] | Non
     entries = fs.get_file_info(pyarrow.fs.FileSelector(root))
     files = {Path(e.path).name for e in entries if e.type == pyarrow.fs.FileType.File}
     trial_dirs = {Path(e.path).name for e in entries if e.type == pyarrow.fs.FileType.Directory}
-    repaired = []
+    repaired, newest = [], {}
     for pattern, read in readers().items():
         matches = fnmatch.filter(files, pattern)
         if not matches:
             continue
-        name = max(matches)
+        name = newest[pattern] = max(matches)
         why = _unreadable(lambda fs_path=f"{root}/{name}": _read_fs(fs, fs_path), read)
         if why is None:
             continue
@@ -99,9 +99,8 @@ def repair_before_restore(path: str, grid: bool, staging_roots: list[Path] | Non
                 f"because its driver was stopped while Tune was writing it, and no complete copy of it is on "
                 f"this machine. Its trials cannot be continued from their checkpoints."
             )
-    states = fnmatch.filter(files, EXPERIMENT_STATE)
-    if states:
-        repaired += repair_missing_checkpoints(fs, f"{root}/{max(states)}")
+    if EXPERIMENT_STATE in newest:  # readable now, or restored from a copy
+        repaired += repair_missing_checkpoints(fs, f"{root}/{newest[EXPERIMENT_STATE]}")
     return repaired
 
 
