@@ -6,8 +6,9 @@
 #   2. `platform study plan studies/gclsr_ablations.yaml --probe` with the fits on the card: eight copies
 #      of Table 3's trial (components) and of a Table 5 trial (weight_decay) at once, and the full
 #      study's projection on one GPU from them (target: 20 minutes).
-# Set-up as benchmarks/gpu_check.sh (benchmarks/gpu_env.sh): the ignored folder .gpu/ carried along holds whl/ (wheels the GPU
-# image lacks, for its Python: gpu_check.sh's list plus gensim, smart_open and wrapt) and data/ (wiki/,
+# Set-up as benchmarks/gpu_check.sh (both source benchmarks/gpu_env.sh): the ignored folder .gpu/ carried
+# along holds whl/ (wheels the GPU image lacks, for its Python: gpu_check.sh's list plus gensim,
+# smart_open and wrapt) and data/ (wiki/,
 # senteval/downstream/ and sts_original/ from CLSR_DATA_DIR). The word vectors are random ones in
 # word2vec's binary format for the carried data's words (benchmarks/random_word2vec.py). Results: $OUT.
 # Knobs (defaults for the GPU): FITDEV=cuda TASKS=mr,cr,subj FIT_S=200 FIT_ARGS= PROBE_S=280 GPU=(the card's)
