@@ -50,6 +50,8 @@ RANK = textwrap.dedent(
         print(json.dumps({t: s.acc for t, s in scores.items()}))
     except ValueError as err:
         print(json.dumps({"error": str(err)}))
+    dist.barrier()  # as Ray Train ends its workers: no rank leaves with the group's threads still up
+    dist.destroy_process_group()
     """
 )
 

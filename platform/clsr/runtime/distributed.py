@@ -4,7 +4,8 @@ the final evaluation the ranks share."""
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -52,13 +53,20 @@ def gather_objects(value: Any, group: Any = None) -> list[Any]:
     return parts
 
 
-def patient_group(hours: float = 24) -> Any:
+@contextmanager
+def patient_group(hours: float = 24) -> Iterator[Any]:
     """A gloo group over every rank whose collectives wait ``hours``: for a gather that waits on the
     slowest rank's long CPU work (the default group's timeout, 30 min under Ray Train, would end the
-    workers). Every rank must call it, in the same order."""
+    workers). Every rank must enter it, in the same order; on leaving, the group is destroyed, so its
+    gloo threads do not outlive it (one left to the interpreter's exit can abort the process)."""
     if world_size() == 1:
-        return None
-    return dist.new_group(backend="gloo", timeout=timedelta(hours=hours))
+        yield None
+        return
+    group = dist.new_group(backend="gloo", timeout=timedelta(hours=hours))
+    try:
+        yield group
+    finally:
+        dist.destroy_process_group(group)
 
 
 def gather_or_raise(compute: Any, group: Any = None) -> list[Any]:

@@ -165,7 +165,8 @@ class Evaluator:
         tasks = self.transfer_tasks()
         mine = shares(tasks, session.world_size)[session.rank]
         # the ranks wait for the slowest share: longer than the default group's timeout allows
-        parts = gather_or_raise(lambda: self.transfer(model, mine) if mine else {}, patient_group())
+        with patient_group() as group:
+            parts = gather_or_raise(lambda: self.transfer(model, mine) if mine else {}, group)
         gathered = {task: score for part in parts for task, score in part.items()}
         return {task: gathered[task] for task in tasks}
 
