@@ -8,6 +8,8 @@ SeaweedFS S3 bucket, everything on 127.0.0.1.
 * the RCL staged smoke study: once stage 1 finished, the node that wrote an entropy model's checkpoint is
   killed, so every stage-2 trial loads checkpoints another node wrote, from the bucket;
 * the guard: a bad S3 key or bucket stops a study before anything is recorded.
+* a resume's checkpoint repair in the bucket: S3 has no folder rename (pyarrow's ``move`` raises there), so
+  the newest complete checkpoint is copied to the name Tune's state holds, then deleted.
 
 Slow (a cluster start, two studies): marked ``e2e`` and ``cluster``; ``-m "not cluster"`` leaves them out.
 """
@@ -305,3 +307,63 @@ def test_storage_guards(cluster, tmp_path, monkeypatch, capfd):
         in capfd.readouterr().err  # the driver child's, on the command's stderr
     )
     assert study_runs(MlflowClient(env["MLFLOW_TRACKING_URI"]), "guarded") == ([], [])
+
+
+def test_a_missing_checkpoint_in_the_bucket_is_replaced_by_copying(cluster, tmp_path, monkeypatch):
+    """``tune_state.repair_missing_checkpoints`` on an object store, which has no folder rename: the newest
+    complete checkpoint is copied to the name Tune's saved state holds and then deleted (the local case:
+    tests/test_tune_state.py). The state is left as Tune wrote it."""
+    import json
+
+    import pyarrow.fs
+
+    from clsr.study.tune_state import repair_before_restore
+    from test_tune_state import (
+        EXPERIMENT_STATE,
+        SEARCHER_STATE,
+        TRIAL_DIR,
+        searcher_state,
+        state_with_checkpoint,
+    )
+
+    env = cluster.env()
+    for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    storage = f"s3://{BUCKET}/tune-state/grid"
+    fs, root = pyarrow.fs.FileSystem.from_uri(storage)
+    gone = f"{storage}/{TRIAL_DIR}/checkpoint_000005"
+    state = state_with_checkpoint(gone)
+    searcher = searcher_state(tmp_path / "searcher")
+
+    def put(path: str, data: bytes) -> None:
+        with fs.open_output_stream(f"{root}/{path}") as stream:
+            stream.write(data)
+
+    put(EXPERIMENT_STATE, state)
+    put(SEARCHER_STATE, searcher)
+    manifest = json.dumps({"sha256": {"state.pt": "0" * 64, "extra/a.bin": "0" * 64}}).encode()
+    for name, files in {
+        "checkpoint_000006": {"state.pt": b"weights", "extra/a.bin": b"a", "manifest.json": manifest},
+        "checkpoint_000007": {"state.pt": b"cut short"},  # a copy a kill cut short: no manifest
+    }.items():
+        for file, data in files.items():
+            put(f"{TRIAL_DIR}/{name}/{file}", data)
+
+    [line] = repair_before_restore(storage, grid=True, staging_roots=[])
+
+    assert line == (
+        f"a trial's saved checkpoint {gone} is gone; the newer {storage}/{TRIAL_DIR}/checkpoint_000006 "
+        "takes its place"
+    )
+    objects = [k.removeprefix(f"tune-state/grid/{TRIAL_DIR}/") for k in bucket_keys(cluster, "tune-state/")]
+    # (SeaweedFS lists its folder entries too, as keys ending in "/")
+    assert sorted(k for k in objects if k.startswith("checkpoint_") and not k.endswith("/")) == [
+        "checkpoint_000005/extra/a.bin", "checkpoint_000005/manifest.json", "checkpoint_000005/state.pt",
+        "checkpoint_000007/state.pt",
+    ]  # fmt: skip
+    with fs.open_input_stream(f"{root}/{TRIAL_DIR}/checkpoint_000005/state.pt") as stream:
+        assert stream.readall() == b"weights"
+    with fs.open_input_stream(f"{root}/{EXPERIMENT_STATE}") as stream:
+        assert stream.readall() == state
+    assert repair_before_restore(storage, grid=True, staging_roots=[]) == []  # repaired once

@@ -128,10 +128,12 @@ def repair_missing_checkpoints(fs, state_path: str) -> list[str]:
             missing, newer = latest.checkpoint.path, _newest_left(latest.checkpoint)
         except Exception:  # a form this code does not know, storage not answering: Tune's restore decides
             continue
+        fs_of_trial = latest.checkpoint.filesystem
         if newer is not None:
-            _move_folder(latest.checkpoint.filesystem, newer, missing)
+            _move_folder(fs_of_trial, newer, missing)
             repaired.append(
-                f"a trial's saved checkpoint {missing} is gone; the newer {newer} takes its place"
+                f"a trial's saved checkpoint {_uri(fs_of_trial, missing)} is gone; the newer "
+                f"{_uri(fs_of_trial, newer)} takes its place"
             )
             continue
         manager._latest_checkpoint_result = None
@@ -139,7 +141,9 @@ def repair_missing_checkpoints(fs, state_path: str) -> list[str]:
         metadata.checkpoint_manager = manager  # Tune caches the JSON until an attribute is set
         entry[1] = metadata.get_json_state()
         forgotten = True
-        repaired.append(f"a trial's saved checkpoint {missing} is gone and none is left: it starts over")
+        repaired.append(
+            f"a trial's saved checkpoint {_uri(fs_of_trial, missing)} is gone and none is left: it starts over"
+        )
     if forgotten:
         _write_atomically(fs, state_path, json.dumps(state).encode())
     return repaired
@@ -171,6 +175,12 @@ def _newest_left(missing) -> str | None:
         reverse=True,
     )
     return next((path for path in left if _complete(fs, path)), None)
+
+
+def _uri(fs, fs_path: str) -> str:
+    """A filesystem path as the user wrote its storage (pyarrow drops an object store's scheme)."""
+    scheme = {"s3": "s3://", "gcs": "gs://"}.get(fs.type_name, "")
+    return f"{scheme}{fs_path}"
 
 
 def _move_folder(fs, source: str, target: str) -> None:
