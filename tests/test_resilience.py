@@ -30,6 +30,9 @@ def test_unreachable_mlflow_fails_before_ray_starts(monkeypatch, capfd):
     assert not ray.is_initialized()
 
 
+TINY_STS_PAIRS = 200
+
+
 def tiny_study(
     tmp_path: Path, name: str, trainer: dict, ablations: dict, dev_tasks=("stsb",), **top
 ) -> tuple[Path, str]:
@@ -42,7 +45,13 @@ def tiny_study(
             "model": {"name": save_tiny_bert(tmp_path / "tiny-bert", dropout=0.0), "max_seq_length": 16},
             "data": {"train": "wiki1m", "max_rows": 8 * trainer["max_steps"]},
             "trainer": {"batch_size": 8, **trainer},
-            "eval": {"dev_tasks": list(dev_tasks), "tasks": ["sts16"], "alignment_uniformity": False},
+            # a seeded 200 pairs of each STS set: the full STS-B dev set was most of a 400-step trial's time
+            "eval": {
+                "dev_tasks": list(dev_tasks),
+                "tasks": ["sts16"],
+                "alignment_uniformity": False,
+                "sts_max_pairs": TINY_STS_PAIRS,
+            },
         },
         "ablations": ablations,
         "seeds": [1],
