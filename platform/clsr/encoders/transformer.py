@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
-from transformers.utils import logging as hf_logging
 
 from clsr.encoders.packing import register_sdpa_packed
 from clsr.encoders.pooling import Pooler, PoolingName
 from clsr.encoders.registry import describe_load_failure, resolve_model_path
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Config attributes that hold dropout rates in the common architectures (BERT, RoBERTa, MPNet, DistilBERT).
 _DROPOUT_ATTRS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout")
@@ -96,6 +97,8 @@ class ModelConfig(BaseModel):
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer  # here: validating a study (the driver) never loads a model
+
     path = resolve_model_path(name)
     try:
         return AutoTokenizer.from_pretrained(path)
@@ -122,6 +125,9 @@ def check_flash_attention() -> None:
 def _load_backbone(
     name: str, dropout: float | None, attention_dropout: float | None = None, attention: str | None = None
 ) -> nn.Module:
+    from transformers import AutoConfig, AutoModel
+    from transformers.utils import logging as hf_logging
+
     path = resolve_model_path(name)
     try:
         config = AutoConfig.from_pretrained(path)
