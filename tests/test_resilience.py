@@ -45,7 +45,7 @@ def tiny_study(
             "model": {"name": save_tiny_bert(tmp_path / "tiny-bert", dropout=0.0), "max_seq_length": 16},
             "data": {"train": "wiki1m", "max_rows": 8 * trainer["max_steps"]},
             "trainer": {"batch_size": 8, **trainer},
-            # a seeded 200 pairs of each STS set: the full STS-B dev set was most of a 400-step trial's time
+            # a seeded 200 pairs of each STS set: the full STS-B dev set was about half of a trial's time
             "eval": {
                 "dev_tasks": list(dev_tasks),
                 "tasks": ["sts16"],

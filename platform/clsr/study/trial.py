@@ -20,6 +20,7 @@ from clsr.study.distinct import also_tag
 from clsr.study.fingerprint import digest, trial_key
 from clsr.study.plan import point_label, resolve_trial
 from clsr.study.schema import Outputs, Study
+from clsr.study.tune_state import storage_uri
 from clsr.tracking.study_runs import (
     CHECKPOINT_TAG,
     TIMED_OUT_ATTEMPT_TAG,
@@ -216,6 +217,4 @@ def _watchdog(limit_s: float | None, ctx: StudyContext, run_id: str, key: str):
 
 def checkpoint_uri(checkpoint) -> str:
     """A Ray checkpoint's location as one string: a local path, or ``<scheme>://<path>`` on cloud storage."""
-    filesystem = getattr(checkpoint, "filesystem", None)
-    scheme = getattr(filesystem, "type_name", "local")
-    return checkpoint.path if scheme == "local" else f"{scheme}://{checkpoint.path}"
+    return storage_uri(getattr(checkpoint, "filesystem", None), checkpoint.path)

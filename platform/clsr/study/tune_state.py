@@ -132,8 +132,8 @@ def repair_missing_checkpoints(fs, state_path: str) -> list[str]:
         if newer is not None:
             _move_folder(fs_of_trial, newer, missing)
             repaired.append(
-                f"a trial's saved checkpoint {_uri(fs_of_trial, missing)} is gone; the newer "
-                f"{_uri(fs_of_trial, newer)} takes its place"
+                f"a trial's saved checkpoint {storage_uri(fs_of_trial, missing)} is gone; the newer "
+                f"{storage_uri(fs_of_trial, newer)} takes its place"
             )
             continue
         manager._latest_checkpoint_result = None
@@ -142,7 +142,7 @@ def repair_missing_checkpoints(fs, state_path: str) -> list[str]:
         entry[1] = metadata.get_json_state()
         forgotten = True
         repaired.append(
-            f"a trial's saved checkpoint {_uri(fs_of_trial, missing)} is gone and none is left: it starts over"
+            f"a trial's saved checkpoint {storage_uri(fs_of_trial, missing)} is gone and none is left: it starts over"
         )
     if forgotten:
         _write_atomically(fs, state_path, json.dumps(state).encode())
@@ -177,10 +177,11 @@ def _newest_left(missing) -> str | None:
     return next((path for path in left if _complete(fs, path)), None)
 
 
-def _uri(fs, fs_path: str) -> str:
-    """A filesystem path as the user wrote its storage (pyarrow drops an object store's scheme)."""
-    scheme = {"s3": "s3://", "gcs": "gs://"}.get(fs.type_name, "")
-    return f"{scheme}{fs_path}"
+def storage_uri(filesystem, fs_path: str) -> str:
+    """A pyarrow filesystem path as one string: a local path, or ``<scheme>://<path>`` on cloud storage
+    (pyarrow's paths drop the scheme)."""
+    scheme = getattr(filesystem, "type_name", "local")
+    return fs_path if scheme == "local" else f"{scheme}://{fs_path}"
 
 
 def _move_folder(fs, source: str, target: str) -> None:
