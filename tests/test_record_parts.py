@@ -4,8 +4,6 @@ compare-and-set two drivers both see), the resolved-study fingerprint, and the s
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -15,7 +13,6 @@ from mlflow.tracking import MlflowClient
 
 from clsr.study.fingerprint import compare, fingerprint
 from clsr.study.interrupt import Interrupted, Interrupts
-from clsr.study.lease import LEASE_TAG, Lease, LeaseHeld, current_holder
 from clsr.study.load import load_study
 from clsr.tracking.spool import Spool, hand_over, pending_runs, replay_pending
 
@@ -86,39 +83,6 @@ def test_a_trial_that_cannot_reach_mlflow_hands_its_writes_to_the_study_storage(
     assert not (tmp_path / "journal").exists()
     assert replay_pending(uri, str(tmp_path / "storage")) == (1, [])
     assert points(client, run_id, "loss") == Counter({(1, 1.0): 1})
-
-
-def test_the_lease_is_held_by_one_driver_and_taken_over_when_its_holder_is_gone(store):
-    uri, client, run_id = store
-    first = Lease(uri, run_id, "record")
-    assert first.acquire() == 1
-    with pytest.raises(LeaseHeld, match=r"is being run by pid \d+ on "):
-        Lease(uri, run_id, "record").acquire()
-
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
-    holder = current_holder(client, run_id)
-    client.set_tag(run_id, LEASE_TAG, f"{holder.token} {holder.host} {dead.stdout.strip()} {time.time():.0f}")
-    assert not current_holder(client, run_id).fresh  # a driver on this machine whose process is gone
-    second = Lease(uri, run_id, "record")
-    assert second.acquire() == 2
-    assert client.get_run(run_id).data.params["clsr.lease.2"] == second.token
-    second.release()
-    assert current_holder(client, run_id) is None
-
-
-def test_a_generation_is_taken_once_even_by_drivers_that_race(store, monkeypatch):
-    """Two drivers that both saw no live holder and generation 0: MLflow's write-once params let only
-    the first one's ``clsr.lease.1`` through."""
-    import clsr.study.lease
-
-    uri, client, run_id = store
-    client.log_param(run_id, "clsr.lease.1", "the-other-driver")  # it got there first
-    monkeypatch.setattr(clsr.study.lease, "generation", lambda client, run_id: 0)  # read before that
-    with pytest.raises(LeaseHeld):
-        Lease(uri, run_id, "record").acquire()
-    assert client.get_run(run_id).data.params["clsr.lease.1"] == "the-other-driver"
 
 
 def test_the_fingerprint_names_added_removed_and_changed_trials():

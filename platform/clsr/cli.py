@@ -303,7 +303,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         return cmd_study_sync(args)
     if args.action == "plan":
         return cmd_study_plan(args)
-    from clsr.study.supervise import is_child, supervise
+    from clsr.study.driver_link import is_child
+    from clsr.study.supervise import supervise
 
     if not is_child():  # the driver runs as a child: whatever ends it, the record gets closed
         return supervise(args.argv)  # the child validates: this process stays light (no torch)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 
-from clsr.study.supervise import tell
+from clsr.study.driver_link import LEASE_LOST_EXIT, tell
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 TIMED_OUT_EXIT = 124  # as timeout(1)
@@ -92,6 +92,12 @@ class Interrupts:
             return
         self._first = (signum, time.monotonic())
         self._stop(name, EXIT_CODES[signum])
+
+    def lease_lost(self, why: str) -> None:
+        """Another driver took the study over (this one was paused past the lease's stale limit): stop
+        the trials like a signal would; the record is that driver's now (``record.close_study`` writes
+        nothing)."""
+        self._stop("lease_lost", LEASE_LOST_EXIT, from_thread=True)
 
     def _time_up(self) -> None:
         print("\nstudy_timeout_s reached", file=sys.stderr)

@@ -1,31 +1,41 @@
-"""One driver per study: a lease on the study's MLflow parent run, renewed by a heartbeat.
+"""One driver per study: a fenced lease on the study's MLflow parent run, renewed by a heartbeat.
 
 Why by hand: Ray and MLflow have no lock that two drivers on different machines both see. MLflow
 params are write-once (logging a different value for a key that exists is refused), which makes them
-a compare-and-set: the driver that logs ``clsr.lease.<n>`` first holds lease generation ``n``; the
-other gets MLflow's refusal. The holder renews the tag ``clsr.lease`` (``token host pid time``) every
-``HEARTBEAT_S``; a lease not renewed for ``STALE_S`` belongs to a driver that is gone (SIGKILL, a lost
-node) and ``platform study resume`` takes it over with the next generation.
+a compare-and-set: the driver that logs ``clsr.lease.<n>`` first holds lease generation ``n``; any other
+gets MLflow's refusal. The highest generation's token names the holder, and nothing else does.
+
+The holder renews the tag ``clsr.lease`` (``token host pid count``) every ``HEARTBEAT_S``. Whether a
+holder is gone is judged on the observer's own monotonic clock: the lease is stale when the observer
+has watched it unchanged for ``STALE_S`` (timestamps written by two machines are never compared, so a
+clock that runs ahead steals nothing). A generation whose holder has not beaten yet, and a RUNNING
+parent with no generation yet, count as held until watched that long. A holder on this machine whose
+process is gone is stale at once (a pid is only ever checked on its own host).
+
+Fencing: the heartbeat re-reads the generation before each beat; a driver whose generation was taken
+over (it was paused past ``STALE_S``: Ctrl-Z, a suspended VM) calls ``on_lost`` once and stops beating,
+and ``check`` raises ``LeaseLost`` before any record write, so it writes nothing more.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from clsr.study.supervise import command_pid
+from clsr.study.driver_link import command_pid
 
 LEASE_TAG = "clsr.lease"
 GENERATION_PARAM = "clsr.lease.{}"
+RELEASED = "released"
 HEARTBEAT_S = 5.0
 STALE_S = 60.0
 
@@ -34,93 +44,168 @@ class LeaseHeld(RuntimeError):
     """Another driver holds the study."""
 
 
+class LeaseLost(RuntimeError):
+    """This driver's lease was taken over by another driver: it must not write the record."""
+
+
 @dataclass(frozen=True)
-class Holder:
+class Beat:
+    """The holder's last heartbeat, as it wrote it (its count changes with every beat)."""
+
     token: str
     host: str
     pid: int
-    heartbeat: float
+    count: str
 
     @classmethod
-    def parse(cls, text: str | None) -> Holder | None:
+    def parse(cls, text: str | None) -> Beat | None:
         try:
-            token, host, pid, beat = (text or "").split(" ")
-            return cls(token, host, int(pid), float(beat))
+            token, host, pid, count = (text or "").split(" ")
+            return cls(token, host, int(pid), count)
         except ValueError:
             return None
 
     def describe(self) -> str:
-        age = time.time() - self.heartbeat
-        return f"pid {self.pid} on {self.host} (last heartbeat {age:.0f} s ago)"
+        return f"pid {self.pid} on {self.host}"
 
-    @property
-    def fresh(self) -> bool:
-        """Renewed lately, by a process that still exists (when it ran on this machine)."""
-        if time.time() - self.heartbeat >= STALE_S:
-            return False
+    def gone(self) -> bool:
+        """Whether the holder ran on this machine and its process no longer exists."""
         if self.host != socket.gethostname():
-            return True
+            return False
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
-            return False
-        except PermissionError:  # another user's process: alive
             return True
-        return True
+        except PermissionError:  # another user's process: alive
+            return False
+        return False
 
 
-def current_holder(client: MlflowClient, run_id: str) -> Holder | None:
-    """The driver holding a study's parent run; None when the run is not RUNNING or has no lease."""
+@dataclass(frozen=True)
+class LeaseState:
+    """What MLflow holds of a parent run's lease at one moment."""
+
+    running: bool
+    generation: int  # the highest generation taken (0: none)
+    holder: str | None  # that generation's token
+    beat_text: str  # the heartbeat tag as written
+
+    @property
+    def beat(self) -> Beat | None:
+        beat = Beat.parse(self.beat_text)
+        return beat if beat is not None and beat.token == self.holder else None
+
+    @property
+    def released(self) -> bool:
+        return self.holder is not None and self.beat_text == f"{RELEASED} {self.holder}"
+
+    def free_now(self) -> bool:
+        """Free without watching: the run is closed, its holder let go, or the holder's process is gone."""
+        if not self.running or self.released:
+            return True
+        return self.beat is not None and self.beat.gone()
+
+    def describe(self) -> str:
+        if self.beat is not None:
+            return self.beat.describe()
+        if self.generation:
+            return "a driver that is starting (its lease is taken, its first heartbeat not yet written)"
+        return "a driver that is starting (its parent run is open, its lease not yet taken)"
+
+
+def read_state(client: MlflowClient, run_id: str) -> LeaseState:
     run = client.get_run(run_id)
-    if run.info.status != "RUNNING":
-        return None
-    return Holder.parse(run.data.tags.get(LEASE_TAG))
+    params = run.data.params
+    taken = [int(k[11:]) for k in params if k.startswith("clsr.lease.") and k[11:].isdigit()]
+    top = max(taken, default=0)
+    return LeaseState(
+        running=run.info.status == "RUNNING",
+        generation=top,
+        holder=params.get(GENERATION_PARAM.format(top)) if top else None,
+        beat_text=run.data.tags.get(LEASE_TAG, ""),
+    )
 
 
 def generation(client: MlflowClient, run_id: str) -> int:
     """The highest lease generation taken on the run (0: none)."""
-    params = client.get_run(run_id).data.params
-    taken = [int(k.rsplit(".", 1)[1]) for k in params if k.startswith("clsr.lease.") and k[11:].isdigit()]
-    return max(taken, default=0)
+    return read_state(client, run_id).generation
+
+
+def watch(
+    client: MlflowClient,
+    run_id: str,
+    watch_s: float = STALE_S,
+    say: Callable[[str], None] | None = None,
+) -> LeaseState:
+    """The lease's state once it is free: at once when ``free_now``, else after watching it unchanged
+    for ``watch_s`` on this machine's monotonic clock. Raises ``LeaseHeld`` when it changes meanwhile
+    (its holder beats: it is alive; or another driver took it)."""
+    first = read_state(client, run_id)
+    if first.free_now():
+        return first
+    if say is not None:
+        say(f"the lease is held by {first.describe()}; watching its heartbeat for up to {watch_s:.0f} s")
+    started = time.monotonic()
+    while (left := watch_s - (time.monotonic() - started)) > 0:
+        time.sleep(min(HEARTBEAT_S, left))
+        now = read_state(client, run_id)
+        if now.free_now():
+            return now
+        if now != first:
+            raise LeaseHeld(f"held by {now.describe()}: its heartbeat changed while watched")
+    return first
 
 
 class Lease:
-    """This driver's lease on a parent run; ``acquire`` takes it or raises ``LeaseHeld``."""
+    """This driver's lease on a parent run: ``acquire`` (or ``take_first`` on a run it just created)
+    takes it or raises ``LeaseHeld``; ``start`` beats; ``check`` fences record writes."""
 
     def __init__(self, uri: str, run_id: str, study: str):
         self.uri, self.run_id, self.study = uri, run_id, study
         self.token = uuid.uuid4().hex[:12]
         self.generation = 0
+        self.lost: str | None = None  # why the lease was lost, once it was
+        self.on_lost: Callable[[str], None] | None = None
+        self._beats = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def acquire(self) -> int:
-        """Take the next generation, unless a live driver holds the study; returns the generation."""
+    def acquire(self, watch_s: float = STALE_S) -> int:
+        """Take the next generation once no live driver holds the study (watching a holder that may be
+        gone for up to ``watch_s``); returns the generation."""
         client = MlflowClient(self.uri)
-        holder = current_holder(client, self.run_id)
-        if holder is not None and holder.fresh and holder.token != self.token:
-            raise LeaseHeld(self._held_message(holder))
-        wanted = generation(client, self.run_id) + 1
+        try:
+            state = watch(client, self.run_id, watch_s, say=lambda line: print(line, file=sys.stderr))
+        except LeaseHeld as err:
+            raise LeaseHeld(self.held_message(str(err))) from None
+        return self._take(client, state.generation + 1)
+
+    def take_first(self) -> int:
+        """Generation 1 of a parent run this driver has just created (no one else has watched it)."""
+        return self._take(MlflowClient(self.uri), 1)
+
+    def _take(self, client: MlflowClient, wanted: int) -> int:
         try:
             client.log_param(self.run_id, GENERATION_PARAM.format(wanted), self.token)
         except MlflowException as err:  # another driver took this generation first
-            holder = current_holder(client, self.run_id)
-            raise LeaseHeld(self._held_message(holder)) from err
+            raise LeaseHeld(
+                self.held_message(f"held by {read_state(client, self.run_id).describe()}")
+            ) from err
         self.generation = wanted
         self._beat(client)
         return wanted
 
-    def _held_message(self, holder: Holder | None) -> str:
-        who = holder.describe() if holder else "another driver"
+    def held_message(self, who: str) -> str:
         return (
-            f"study {self.study!r} is being run by {who}; wait for it to end, or stop it (Ctrl-C there); "
-            f"a driver that was killed lets go after {STALE_S:.0f} s, then `platform study resume` takes over"
+            f"study {self.study!r} is {who}; wait for it to end, or stop it (Ctrl-C there); a driver "
+            f"that was killed lets go once its lease has been watched unchanged for {STALE_S:.0f} s: "
+            f"then `platform study resume` takes over"
         )
 
     def _beat(self, client: MlflowClient) -> None:
-        client.set_tag(
-            self.run_id, LEASE_TAG, f"{self.token} {socket.gethostname()} {command_pid()} {time.time():.0f}"
-        )
+        self._beats += 1
+        text = f"{self.token} {socket.gethostname()} {command_pid()} {self._beats}"
+        client.set_tag(self.run_id, LEASE_TAG, text)
 
     def start(self) -> Lease:
         self._thread = threading.Thread(target=self._heartbeat, name="clsr-lease", daemon=True)
@@ -131,12 +216,41 @@ class Lease:
         client = MlflowClient(self.uri)
         while not self._stop.wait(HEARTBEAT_S):
             try:
+                if self._taken_over(client):
+                    return
                 self._beat(client)
             except Exception as err:  # an outage: the lease goes stale only if it outlasts STALE_S
                 print(f"lease heartbeat failed ({type(err).__name__}); retrying", file=sys.stderr)
 
+    def _taken_over(self, client: MlflowClient) -> bool:
+        state = read_state(client, self.run_id)
+        if state.generation == self.generation and state.holder == self.token:
+            return False
+        self.lost = (
+            f"study {self.study!r} was taken over by {state.describe()} (lease generation "
+            f"{state.generation}, this driver held {self.generation}): this driver was paused or cut off "
+            f"for longer than {STALE_S:.0f} s; it stops and writes nothing more to the record"
+        )
+        print(f"\n{self.lost}", file=sys.stderr)
+        if self.on_lost is not None:
+            self.on_lost(self.lost)
+        return True
+
+    def check(self, client: MlflowClient | None = None) -> None:
+        """Raise ``LeaseLost`` unless this driver still holds the study (call before writing the record)."""
+        if self.lost is None:
+            self._taken_over(client or MlflowClient(self.uri))
+        if self.lost is not None:
+            raise LeaseLost(self.lost)
+
     def release(self) -> None:
-        """Stop the heartbeat and clear the lease (best effort: a stale lease expires by itself)."""
+        """Stop the heartbeat and let go (best effort: a lease not renewed goes stale by itself)."""
         self._stop.set()
-        with contextlib.suppress(Exception):
-            MlflowClient(self.uri).set_tag(self.run_id, LEASE_TAG, "")
+        if self.lost is not None or not self.generation:
+            return
+        try:
+            client = MlflowClient(self.uri)
+            if not self._taken_over(client):
+                client.set_tag(self.run_id, LEASE_TAG, f"{RELEASED} {self.token}")
+        except Exception as err:  # unreachable: the lease goes stale by itself
+            print(f"could not release the study's lease ({type(err).__name__})", file=sys.stderr)

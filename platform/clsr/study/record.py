@@ -11,6 +11,7 @@ driver could not.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 import uuid
@@ -22,9 +23,9 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from clsr.study.distinct import also_of
-from clsr.study.fingerprint import compare, overall
-from clsr.study.interrupt import Interrupts
-from clsr.study.lease import Lease, LeaseHeld, current_holder
+from clsr.study.driver_link import LEASE_LOST_EXIT
+from clsr.study.fingerprint import compare, fingerprint, overall
+from clsr.study.lease import GENERATION_PARAM, HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, watch
 from clsr.study.plan import grid_points, point_label, stages, trial_document
 from clsr.study.schema import Study
 from clsr.tracking.secrets import mask_uri
@@ -38,7 +39,6 @@ from clsr.tracking.study_runs import (
     check_reachable,
     children,
     close_run,
-    find_parent_run,
     open_children,
     parent_runs,
     record_skipped,
@@ -58,6 +58,10 @@ class StudyChanged(RuntimeError):
 
 class UnclosedRun(RuntimeError):
     """``platform study run`` of a study whose last driver was killed: resume it."""
+
+
+class StorageMismatch(RuntimeError):
+    """A parent run whose storage tag is not one of the study file's own run folders."""
 
 
 @dataclass
@@ -82,34 +86,54 @@ def new_storage(study: Study) -> str:
     return f"{storage_root(study).rstrip('/')}/{study.name}-{stamp}-{uuid.uuid4().hex[:6]}"
 
 
+def recorded_storage(study: Study, parent) -> str:
+    """The storage folder of a parent run, built from the study file's ``storage_path``: the parent's
+    ``clsr.storage`` tag is anyone's to write on a shared tracking server, so it only names which of the
+    study's own folders (``<name>-<time>-<suffix>``) the run used; a tag naming anything else stops here.
+    Resume restores Tune's pickled state from that folder and replays its journals: it is trusted code."""
+    tagged = parent.data.tags.get(STORAGE_TAG, "")
+    root = storage_root(study).rstrip("/")
+    folder = tagged.rsplit("/", 1)[-1]
+    pattern = re.escape(study.name) + r"-\d{8}-\d{6}-[0-9a-f]{6}"
+    if tagged != f"{root}/{folder}" or not re.fullmatch(pattern, folder):
+        raise StorageMismatch(
+            f"study {study.name!r}: MLflow run {parent.info.run_id} names storage {mask_uri(tagged)!r}, "
+            f"which is not a run folder of the study file's storage_path {mask_uri(root)!r} "
+            f"({study.name}-<time>-<suffix>); storage is taken from the study file only: set storage_path "
+            f"to the folder the study ran in (a moved folder), or start a new record with `platform study run`"
+        )
+    return f"{root}/{folder}"
+
+
+def study_parent(client, study: Study, current: dict[str, str]):
+    """The parent run a resume continues: the newest one a driver took a lease on, preferring one whose
+    fingerprint is the file's (a run someone tagged with the study's name without a lease is not one)."""
+    parents = [r for r in parent_runs(client, study.name) if GENERATION_PARAM.format(1) in r.data.params]
+    same = [r for r in parents if r.data.tags.get(FINGERPRINT_TAG) == overall(current)]
+    return (same or parents or [None])[0]
+
+
 def start_record(client, uri: str, study: Study, study_text: str, current: dict[str, str]):
     """A new parent run holding the study's lease; refused while another driver runs the study, or
     while an earlier run was killed without closing (resume it)."""
     for run in parent_runs(client, study.name, running=True):
-        holder = current_holder(client, run.info.run_id)
-        if holder is not None and holder.fresh:
-            raise LeaseHeld(Lease(uri, run.info.run_id, study.name)._held_message(holder))
-        raise UnclosedRun(
-            f"an earlier run of study {study.name!r} (MLflow run {run.info.run_id}) stopped without "
-            f"closing (its driver was killed); `platform study resume` continues it and closes what it "
-            f"left RUNNING"
-        )
+        refuse_open_parent(client, uri, study, run)
     storage = new_storage(study)
     parent_run_id = start_parent_run(client, study.name, storage, study.description)
     client.set_tag(parent_run_id, FINGERPRINT_TAG, overall(current))
     lease = Lease(uri, parent_run_id, study.name)
-    lease.acquire()
+    lease.take_first()
+    # A driver that started the same study at the same moment: each one that sees another RUNNING
+    # parent gives way (both may, never neither: the later one always sees the earlier one's run).
     rivals = [
-        r
-        for r in parent_runs(client, study.name, running=True)
-        if r.info.run_id != parent_run_id
-        and (holder := current_holder(client, r.info.run_id))
-        and holder.fresh
+        r.info.run_id for r in parent_runs(client, study.name, running=True) if r.info.run_id != parent_run_id
     ]
-    first = min([*rivals, client.get_run(parent_run_id)], key=lambda r: (r.info.start_time, r.info.run_id))
-    if first.info.run_id != parent_run_id:  # a driver started the same study at the same moment: it goes on
+    if rivals:
         client.delete_run(parent_run_id)
-        raise LeaseHeld(lease._held_message(current_holder(client, first.info.run_id)))
+        raise LeaseHeld(
+            f"study {study.name!r} was started by another driver at the same moment (MLflow run "
+            f"{rivals[0]}); this one stopped before running anything: wait for it, or stop it and resume"
+        )
     client.log_text(parent_run_id, mask_uri(study_text), "study.yaml")
     summary = yaml.safe_dump(resolved_summary(study), sort_keys=False)
     client.log_text(parent_run_id, mask_uri(summary), "resolved.yaml")
@@ -117,15 +141,37 @@ def start_record(client, uri: str, study: Study, study_text: str, current: dict[
     return parent_run_id, storage, lease
 
 
+def refuse_open_parent(client, uri: str, study: Study, run) -> None:
+    """Raise for a RUNNING parent run of the study: LeaseHeld while its driver is alive (its heartbeat
+    changes within a short watch), UnclosedRun when it is gone."""
+    run_id = run.info.run_id
+    try:
+        state = watch(client, run_id, watch_s=2 * HEARTBEAT_S + 1)
+    except LeaseHeld as err:
+        raise LeaseHeld(Lease(uri, run_id, study.name).held_message(f"being run ({err})")) from None
+    if not state.free_now():  # unchanged over two heartbeats: most likely gone, maybe paused
+        raise UnclosedRun(
+            f"an earlier run of study {study.name!r} (MLflow run {run_id}) is still open, and its driver "
+            f"({state.describe()}) did not renew its lease over {2 * HEARTBEAT_S + 1:.0f} s: if it was "
+            f"killed, `platform study resume` continues it once the lease has been unchanged for "
+            f"{STALE_S:.0f} s, and closes what it left RUNNING"
+        )
+    raise UnclosedRun(
+        f"an earlier run of study {study.name!r} (MLflow run {run_id}) stopped without "
+        f"closing (its driver was killed); `platform study resume` continues it and closes what it "
+        f"left RUNNING"
+    )
+
+
 def take_over(client, uri: str, study: Study, study_text: str, current: dict[str, str], allow_changes: bool):
-    """The study's latest parent run, its lease taken (a killed driver's stale one too), and the trial
-    keys old experiments must not run (an edited resume: their new versions run in a new wave)."""
-    parent = find_parent_run(client, study.name)
+    """The study's parent run, its lease taken (a killed driver's stale one too), and the trial keys old
+    experiments must not run (an edited resume: their new versions run in a new wave)."""
+    parent = study_parent(client, study, current)
     if parent is None:
         raise NoEarlierRun(
             f"no earlier run of study {study.name!r} in MLflow at {mask_uri(uri)}; use `platform study run`"
         )
-    parent_run_id, storage = parent.info.run_id, parent.data.tags[STORAGE_TAG]
+    parent_run_id, storage = parent.info.run_id, recorded_storage(study, parent)
     recorded = recorded_fingerprint(client, parent_run_id)
     if not recorded:  # started by a clsr before fingerprints: nothing to compare with; record one now
         print(f"warning: study {study.name!r} has no recorded fingerprint; the file cannot be checked")
@@ -145,7 +191,14 @@ def take_over(client, uri: str, study: Study, study_text: str, current: dict[str
     attempt = lease.acquire()
     client.update_run(parent_run_id, status="RUNNING")
     client.set_tag(parent_run_id, "clsr.status", "running")
-    replay(uri, storage)
+    # an earlier attempt's writes (a run's end among them) go first: sent later, they would overwrite
+    # what this attempt records
+    if pending := wait_for_tracking(uri, storage, study.tracking_wait_s):
+        lease.release()
+        raise ConnectionError(
+            f"study {study.name!r}: {pending} trial run(s) still have writes the tracking server did not "
+            f"take; resume once MLflow at {mask_uri(uri)} answers (`platform study sync` sends them)"
+        )
     closed = [r.info.run_id for r in open_children(client, parent_run_id)]
     for run_id in closed:  # left RUNNING by a driver that was killed: they resume from checkpoints
         close_run(uri, run_id, "interrupted", "the study's driver stopped without closing this run")
@@ -214,7 +267,9 @@ def replay(uri: str, storage: str) -> int:
 
 
 def give_up(client, uri: str, parent_run_id: str, reason: str | None, lease: Lease) -> None:
-    """The record of a study whose driver hangs after a signal: what did not finish is interrupted."""
+    """The record of a study whose driver hangs after a signal: what did not finish is interrupted
+    (nothing, when another driver has taken the study over)."""
+    lease.check(client)
     close_unfinished(client, uri, parent_run_id, reason)
     lease.release()
 
@@ -235,21 +290,34 @@ def close_unfinished(client, uri: str, parent_run_id: str, reason: str | None, e
 
 
 def close_study(
-    client, uri: str, parent_run_id: str, storage: str, study: Study, interrupts: Interrupts, status: str
+    client,
+    uri: str,
+    parent_run_id: str,
+    storage: str,
+    study: Study,
+    stop: tuple[str | None, int],
+    status: str,
+    lease: Lease,
 ) -> StudyOutcome:
     """Send what trials left, close the runs still open (interrupted, or stopped early by the
-    scheduler), close the parent, and sum up. Runs under a second Ctrl-C without stopping halfway."""
+    scheduler), close the parent, and sum up; ``stop``: why the study stopped (None: it did not) and
+    the exit status that goes with it. Runs under a second Ctrl-C without stopping halfway. Writes
+    nothing once another driver has taken the study over (this one was paused past the stale limit)."""
+    reason, exit_code = stop
+    try:
+        lease.check(client)
+    except LeaseLost:
+        return StudyOutcome([], "lease_lost", LEASE_LOST_EXIT)
     pending = wait_for_tracking(uri, storage, study.tracking_wait_s)
     if pending:  # the lease goes stale; `platform study sync` (or resume) finishes the record
-        return StudyOutcome([], interrupts.reason, interrupts.exit_code or 1, pending)
-    reason = interrupts.reason
+        return StudyOutcome([], reason, exit_code or 1, pending)
     close_open_children(client, uri, parent_run_id, reason, study.scheduler.type == "asha")
     rows = summary_rows(children(client, parent_run_id), study)
     state = "failed" if status == "FAILED" else {None: "finished", "study_timeout": "timed_out"}.get(reason)
     client.set_tag(parent_run_id, "clsr.trials", str(len(rows)))
     client.set_tag(parent_run_id, "clsr.status", state or "interrupted")
     client.set_terminated(parent_run_id, status=status)
-    return StudyOutcome(rows, reason, interrupts.exit_code, 0)
+    return StudyOutcome(rows, reason, exit_code, 0)
 
 
 def close_lost_trials(client, uri: str, parent_run_id: str, lost: dict[str, str]) -> None:
@@ -291,16 +359,23 @@ def sync_study(study: Study) -> int:
     uri = resolve_tracking_uri(study.tracking_uri)
     check_reachable(uri)
     client = MlflowClient(uri)
-    parent = find_parent_run(client, study.name)
+    parent = study_parent(client, study, fingerprint(study))
     if parent is None:
         raise NoEarlierRun(f"no run of study {study.name!r} in MLflow at {mask_uri(uri)}")
-    left = replay(uri, parent.data.tags[STORAGE_TAG])
-    holder = current_holder(client, parent.info.run_id)
-    if not left and parent.info.status == "RUNNING" and not (holder and holder.fresh):
-        close_open_children(client, uri, parent.info.run_id, "SIGKILL")
-        client.set_tag(parent.info.run_id, "clsr.status", "interrupted")
-        client.set_terminated(parent.info.run_id, status="KILLED")
-        print(f"closed study {study.name!r}: its driver had stopped; `platform study resume` continues it")
+    left = replay(uri, recorded_storage(study, parent))
+    if left or parent.info.status != "RUNNING":
+        return left
+    lease = Lease(uri, parent.info.run_id, study.name)
+    try:  # closing needs the lease: a driver that comes back finds it taken and writes nothing
+        lease.acquire()
+    except LeaseHeld:
+        print(f"study {study.name!r} is being run by a live driver: it closes its own record")
+        return left
+    close_open_children(client, uri, parent.info.run_id, "SIGKILL")
+    client.set_tag(parent.info.run_id, "clsr.status", "interrupted")
+    client.set_terminated(parent.info.run_id, status="KILLED")
+    lease.release()
+    print(f"closed study {study.name!r}: its driver had stopped; `platform study resume` continues it")
     return left
 
 

@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from clsr.cluster.checks import check_cloud_storage, check_local_storage_on_cluster, is_cloud
 from clsr.study.distinct import also_keys, merge_identical, run_keys
+from clsr.study.driver_link import tell
 from clsr.study.fingerprint import fingerprint
 from clsr.study.interrupt import Interrupted, Interrupts
 from clsr.study.lease import Lease
@@ -39,7 +40,6 @@ from clsr.study.record import (
     take_over,
 )
 from clsr.study.schema import Outputs, Study, StudyError
-from clsr.study.supervise import tell
 from clsr.study.trial import StudyContext, key_of, run_trial
 from clsr.study.tune_state import repair_before_restore
 from clsr.tracking.study_runs import (
@@ -440,6 +440,7 @@ def _run_waves(
 ) -> StudyOutcome:
     client = MlflowClient(uri)
     interrupts.on_give_up = lambda: give_up(client, uri, parent_run_id, interrupts.reason, lease)
+    lease.on_lost = interrupts.lease_lost
     init_ray()
     interrupts.install()  # after ray.init, which replaces the SIGTERM handler
     status = "FINISHED"
@@ -476,7 +477,8 @@ def _run_waves(
         interrupts.recording = True
         status = "KILLED" if interrupts.stopped and status != "FAILED" else status
         with interrupts.closed:
-            outcome = close_study(client, uri, parent_run_id, storage, study, interrupts, status)
+            stop = (interrupts.reason, interrupts.exit_code)
+            outcome = close_study(client, uri, parent_run_id, storage, study, stop, status, lease)
             interrupts.record_written = True
             tell(settled=True)
     return outcome

@@ -31,39 +31,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-LINK_ENV = "CLSR_DRIVER_LINK"
-SUPERVISOR_ENV = "CLSR_DRIVER_SUPERVISOR"
-EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "study_timeout": 124}
-_inherited: dict[str, str] = {}  # the child's link and supervisor pid, taken out of the environment
+from clsr.study.driver_link import LEASE_LOST_EXIT, LINK_ENV, SUPERVISOR_ENV
 
-
-def _from_supervisor(name: str) -> str:
-    """Taken out of ``os.environ`` on first use, so that Ray's processes and any command the driver starts
-    do not inherit them (a ``platform study run`` started from there would write into this link)."""
-    if name not in _inherited:
-        _inherited[name] = os.environ.pop(name, "")
-    return _inherited[name]
-
-
-def is_child() -> bool:
-    _from_supervisor(SUPERVISOR_ENV)
-    return bool(_from_supervisor(LINK_ENV))
-
-
-def command_pid() -> int:
-    """The pid of the command the user ran (the supervisor), the one to name and to signal; this
-    process's own once the supervisor is gone (the driver is then stopping on its own)."""
-    supervisor = _from_supervisor(SUPERVISOR_ENV)
-    return int(supervisor) if supervisor and os.getppid() == int(supervisor) else os.getpid()
-
-
-def tell(**entry: Any) -> None:
-    """In the child: one line for the supervisor (nothing when run without one)."""
-    path = _from_supervisor(LINK_ENV)
-    if not path:
-        return
-    with contextlib.suppress(OSError), open(path, "a") as link:
-        link.write(json.dumps(entry) + "\n")
+EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "study_timeout": 124, "lease_lost": LEASE_LOST_EXIT}
 
 
 def supervise(argv: list[str]) -> int:

@@ -1,0 +1,252 @@
+"""The study lease on a real MLflow store: one compare-and-set decides the holder, a holder is judged
+gone only by watching its heartbeat on the observer's own clock, a driver that lost its generation is
+fenced off the record, and two drivers racing (threads forced into each interleaving here; two real
+processes against an ``mlflow server`` in the e2e test) never both hold a study."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+import clsr.study.lease as lease_module
+import clsr.study.record as record
+from clsr.study.lease import GENERATION_PARAM, LEASE_TAG, Lease, LeaseHeld, LeaseLost, read_state
+from clsr.study.load import load_study
+from clsr.tracking.study_runs import start_parent_run
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A RUNNING run on a SQLite store; heartbeats every 50 ms so that watching takes a fraction of a second."""
+    monkeypatch.setattr(lease_module, "HEARTBEAT_S", 0.05)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("record", artifact_location=(tmp_path / "artifacts").as_uri())
+    return uri, client, client.create_run(experiment).info.run_id
+
+
+def dead_pid() -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(done.stdout)
+
+
+def held_by_a_gone_driver(client: MlflowClient, run_id: str) -> None:
+    """Generation 1, beaten by a process of this machine that no longer exists."""
+    import socket
+
+    client.log_param(run_id, GENERATION_PARAM.format(1), "gone")
+    client.set_tag(run_id, LEASE_TAG, f"gone {socket.gethostname()} {dead_pid()} 7")
+
+
+def test_the_lease_is_held_by_one_driver_and_taken_over_when_its_holder_is_gone(store):
+    uri, client, run_id = store
+    first = Lease(uri, run_id, "record")
+    assert first.take_first() == 1
+    with pytest.raises(LeaseHeld, match=r"study 'record' is held by pid \d+ on .*: its heartbeat changed"):
+        first.start()
+        Lease(uri, run_id, "record").acquire(watch_s=5)
+    first._stop.set()  # killed: it beats no more, and its process is gone
+    client.set_tag(run_id, LEASE_TAG, f"{first.token} {read_state(client, run_id).beat.host} {dead_pid()} 9")
+    second = Lease(uri, run_id, "record")
+    started = time.monotonic()
+    assert second.acquire(watch_s=3600) == 2  # a gone process on this machine: no need to watch
+    assert time.monotonic() - started < 5
+    assert client.get_run(run_id).data.params["clsr.lease.2"] == second.token
+    second.release()
+    assert read_state(client, run_id).released
+
+
+def test_a_generation_taken_but_not_yet_beaten_counts_as_held(store, monkeypatch):
+    """Finding 2a: driver A took generation 2 of a stale lease and has not beaten yet when driver B reads
+    the lease. B must not take generation 3: it watches, and A's first heartbeat tells it A is alive."""
+    uri, client, run_id = store
+    held_by_a_gone_driver(client, run_id)
+    a = Lease(uri, run_id, "record")
+    client.log_param(run_id, GENERATION_PARAM.format(2), a.token)  # A's compare-and-set, and no beat yet
+
+    real_sleep = time.sleep
+    monkeypatch.setattr(lease_module.time, "sleep", lambda s: (a._beat(client), real_sleep(s)))  # A beats
+    with pytest.raises(LeaseHeld, match="heartbeat changed"):
+        Lease(uri, run_id, "record").acquire(watch_s=30)
+    assert read_state(client, run_id).generation == 2 and read_state(client, run_id).holder == a.token
+
+
+def test_a_generation_whose_holder_never_beats_is_taken_after_the_watch(store):
+    """The driver that took generation 2 died before its first heartbeat: watched unchanged, it goes."""
+    uri, client, run_id = store
+    held_by_a_gone_driver(client, run_id)
+    client.log_param(run_id, GENERATION_PARAM.format(2), "died-before-beating")
+    assert Lease(uri, run_id, "record").acquire(watch_s=0.3) == 3
+
+
+def test_a_checker_whose_clock_runs_ahead_steals_no_live_lease(store, monkeypatch):
+    """Finding 2d: staleness is never judged by comparing the holder's clock with the checker's."""
+    uri, client, run_id = store
+    holder = Lease(uri, run_id, "record")
+    holder.take_first()
+    holder.start()
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 61)  # this checker is 61 s ahead
+    try:
+        with pytest.raises(LeaseHeld):
+            Lease(uri, run_id, "record").acquire(watch_s=2)
+    finally:
+        holder.release()
+
+
+def test_a_paused_driver_that_lost_its_generation_is_fenced_off_the_record(store, tmp_path):
+    """Findings 2c and 2d: a driver paused past the stale limit (Ctrl-Z, a suspended VM) is taken over;
+    when it wakes, its heartbeat finds the newer generation, tells the driver to stop, and its record
+    writes are refused: the new holder's record stands."""
+    uri, client, run_id = store
+    paused = Lease(uri, run_id, "record")
+    paused.take_first()  # and then paused: no heartbeat
+    successor = Lease(uri, run_id, "record")
+    assert successor.acquire(watch_s=0.3) == 2  # watched unchanged: taken over
+
+    lost: list[str] = []
+    paused.on_lost = lost.append
+    paused.start()  # it wakes up
+    deadline = time.monotonic() + 10
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lost and "was taken over by" in lost[0] and "writes nothing more" in lost[0]
+    with pytest.raises(LeaseLost):
+        paused.check()
+    assert read_state(client, run_id).beat.token == successor.token  # it stopped beating
+
+    study = load_study(REPO_ROOT / "studies" / "smoke.yaml")
+    outcome = record.close_study(client, uri, run_id, str(tmp_path), study, (None, 0), "FINISHED", paused)
+    assert outcome.stopped_by == "lease_lost" and outcome.exit_code == 75
+    run = client.get_run(run_id)
+    assert run.info.status == "RUNNING" and "clsr.status" not in run.data.tags  # nothing written
+    paused.release()
+    assert read_state(client, run_id).beat.token == successor.token  # its release did not let go of B's
+
+
+def test_two_runs_that_start_at_once_never_both_proceed(store, tmp_path, monkeypatch):
+    """Finding 2b: driver B listed the study's parents before driver A created its own; A's parent has
+    no lease yet when B checks for rivals. B must give way (today's rule: only rivals with a fresh lease)."""
+    uri, client, _ = store
+    study = load_study(REPO_ROOT / "studies" / "smoke.yaml", [("storage_path", str(tmp_path / "runs"))])
+    start_parent_run(client, study.name, f"{tmp_path}/runs/a", None)  # A: created, no lease yet
+    listed = []
+    real = record.parent_runs
+
+    def listed_before_a(client, name, running=False, max_results=1000):
+        listed.append(running)
+        return [] if len(listed) == 1 else real(client, name, running, max_results)
+
+    monkeypatch.setattr(record, "parent_runs", listed_before_a)
+    with pytest.raises(LeaseHeld, match="started by another driver at the same moment"):
+        record.start_record(client, uri, study, "name: smoke", {"t": "x"})
+    experiment = client.get_experiment_by_name(study.name).experiment_id
+    alive = client.search_runs([experiment], "attributes.status = 'RUNNING'")
+    assert len(alive) == 1 and GENERATION_PARAM.format(1) not in alive[0].data.params  # A's alone: B deleted
+
+
+def test_a_running_parent_is_refused_while_its_driver_beats_and_called_unclosed_when_gone(store, tmp_path):
+    uri, client, _ = store
+    study = load_study(REPO_ROOT / "studies" / "smoke.yaml", [("storage_path", str(tmp_path / "runs"))])
+    parent = start_parent_run(client, study.name, f"{tmp_path}/runs/a", None)
+    holder = Lease(uri, parent, study.name)
+    holder.take_first()
+    holder.start()
+    with pytest.raises(LeaseHeld, match="heartbeat changed while watched"):
+        record.start_record(client, uri, study, "", {})
+    holder._stop.set()
+    client.set_tag(parent, LEASE_TAG, f"{holder.token} {read_state(client, parent).beat.host} {dead_pid()} 3")
+    with pytest.raises(record.UnclosedRun, match="stopped without closing"):
+        record.start_record(client, uri, study, "", {})
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    import clsr.study.lease
+    from clsr.study.lease import Lease, LeaseHeld
+    clsr.study.lease.HEARTBEAT_S = 0.5
+    uri, run_id, go = sys.argv[1:4]
+    lease = Lease(uri, run_id, "race")
+    print("ready", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.005)
+    try:
+        print("won", lease.acquire(watch_s=20), lease.token, flush=True)
+        lease.start()
+        time.sleep(2)  # hold it, beating, while the other may be watching
+        lease.release()
+    except LeaseHeld:
+        print("lost", flush=True)
+    """
+)
+
+
+@pytest.mark.e2e
+def test_two_driver_processes_racing_for_a_stale_lease_on_an_mlflow_server(tmp_path):
+    """Two processes started together take over the same stale lease, five times over, through a real
+    ``mlflow server``: each time exactly one wins and the other is told the study is held."""
+    from test_record import MlflowServer
+
+    server = MlflowServer(tmp_path)
+    server.start()
+    try:
+        client = MlflowClient(server.url)
+        experiment = client.create_experiment("race")
+        for attempt in range(5):
+            run_id = client.create_run(experiment).info.run_id
+            held_by_a_gone_driver(client, run_id)
+            go = tmp_path / f"go-{attempt}"
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-c", SCRIPT, server.url, run_id, str(go)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for _ in range(2)
+            ]
+            assert [p.stdout.readline().strip() for p in procs] == ["ready", "ready"]  # both imported
+            go.touch()
+            outputs = [p.communicate(timeout=120)[0].split() for p in procs]
+            assert sorted(o[0] for o in outputs) == ["lost", "won"], outputs
+            (winner,) = [o for o in outputs if o[0] == "won"]
+            state = read_state(client, run_id)
+            assert (state.generation, state.holder) == (2, winner[2]) and winner[1] == "2"
+    finally:
+        server.stop()
+
+
+def test_heartbeats_do_not_race_the_fence(store):
+    """The heartbeat thread and a record write that checks the lease run together without a false loss."""
+    uri, client, run_id = store
+    lease = Lease(uri, run_id, "record")
+    lease.take_first()
+    lease.start()
+    errors = []
+
+    def check_often():
+        for _ in range(20):
+            try:
+                lease.check()
+            except LeaseLost as err:
+                errors.append(err)
+
+    threads = [threading.Thread(target=check_often) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    lease.release()
+    assert not errors and read_state(client, run_id).released
