@@ -343,7 +343,8 @@ def init_ray() -> str | None:
 
 def cluster_address() -> str | None:
     """The Ray cluster to join: ``RAY_ADDRESS``, else the one ``ray start`` last started on this machine
-    while it answers (``ray.init()`` would join it too), else None: start a local Ray."""
+    while it answers (``ray.init()`` would join it too) and its pointer file is this user's own, else
+    None: start a local Ray."""
     import socket
     import tempfile
 
@@ -351,12 +352,41 @@ def cluster_address() -> str | None:
         return os.environ["RAY_ADDRESS"]
     pointer = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
     try:
+        if not written_by_me_alone(pointer):
+            _note_once(
+                f"note: not joining the Ray cluster named in {pointer}: another user could have written "
+                f"it (Ray makes that folder writable by everyone); set RAY_ADDRESS to join a cluster"
+            )
+            return None
         address = pointer.read_text().strip()
         host, port = address.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=2):
             return address
     except (OSError, ValueError):
         return None
+
+
+_noted: set[str] = set()
+
+
+def _note_once(line: str) -> None:
+    if line not in _noted:
+        _noted.add(line)
+        print(line)
+
+
+def written_by_me_alone(path: Path) -> bool:
+    """Whether ``path`` is a plain file of this user's in a folder of this user's that no one else may
+    write to. ``/tmp/ray`` is shared by every user of a machine (Ray makes it mode 777): a pointer file
+    there that someone else could have replaced would send this study (its code, data and credentials)
+    to their Ray. Raises OSError when there is no such file."""
+    import stat
+
+    me = os.getuid()
+    folder, file = os.stat(path.parent, follow_symlinks=False), os.stat(path, follow_symlinks=False)
+    if not stat.S_ISREG(file.st_mode) or file.st_uid != me or folder.st_uid != me:
+        return False
+    return not (folder.st_mode | file.st_mode) & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def private_token() -> Path:
