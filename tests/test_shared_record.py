@@ -174,3 +174,23 @@ def _owned_by(stat: os.stat_result, uid: int) -> os.stat_result:
     fields = list(stat)
     fields[4] = uid
     return os.stat_result(fields)
+
+
+def test_the_drivers_record_writes_wait_out_a_locked_sqlite_store(started):
+    """Finding 12: SQLite answers 'database is locked' after its 20 s busy timeout while another process
+    holds a write lock (a colleague's study on the same file); the driver's writes wait it out."""
+    import sqlite3
+    import threading
+    import time
+
+    from clsr.tracking.patient import PatientClient
+
+    uri, client, study, current, parent_run_id, storage = started
+    lock = sqlite3.connect(uri.removeprefix("sqlite:///"), isolation_level=None, check_same_thread=False)
+    lock.execute("BEGIN EXCLUSIVE")
+    threading.Timer(21, lambda: lock.execute("ROLLBACK")).start()
+    started_at = time.monotonic()
+    PatientClient(uri).set_tag(parent_run_id, "clsr.status", "interrupted")
+    assert time.monotonic() - started_at > 20  # it did meet the lock
+    assert client.get_run(parent_run_id).data.tags["clsr.status"] == "interrupted"
+    lock.close()

@@ -32,6 +32,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from clsr.study.driver_link import command_pid
+from clsr.tracking.patient import PatientClient
 
 LEASE_TAG = "clsr.lease"
 GENERATION_PARAM = "clsr.lease.{}"
@@ -173,7 +174,7 @@ class Lease:
     def acquire(self, watch_s: float = STALE_S) -> int:
         """Take the next generation once no live driver holds the study (watching a holder that may be
         gone for up to ``watch_s``); returns the generation."""
-        client = MlflowClient(self.uri)
+        client = PatientClient(self.uri)
         try:
             state = watch(client, self.run_id, watch_s, say=lambda line: print(line, file=sys.stderr))
         except LeaseHeld as err:
@@ -182,7 +183,7 @@ class Lease:
 
     def take_first(self) -> int:
         """Generation 1 of a parent run this driver has just created (no one else has watched it)."""
-        return self._take(MlflowClient(self.uri), 1)
+        return self._take(PatientClient(self.uri), 1)
 
     def _take(self, client: MlflowClient, wanted: int) -> int:
         try:
@@ -239,7 +240,7 @@ class Lease:
     def check(self, client: MlflowClient | None = None) -> None:
         """Raise ``LeaseLost`` unless this driver still holds the study (call before writing the record)."""
         if self.lost is None:
-            self._taken_over(client or MlflowClient(self.uri))
+            self._taken_over(client or PatientClient(self.uri))
         if self.lost is not None:
             raise LeaseLost(self.lost)
 

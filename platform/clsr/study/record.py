@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from mlflow.tracking import MlflowClient
 
 from clsr.study.distinct import also_of
 from clsr.study.driver_link import LEASE_LOST_EXIT
@@ -28,6 +27,7 @@ from clsr.study.fingerprint import compare, fingerprint, overall
 from clsr.study.lease import GENERATION_PARAM, HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, watch
 from clsr.study.plan import grid_points, point_label, stages, trial_document
 from clsr.study.schema import Study
+from clsr.tracking.patient import PatientClient
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.spool import replay_pending
 from clsr.tracking.study_runs import (
@@ -358,7 +358,7 @@ def sync_study(study: Study) -> int:
     driver could not (its lease is stale). Returns the number of trial runs still pending."""
     uri = resolve_tracking_uri(study.tracking_uri)
     check_reachable(uri)
-    client = MlflowClient(uri)
+    client = PatientClient(uri)
     parent = study_parent(client, study, fingerprint(study))
     if parent is None:
         raise NoEarlierRun(f"no run of study {study.name!r} in MLflow at {mask_uri(uri)}")

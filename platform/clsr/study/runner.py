@@ -12,8 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mlflow.tracking import MlflowClient
-
 from clsr.cluster.checks import check_cloud_storage, check_local_storage_on_cluster, is_cloud
 from clsr.study.distinct import also_keys, merge_identical, run_keys
 from clsr.study.driver_link import tell
@@ -42,6 +40,7 @@ from clsr.study.record import (
 from clsr.study.schema import Outputs, Study, StudyError
 from clsr.study.trial import StudyContext, key_of, run_trial
 from clsr.study.tune_state import repair_before_restore
+from clsr.tracking.patient import PatientClient
 from clsr.tracking.study_runs import (
     SUPERSEDED_TAG,
     check_reachable,
@@ -424,7 +423,7 @@ def run_study(
     check_reachable(uri)
     points = runnable_points(study)  # refuse points that cannot run before anything is recorded
     check_storage(study)
-    client = MlflowClient(uri)
+    client = PatientClient(uri)  # a busy store (SQLite locked by a colleague's writes) is waited out
     current = fingerprint(study)
     with Interrupts(study.study_timeout_s) as interrupts:
         if resume:
@@ -468,7 +467,7 @@ def _run_waves(
     skip: frozenset[str],
     interrupts: Interrupts,
 ) -> StudyOutcome:
-    client = MlflowClient(uri)
+    client = PatientClient(uri)
     interrupts.on_give_up = lambda: give_up(client, uri, parent_run_id, interrupts.reason, lease)
     lease.on_lost = interrupts.lease_lost
     init_ray()
@@ -539,7 +538,7 @@ def _fit(study: Study, ctx: StudyContext, ablation: str | None, name: str, inter
         with interrupts.experiment():
             results = build_tuner(study, ctx, ablation, restore=True, name=experiment).fit()
         close_lost_trials(
-            MlflowClient(ctx.tracking_uri), ctx.tracking_uri, ctx.parent_run_id, errors_of(results)
+            PatientClient(ctx.tracking_uri), ctx.tracking_uri, ctx.parent_run_id, errors_of(results)
         )
 
 
