@@ -345,6 +345,13 @@ def cmd_study(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return outcome.exit_code or 1
+    if outcome.stopped_by == "lease_lost":
+        print(
+            "\nstopped: another driver took this study over while this one was paused or cut off; "
+            "it holds the record now, and this driver wrote nothing more to it",
+            file=sys.stderr,
+        )
+        return outcome.exit_code
     if outcome.stopped_by:
         print(
             f"\nstopped by {outcome.stopped_by}: finished trials are recorded, unfinished ones were "

@@ -537,6 +537,8 @@ def _fit(study: Study, ctx: StudyContext, ablation: str | None, name: str, inter
     for experiment in [name, *restorable]:
         with interrupts.experiment():
             results = build_tuner(study, ctx, ablation, restore=True, name=experiment).fit()
+        if interrupts.reason == "lease_lost":  # the record is another driver's now
+            return
         close_lost_trials(
             PatientClient(ctx.tracking_uri), ctx.tracking_uri, ctx.parent_run_id, errors_of(results)
         )
