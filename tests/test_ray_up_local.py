@@ -9,7 +9,8 @@ driver gets and that the project is installed after torch.
 End to end (``e2e`` and ``cluster``): a throw-away Debian sshd on 127.0.0.1 plays a one-server lab;
 `ray up` a test copy of the file against it (twice: the second run must replace the first MLflow
 server), run the smoke study on the head with `ray exec`, check that its driver joined the cluster, read
-the study back from the head's MLflow server over HTTP, and `ray down`, after which neither Ray nor the
+the study back from the head's MLflow server over HTTP (401 without the platform's login, which the
+head derived from the Ray token), and `ray down`, after which neither Ray nor the
 MLflow server may be left (about 3.5 minutes on 2 cores, the study 2 of them). The sshd sets HOME to a temporary folder for every session (``SetEnv``), so
 everything the file puts in ``~`` on a server (the synced repository, ~/.bashrc, the venv link, the
 token, the MLflow store) lands in the test's tmp dir; the `ray` commands run with HOME set to another
@@ -593,9 +594,15 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.e2e
 @pytest.mark.cluster
-def test_ray_up_runs_the_smoke_study_and_ray_down_stops_everything(cfg, sshd, tmp_path, data_dir):
+def test_ray_up_runs_the_smoke_study_and_ray_down_stops_everything(
+    cfg, sshd, tmp_path, data_dir, monkeypatch
+):
+    import urllib.error
+    import urllib.request
+
     import ray
 
+    from clsr.cluster import mlflow_auth
     from test_e2e import runs_of
 
     ray.shutdown()  # `ray up`/`ray down` run `ray stop`, which ends every Ray of this machine: ours too
@@ -667,8 +674,17 @@ def test_ray_up_runs_the_smoke_study_and_ray_down_stops_everything(cfg, sshd, tm
         assert jobs.returncode == 0, jobs.stdout[-3000:]
         assert "study run studies/smoke.yaml" in jobs.stdout, jobs.stdout[-3000:]
 
-        # The study, read back from the head's MLflow server over HTTP.
+        # The study, read back from the head's MLflow server over HTTP: with the platform's login only.
         uri = f"http://127.0.0.1:{ports['mlflow']}"
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(f"{uri}/api/2.0/mlflow/experiments/search?max_results=1", timeout=10)
+        auth, login = sshd.home / "clsr-mlflow" / "auth", sshd.home / ".clsr-mlflow-login" / "password"
+        for private in (auth / "basic_auth.ini", auth / "secret_key", auth / "basic_auth.db", login):
+            assert stat.S_IMODE(private.stat().st_mode) == 0o600, private
+        assert stat.S_IMODE(auth.stat().st_mode) == 0o700
+        assert login.read_text() == mlflow_auth.derived_password(head_token)
+        for key, value in mlflow_auth.login_env(login.read_text()).items():
+            monkeypatch.setenv(key, value)
         client, parents, children = runs_of(uri, "smoke")
         assert len(parents) == 1 and parents[0].info.run_name == "smoke"
         assert parents[0].info.status == "FINISHED"
