@@ -247,19 +247,58 @@ def test_under_root_for_local_folders(tmp_path):
     assert under_root(str(tmp_path / "alias" / "trial"), str(root))  # a symlink into it
 
 
-def test_under_root_for_uris():
-    root = "s3://bucket/studies/study-1"
-    assert under_root("s3://bucket/studies/study-1/trial/checkpoint_000001", root)
-    assert under_root("s3://bucket/studies/study-1", root + "/")
-    assert under_root("S3://bucket/studies/study-1/x?region=eu", root)
-    assert under_root("gcs://b/p/x", "gs://b/p")  # pyarrow calls gs:// gcs://
-    assert not under_root("s3://bucket/studies/study-2/checkpoint", root)  # same bucket, other prefix
-    assert not under_root("s3://bucket/studies/study-1-x/checkpoint", root)
-    assert not under_root("s3://other/studies/study-1/checkpoint", root)
-    assert not under_root("gs://bucket/studies/study-1/checkpoint", root)
-    assert not under_root("s3://bucket/studies/study-1/../study-2/checkpoint", root)
-    assert not under_root("s3://bucket/../bucket/studies/study-1/x", root)  # .. above the bucket
-    assert not under_root("/studies/study-1/x", root)
+ROOT = "s3://bucket/studies/study-1"
+BUCKET = "s3://lab-bucket/runs"
+
+
+@pytest.mark.parametrize(
+    ("location", "root", "inside"),
+    [
+        ("s3://bucket/studies/study-1/trial/checkpoint_000001", ROOT, True),
+        ("s3://bucket/studies/study-1", ROOT + "/", True),
+        ("S3://bucket/studies/study-1/x", ROOT, True),
+        ("gcs://b/p/x", "gs://b/p", True),  # pyarrow calls gs:// gcs://
+        ("s3://bucket/studies/study-2/checkpoint", ROOT, False),  # same bucket, other prefix
+        ("s3://bucket/studies/study-1-x/checkpoint", ROOT, False),
+        ("s3://other/studies/study-1/checkpoint", ROOT, False),
+        ("gs://bucket/studies/study-1/checkpoint", ROOT, False),
+        ("s3://bucket/studies/study-1/../study-2/checkpoint", ROOT, False),
+        ("s3://bucket/../bucket/studies/study-1/x", ROOT, False),  # .. above the bucket
+        ("/studies/study-1/x", ROOT, False),
+        # a tag that would make pyarrow talk to another host, or log in as someone else: refused
+        (f"{BUCKET}/x/checkpoint_000003?endpoint_override=evil:9000&scheme=http", BUCKET, False),
+        (f"{BUCKET}/x?region=eu", BUCKET, False),
+        (f"{BUCKET}/x?", BUCKET, False),
+        (f"{BUCKET}/x#fragment", BUCKET, False),
+        ("s3://AKIA:secret@lab-bucket/runs/x", BUCKET, False),
+        ("s3://@lab-bucket/runs/x", BUCKET, False),
+        ("s3://lab-bucket:9000/runs/x", BUCKET, False),
+        ("s3://evil:9000\\@lab-bucket/runs/x", BUCKET, False),
+        (f"{BUCKET}/x\n?endpoint_override=evil:9000", BUCKET, False),
+        # the root comes from the trusted study file: its own options (a MinIO endpoint) are allowed
+        (f"{BUCKET}/x", f"{BUCKET}?endpoint_override=minio:9000&scheme=http", True),
+        (f"{BUCKET}/x?endpoint_override=minio:9000", f"{BUCKET}?endpoint_override=minio:9000", False),
+    ],
+)
+def test_under_root_for_uris(location, root, inside):
+    assert under_root(location, root) is inside
+
+
+@pytest.mark.parametrize(
+    ("location", "inside"),
+    [
+        ("file://{root}/trial", True),
+        ("file://localhost{root}/trial", True),
+        ("file://{root}/trial?endpoint_override=evil:9000", False),
+        ("file://{root}/trial#x", False),
+        ("file://evil{root}/trial", False),
+        ("file://user:pw@localhost{root}/trial", False),
+    ],
+)
+def test_under_root_for_file_uris(tmp_path, location, inside):
+    root = tmp_path / "storage"
+    (root / "trial").mkdir(parents=True)
+    assert under_root(location.format(root=root), str(root)) is inside
 
 
 def test_finished_outputs_drops_checkpoints_outside_the_study_storage(tmp_path):

@@ -8,6 +8,7 @@ run up by those tags and logs into it, so no run is ever duplicated.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import urllib.error
 import urllib.parse
@@ -247,14 +248,22 @@ def finished_outputs(
 
 
 _SAME_SCHEME = {"gs": "gcs", "s3a": "s3", "s3n": "s3"}  # pyarrow names Google Cloud Storage "gcs"
+_NOT_IN_A_LOCATION = re.compile(r"[?#\\\x00-\x1f\x7f]")  # options, fragments, escapes, control characters
+_BUCKET = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def under_root(location: str, root: str) -> bool:
     """Whether ``location`` (a local path or a ``scheme://bucket/...`` URI) is ``root`` or inside it.
 
     Local paths are compared after ``os.path.realpath`` (symlinks and ``..`` resolved: neither escapes);
-    URIs by scheme, bucket and path prefix, with ``..`` resolved, and never above the bucket.
+    URIs by scheme, bucket and path prefix, with ``..`` resolved, and never above the bucket. A location
+    URI must be plain: pyarrow reads a query (``?endpoint_override=host:port&scheme=http``), a user, a
+    password and a port as where and how to connect, so a tag holding any of them (or a fragment, a
+    backslash, a control character) is refused. The root is the study file's own (trusted) storage
+    path: its options are the user's, and only its bucket and path are compared.
     """
+    if not _plain(location):
+        return False
     location_uri, root_uri = _as_uri(location), _as_uri(root)
     if (location_uri is None) != (root_uri is None):
         return False
@@ -268,6 +277,19 @@ def under_root(location: str, root: str) -> bool:
     if parts is None or root_parts is None or (scheme, bucket) != (root_scheme, root_bucket):
         return False
     return parts[: len(root_parts)] == root_parts
+
+
+def _plain(location: str) -> bool:
+    """A local path, or a URI of nothing but a scheme, a bucket (a local ``file://`` URI: no host but
+    ``localhost``) and a path."""
+    if "://" not in location:
+        return True
+    if _NOT_IN_A_LOCATION.search(location):
+        return False
+    split = urllib.parse.urlsplit(location)
+    if split.scheme.lower() == "file":
+        return split.netloc in ("", "localhost")
+    return _BUCKET.fullmatch(split.netloc) is not None
 
 
 def _real_path(text: str) -> str:
