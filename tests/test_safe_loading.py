@@ -355,6 +355,36 @@ def test_finished_outputs_drops_checkpoints_outside_the_study_storage(tmp_path):
             "'uri': 'http://u:t@h:1', 'other': 'http://v:s@g'",
             "'uri': 'http://u:***@h:1', 'other': 'http://v:***@g'",
         ),
+        # a password holding '/', '#', '?' or spaces runs to the last '@' of its URI
+        (
+            "s3://AKIAIOSFODNN7EXAMPLE:wJalr/XUtnF+EMI/K7MDENG@bucket/x",
+            "s3://AKIAIOSFODNN7EXAMPLE:***@bucket/x",
+        ),
+        ("postgresql://u:pa/ss#w?rd@host/db", "postgresql://u:***@host/db"),
+        ("postgresql://u:p@ss/w#rd@host/db?sslmode=require", "postgresql://u:***@host/db?sslmode=require"),
+        ("error: postgresql://u:pa ss word@host/db refused", "error: postgresql://u:***@host/db refused"),
+        ("http://:tok/en@host", "http://:***@host"),
+        ("http://host:5000/a@b", "http://host:***@b"),  # erring towards masking: port and path go
+        # libpq's keyword form, and password= anywhere in a text
+        ("host=db user=u password=secret dbname=x", "host=db user=u password=*** dbname=x"),
+        ("host=db password='quoted secret' dbname=x", "host=db password=*** dbname=x"),
+        ("host=db password = 'it\\'s secret' dbname=x", "host=db password = *** dbname=x"),
+        ("password='never closed", "password=***"),
+        ('{"dsn": "password=hunter2"}', '{"dsn": "password=***"}'),
+        (
+            "OperationalError: FATAL: auth failed (password=hunter2 sslmode=require)",
+            "OperationalError: FATAL: auth failed (password=*** sslmode=require)",
+        ),
+        ("PGPASSWORD=hunter2 psql -h db", "PGPASSWORD=*** psql -h db"),
+        ("aws_secret_access_key=wJalr/XUtnF+EMI", "aws_secret_access_key=***"),
+        ("https://h/x?password=a&b=2", "https://h/x?password=***&b=2"),
+        # not secrets: kept as they are
+        ("s3://bucket/a@b", "s3://bucket/a@b"),
+        ("s3://bucket/a:b@c", "s3://bucket/a:b@c"),
+        ("http://mlflow:5000 owned by bob@lab.org", "http://mlflow:5000 owned by bob@lab.org"),
+        ("http://[::1]:5000 owned by bob@lab.org", "http://[::1]:5000 owned by bob@lab.org"),
+        ("git+ssh://git@github.com:org/repo", "git+ssh://git@github.com:org/repo"),
+        ("max_tokens=128 keyring=off", "max_tokens=128 keyring=off"),
         ("sqlite:////tmp/mlflow.db", "sqlite:////tmp/mlflow.db"),
         ("http://mlflow:5000", "http://mlflow:5000"),
         ("s3://bucket/study/checkpoint_000001", "s3://bucket/study/checkpoint_000001"),
