@@ -58,20 +58,28 @@ def test_the_crafted_file_would_run_its_payload_without_weights_only(tmp_path):
     assert target.exists()
 
 
-@pytest.mark.parametrize("form", ["file", "folder", "best", "folder with manifest"])
-def test_a_crafted_checkpoint_is_refused_by_load_trained_encoder(tmp_path, form):
+@pytest.mark.parametrize(
+    ("form", "refusal"),
+    [
+        ("file", "not trusted"),  # a weights file of one's own: no manifest needed, torch.load refuses it
+        ("folder", "no SHA-256 recorded"),  # the trainer's folder without its manifest
+        ("best", "no SHA-256 recorded"),
+        ("folder with manifest", "not trusted"),  # whoever wrote the file can write its manifest too
+    ],
+)
+def test_a_crafted_checkpoint_is_refused_by_load_trained_encoder(tmp_path, form, refusal):
     target = tmp_path / "pwned"
     folder = tmp_path / "checkpoint"
     folder.mkdir()
-    name = "best_model.pt" if form == "best" else "state.pt"
+    name = {"best": "best_model.pt", "file": "encoder.pt"}.get(form, "state.pt")
     path = crafted(folder / name, target)
-    if form == "folder with manifest":  # whoever wrote the file can write its manifest too
+    if form == "folder with manifest":
         checkpoint_files.write_manifest(folder, {name: checkpoint_files.sha256(path)})
     source = str(path) if form == "file" else str(folder)
-    with pytest.raises(UntrustedCheckpoint) as refused:
+    with pytest.raises((UntrustedCheckpoint, ValueError)) as refused:
         load_trained_encoder(source, MODEL, weights="best" if form == "best" else "last")
     message = str(refused.value)
-    assert "\n" not in message and "not trusted" in message and name in message
+    assert "\n" not in message and refusal in message and name in message
     assert not target.exists()
 
 
@@ -81,19 +89,23 @@ def test_a_crafted_checkpoint_is_refused_by_the_trainers_restore(tmp_path, monke
     folder = tmp_path / "checkpoint"
     folder.mkdir()
     crafted(folder / "state.pt", target)
+    with pytest.raises(ValueError, match="no SHA-256 recorded"):
+        load_checkpoint(folder, model, optimizer, scheduler, {}, SimpleNamespace(rank=0), 0)
+    # whoever wrote the file can write its manifest too: torch.load refuses it then
+    checkpoint_files.write_manifest(folder, {"state.pt": checkpoint_files.sha256(folder / "state.pt")})
     with pytest.raises(UntrustedCheckpoint, match="holds more than tensors"):
         load_checkpoint(folder, model, optimizer, scheduler, {}, SimpleNamespace(rank=0), 0)
     assert not target.exists()
 
     # the state loads, the best weights are crafted: refused by the manifest, which does not list them,
-    # and without the manifest (an older checkpoint) by torch.load itself
+    # and without the manifest by the check that it is there
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     real = save_checkpoint(model, optimizer, scheduler, {"step": 1}, None)
     crafted(real / "best_model.pt", target)
     with pytest.raises(ValueError, match="best_model.pt is not listed in"):
         load_checkpoint(real, model, optimizer, scheduler, {}, SimpleNamespace(rank=0), 0)
     (real / MANIFEST).unlink()
-    with pytest.raises(UntrustedCheckpoint):
+    with pytest.raises(ValueError, match="no SHA-256 recorded"):
         load_checkpoint(real, model, optimizer, scheduler, {}, SimpleNamespace(rank=0), 0)
     assert not target.exists()
 
@@ -217,10 +229,36 @@ def test_an_atomic_write_keeps_the_old_file_when_the_new_one_fails(tmp_path):
     assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["state.pt"]
 
 
-def test_a_folder_without_a_manifest_still_loads(tmp_path):
-    """Checkpoints written before manifests existed are not checked (but still load as tensors only)."""
-    torch.save({"w": torch.arange(3)}, tmp_path / "old.pt")
-    assert torch.equal(checkpoint_files.load_tensors(tmp_path / "old.pt")["w"], torch.arange(3))
+def test_a_checkpoint_without_its_manifest_is_refused(tmp_path):
+    """The trainer writes a manifest with every checkpoint: without it (deleted, or some other tool's
+    manifest.json) nothing says the files are the ones written, so the trainer's restore, a later stage's
+    load and ``load_tensors`` refuse the folder and say what to do."""
+    model, optimizer, scheduler = tiny_training()
+    folder = save_checkpoint(model, optimizer, scheduler, dict(STATE), model.state_dict())
+    moved = tmp_path / "checkpoint"
+    folder.rename(moved)
+    for manifest in (None, '{"files": ["state.pt"]}'):
+        (moved / MANIFEST).unlink(missing_ok=True)
+        if manifest:
+            (moved / MANIFEST).write_text(manifest)
+        with pytest.raises(ValueError, match="no SHA-256 recorded") as refused:
+            load_checkpoint(moved, *tiny_training(0), {}, SimpleNamespace(rank=0), 0)
+        message = str(refused.value)
+        assert "\n" not in message and str(moved / "state.pt") in message and "complete checkpoint" in message
+        with pytest.raises(ValueError, match="no SHA-256 recorded"):
+            load_trained_encoder(str(moved), MODEL, weights="best")
+        with pytest.raises(ValueError, match="no SHA-256 recorded"):
+            load_trained_encoder(str(moved / "state.pt"), MODEL)  # the trainer's file, named directly
+        with pytest.raises(ValueError, match="no SHA-256 recorded"):
+            checkpoint_files.load_tensors(moved / "best_model.pt")
+
+
+def test_a_weights_file_of_your_own_loads_without_a_manifest(tmp_path):
+    """A ``.pt`` file named directly (a model trained elsewhere) has no manifest: it still loads, as
+    tensors and plain data only, unless it has one of the trainer's own names."""
+    torch.save({"w": torch.arange(3)}, tmp_path / "mine.pt")
+    loaded = checkpoint_files.load_tensors(tmp_path / "mine.pt", manifest_required=False)
+    assert torch.equal(loaded["w"], torch.arange(3))
 
 
 # --- upstream checkpoints named by MLflow tags stay under the study's storage ---

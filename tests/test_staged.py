@@ -26,6 +26,7 @@ from clsr.tracking.study_runs import (
     record_skipped,
     start_parent_run,
 )
+from clsr.train.checkpoint_files import save_tensors, write_manifest
 
 SMALL = {
     "model": {"name": "minilm", "pooling": "avg", "max_seq_length": 16},
@@ -187,11 +188,14 @@ def test_outputs_are_read_back_from_mlflow_and_skipped_trials_are_recorded(tmp_p
 
 
 def write_checkpoint(folder: Path, last: dict, best: dict) -> Path:
-    """A trainer checkpoint folder as the loop writes it: ``state.pt`` (last weights and more) and
-    ``best_model.pt`` (the best-dev weights)."""
+    """A trainer checkpoint folder as the loop writes it: ``state.pt`` (last weights and more),
+    ``best_model.pt`` (the best-dev weights) and the manifest of their SHA-256."""
     folder.mkdir()
-    torch.save({"model": last, "optimizer": {}, "step": 3}, folder / "state.pt")
-    torch.save(best, folder / "best_model.pt")
+    hashes = {
+        "state.pt": save_tensors({"model": last, "optimizer": {}, "step": 3}, folder / "state.pt"),
+        "best_model.pt": save_tensors(best, folder / "best_model.pt"),
+    }
+    write_manifest(folder, hashes)
     return folder
 
 

@@ -11,7 +11,10 @@ A *source* is one of
 The trainer's files hold only weights, so the architecture comes from the consuming trial's ``model``
 section (same ``name``; its pooling decides which heads are needed). They load as tensors and plain
 data only (a file that would run code is refused) and are checked against the folder's
-``manifest.json`` of SHA-256 when it has one (``clsr.train.checkpoint_files``).
+``manifest.json`` of SHA-256 (``clsr.train.checkpoint_files``). The trainer writes that manifest with
+every checkpoint, so its files (``state.pt``, ``best_model.pt``, in a folder or named directly) are
+refused without it; any other ``.pt`` file named directly is a model of the user's own, trained
+elsewhere, and loads without one.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ def _read_weights(source: str, path: Path, weights: Weights) -> dict:
             )
             raise FileNotFoundError(f"{source} has no {WEIGHT_FILES[weights]} (weights: {weights}); {hint}")
         path = path / WEIGHT_FILES[weights]
-    state = load_tensors(path)  # checked against the folder's manifest; tensors and plain data only
+    # checked against the folder's manifest (the trainer's files must have one); tensors and plain data only
+    state = load_tensors(path, manifest_required=path.name in WEIGHT_FILES.values())
     if isinstance(state, dict) and isinstance(state.get("model"), dict):  # state.pt: weights + optimiser
         state = state["model"]
     return state

@@ -4,8 +4,10 @@ A checkpoint folder holds ``state.pt`` (and ``best_model.pt`` when a dev set was
 ``manifest.json``: each file's SHA-256, written last, so a folder with a manifest was written completely.
 Every file lands under a temporary name in its folder and is renamed (``os.replace``) once complete, so
 a reader never sees half a file under its real name. Loading goes through ``load_tensors``: the manifest
-is checked when there is one, and ``torch.load`` runs with ``weights_only=True`` (tensors and plain
-data only; a pickle that would run code is refused).
+is required and checked (the trainer always writes one: a folder without it is incomplete or was
+changed), and ``torch.load`` runs with ``weights_only=True`` (tensors and plain data only; a pickle that
+would run code is refused). Only a weights file of the user's own, named directly, may come without a
+manifest (``manifest_required=False``).
 """
 
 from __future__ import annotations
@@ -67,23 +69,24 @@ def write_manifest(folder: Path, hashes: dict[str, str]) -> None:
     write_atomic(Path(folder) / MANIFEST, lambda tmp: tmp.write_text(text))
 
 
-def verify(path: Path) -> None:
-    """Raise when ``path``'s folder has a manifest and ``path``'s SHA-256 is not the one recorded there.
+def verify(path: Path, required: bool = True) -> None:
+    """Raise unless ``path``'s SHA-256 is the one recorded in its folder's manifest.
 
-    A folder without a manifest (written before manifests existed, or not by the trainer) is not checked.
+    ``required=False``: a folder without a manifest of the trainer's (a user's own weights file) is not
+    checked. A checkpoint the platform restores (a trial's resume, an upstream trial's output) always
+    has one: its absence means a file was deleted, so nothing vouches for the others.
     """
     path = Path(path)
     manifest = path.parent / MANIFEST
-    if not manifest.is_file():
-        return
-    try:
-        content = json.loads(manifest.read_text())
-    except ValueError as err:
-        raise ValueError(
-            f"checkpoint manifest {manifest} is not valid JSON ({err}); it was changed"
-        ) from None
-    recorded = content.get("sha256") if isinstance(content, dict) else None
-    if not isinstance(recorded, dict):  # some other tool's manifest.json: nothing recorded by the trainer
+    recorded = _recorded(manifest) if manifest.is_file() else None
+    if recorded is None:
+        if required:
+            raise ValueError(
+                f"checkpoint file {path} has no SHA-256 recorded (no trainer's {MANIFEST} beside it): the "
+                f"trainer writes one with every checkpoint, so this folder is incomplete or was changed "
+                f"after it was written; use a complete checkpoint folder of the trial (its MLflow run's "
+                f"tag clsr.checkpoint), or rerun the trial that wrote it"
+            )
         return
     expected = recorded.get(path.name)
     if expected is None:
@@ -95,9 +98,21 @@ def verify(path: Path) -> None:
         )
 
 
-def load_tensors(path: Path) -> Any:
+def _recorded(manifest: Path) -> dict | None:
+    """``{file name: SHA-256}`` of a trainer's manifest; None for some other tool's ``manifest.json``."""
+    try:
+        content = json.loads(manifest.read_text())
+    except ValueError as err:
+        raise ValueError(
+            f"checkpoint manifest {manifest} is not valid JSON ({err}); it was changed"
+        ) from None
+    recorded = content.get("sha256") if isinstance(content, dict) else None
+    return recorded if isinstance(recorded, dict) else None
+
+
+def load_tensors(path: Path, manifest_required: bool = True) -> Any:
     """``torch.load`` of a checkpoint file on the CPU, tensors and plain data only, after ``verify``."""
-    verify(path)
+    verify(path, manifest_required)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
