@@ -26,6 +26,7 @@ from clsr.study.record import resolved_summary
 from clsr.study.report import (
     CORRECTION,
     TEST_NAME,
+    NoStudyRuns,
     build_report,
     histories,
     holm,
@@ -33,6 +34,7 @@ from clsr.study.report import (
     render_text,
     report_study,
     seed_stats,
+    study_from_run,
     write_report,
 )
 from clsr.study.schema import StudyError
@@ -588,3 +590,26 @@ def test_an_ablation_set_to_null_in_smoke_is_left_out_of_the_smoke_run(tmp_path)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     assert list(load_study(path, smoke=True).ablations) == ["temperature"]
     assert list(load_study(path).ablations) == ["temperature", "pooling"]
+
+
+BOMB = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10))
+
+
+@pytest.mark.parametrize(
+    ("artifact", "refusal"),
+    [
+        ("l0: &l0 lol\n" + BOMB + "study: {name: x}\n", "alias bomb"),  # a billion laughs
+        ("study: " + "x" * (1 << 20) + "\n", "at most 1,048,576 bytes"),
+        ("- study\n", "holds no study"),
+        ("study: {name: x}\n", r"not a valid study \(2 problem\(s\); method: Field required\)"),
+    ],
+)
+def test_a_hostile_resolved_yaml_artifact_is_refused(tmp_path, monkeypatch, artifact, refusal):
+    """Anyone who can write to the tracking server can replace the study a ``--name`` report reads."""
+    monkeypatch.chdir(tmp_path)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parent = start_parent_run(client, "hostile", str(tmp_path / "runs"), None)
+    client.log_text(parent, artifact, "resolved.yaml")
+    with pytest.raises(NoStudyRuns, match=refusal) as refused:
+        study_from_run(client, parent, tmp_path / "download")
+    assert "\n" not in str(refused.value) and "resolved.yaml" in str(refused.value)

@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 from mlflow.tracking import MlflowClient
+from pydantic import ValidationError
 from scipy import stats as sps
 
 from clsr.data.faq import FAQ_TASKS
@@ -49,6 +49,7 @@ from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
 from clsr.study.plan import find_point, grid_points, report_points, resolve_trial, trial_identity
 from clsr.study.schema import Ablation, Study
+from clsr.study.yaml_safe import YAMLSafetyError, read_yaml_file
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import (
     SUPERSEDED_TAG,
@@ -181,7 +182,22 @@ def study_from_run(client: MlflowClient, parent_run_id: str, dst: Path) -> Study
         raise NoStudyRuns(
             f"the parent run {parent_run_id} has no resolved.yaml artifact ({err}); give the study file"
         ) from err
-    return Study.model_validate(yaml.safe_load(Path(local).read_text())["study"])
+    refused = f"the parent run {parent_run_id}'s resolved.yaml artifact was refused"
+    try:  # anyone who can write to the tracking server can write it: size and alias limits
+        recorded = read_yaml_file(local)
+    except YAMLSafetyError as err:
+        raise NoStudyRuns(f"{refused}: {err}; give the study file") from None
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("study"), dict):
+        raise NoStudyRuns(f"{refused}: it holds no study: mapping; give the study file")
+    try:
+        return Study.model_validate(recorded["study"])
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise NoStudyRuns(
+            f"{refused}: not a valid study ({err.error_count()} problem(s); {where}: {first['msg']}); "
+            f"give the study file"
+        ) from None
 
 
 # --- statistics --------------------------------------------------------------------------------------
