@@ -19,8 +19,13 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import threading
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -632,6 +637,78 @@ def test_tracking_uri_points_every_node_at_the_head(cfg):
     assert f"MLFLOW_TRACKING_URI=http://\\$(hostname -I | awk '{{print \\$1}}'):{MLFLOW_PORT}" in head
     workers = " ".join(cfg["worker_setup_commands"])
     assert f"MLFLOW_TRACKING_URI=http://${{RAY_HEAD_IP}}:{MLFLOW_PORT}" in workers
+
+
+# ---- stopping the previous MLflow server: only a group of this user's that runs MLflow -----------
+
+# The command under test runs with `kill` replaced: it signals the test's own process group only and
+# records any other target, so a command that would kill another group (or, as root, every process
+# with `kill -- -1`) fails this test instead of doing it.
+FENCED_KILL = """kill() {
+  if [ "${@: -1}" = "-$TEST_GROUP" ]; then command kill "$@"; else echo "kill $*" >> "$OTHER_KILLS"; return 1; fi
+}
+"""
+
+
+def _stop_command(path: Path, tmp_path: Path) -> tuple[str, Path]:
+    """The start command that stops the last MLflow server, its pgid files moved into ``tmp_path``;
+    the pgid file it reads."""
+    starts = yaml.safe_load(path.read_text())["head_start_ray_commands"]
+    (stop,) = [cmd for cmd in starts if 'kill -TERM -- "-$g"' in cmd]
+    (tmp_path / "clsr-mlflow").mkdir()
+    stop = stop.replace("/tmp/clsr-mlflow-", f"{tmp_path}/clsr-mlflow/tmp-")
+    return stop, tmp_path / "clsr-mlflow" / ("server.pgid" if "~/" in stop else "tmp-server.pgid")
+
+
+def _process_group(argv0: str, user: int | None = None) -> subprocess.Popen:
+    """A process group of its own (a ``sleep`` shown as ``argv0``), reaped as soon as it ends."""
+    group = subprocess.Popen(
+        [argv0, "300"], executable=shutil.which("sleep"), start_new_session=True, user=user, group=user
+    )
+    threading.Thread(target=group.wait, daemon=True).start()
+    return group
+
+
+@pytest.mark.parametrize("path", [CLUSTER_YAML, REPO_ROOT / "cluster.local.yaml"], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    ("argv0", "recorded", "stopped"),
+    [
+        ("mlflow server", "{pgid}", True),  # the server of the last `ray up`
+        ("sleep", "{pgid}", False),  # some other group of this user's: a pgid file in /tmp is anyone's
+        ("mlflow server", "0", False),  # -0: the command's own group
+        ("mlflow server", "1", False),  # -1: every process the user may signal
+        ("mlflow server", "0001", False),  # kill reads -0001 as -1 too
+        ("mlflow server", "{pgid}x", False),
+        ("mlflow server", "nobody's", False),  # the group of another user (run as root)
+    ],
+)
+def test_stopping_mlflow_kills_only_a_group_of_this_users_that_runs_mlflow(
+    tmp_path, path, argv0, recorded, stopped
+):
+    nobody = recorded == "nobody's"
+    if nobody and os.geteuid() != 0:
+        pytest.skip("starting another user's process needs root")
+    stop, pgid_file = _stop_command(path, tmp_path)
+    group = _process_group(argv0, user=65534 if nobody else None)
+    other_kills = tmp_path / "other-kills"
+    try:
+        pgid_file.write_text(str(group.pid) if nobody else recorded.format(pgid=group.pid))
+        env = {
+            **os.environ,
+            "HOME": str(tmp_path),
+            "TEST_GROUP": str(group.pid),
+            "OTHER_KILLS": str(other_kills),
+        }
+        ran = subprocess.run(["bash", "-c", FENCED_KILL + stop], env=env, start_new_session=True, timeout=60)
+        assert ran.returncode == 0
+        assert not other_kills.exists(), other_kills.read_text()
+        if stopped:
+            group.wait(timeout=10)
+        else:
+            time.sleep(0.5)
+            assert group.poll() is None, "a process group that is not this user's MLflow was killed"
+    finally:
+        group.kill()
 
 
 # ---- the validator rejects what Ray's schema lets through -------------------------------------
