@@ -130,7 +130,7 @@ method: simcse_sup
 base:
   model: {name: minilm, pooling: auto, max_seq_length: 32}    # its own Pooling(mean): avg
   data:
-    train: triplets.csv                                       # relative: read from the folder run in
+    train: "o'brien/triplets.csv"                            # relative: read from the folder run in
     columns: {anchor: premise, positive: entailed, negative: contradicted}
   trainer: {batch_size: 16, max_steps: 4, eval_steps: 4, log_every: 2, lr: 3.0e-5}
   eval:
@@ -141,8 +141,8 @@ base:
     custom:
       my_pairs: {type: sts, path: pairs.jsonl, columns: {sentence1: left, sentence2: right, score: gold}}
 ablations:
-  temperature:
-    grid: {method.temperature: [0.05, 0.1]}
+  temperature:                                                # a quote in the labels and trial ids
+    grid: {method.temperature: [0.05, 0.1], data.train: ["o'brien/triplets.csv"]}
 seeds: [1]
 metric: best_dev_stsb
 resources: {workers_per_trial: 1, cpus_per_worker: 1}
@@ -153,7 +153,9 @@ smoke: {seeds: [1]}
 
 def test_a_study_on_own_csv_with_a_custom_evaluation_set(tmp_path, data_dir, capsys):
     """A user's CSV (mapped columns) trains, a JSON Lines STS set of their own is scored: both through Ray
-    Train and into MLflow, and the report shows the custom task as a column beside the built-in one."""
+    Train and into MLflow, and the report shows the custom task as a column beside the built-in one. The
+    CSV's folder has a quote in its name, so the points' labels and trial ids do too (MLflow finds the
+    runs again by them)."""
     import csv
     import json
 
@@ -161,7 +163,8 @@ def test_a_study_on_own_csv_with_a_custom_evaluation_set(tmp_path, data_dir, cap
     from clsr.data.sts import load_sts
     from clsr.data.training import load_rows
 
-    with (tmp_path / "triplets.csv").open("w", newline="") as handle:
+    (tmp_path / "o'brien").mkdir()
+    with (tmp_path / "o'brien" / "triplets.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["premise", "entailed", "contradicted"])
         for row in load_rows("nli_triplets", data_dir, max_rows=96, seed=0):
@@ -181,7 +184,8 @@ def test_a_study_on_own_csv_with_a_custom_evaluation_set(tmp_path, data_dir, cap
     for child in children:
         assert child.data.tags["clsr.status"] == "finished"
         assert child.data.params["model.pooling"] == "avg"  # auto, resolved and recorded
-        assert child.data.params["data.train"] == str(tmp_path / "triplets.csv")
+        assert child.data.params["data.train"] == str(tmp_path / "o'brien" / "triplets.csv")
+        assert "data.train=o'brien/triplets.csv" in child.data.tags["clsr.trial_id"]
         assert 0 < child.data.metrics["test_my_pairs"] < 100 and "test_sts16" in child.data.metrics
 
     assert (

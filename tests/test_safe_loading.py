@@ -1,6 +1,7 @@
 """What the platform loads and logs: checkpoints load as tensors only, are written atomically with a
-SHA-256 manifest, upstream checkpoints named by MLflow tags stay under the study's storage, and
-credentials in URIs never reach logs or errors."""
+SHA-256 manifest that must be there when they are read, upstream checkpoints named by MLflow tags stay
+under the study's storage (plain locations only: no query, user, password or port), a trial's run is
+found again whatever its id holds, and credentials never reach logs or errors."""
 
 from __future__ import annotations
 
@@ -19,14 +20,17 @@ from torch import nn
 
 from clsr.encoders.trained import load_trained_encoder
 from clsr.encoders.transformer import ModelConfig
+from clsr.tracking import study_runs
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import (
     CHECKPOINT_TAG,
     check_reachable,
+    children,
     close_run,
     finished_outputs,
     open_child_run,
     start_parent_run,
+    trial_run,
     under_root,
 )
 from clsr.train import checkpoint_files
@@ -362,6 +366,45 @@ def test_finished_outputs_drops_checkpoints_outside_the_study_storage(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a root holding every checkpoint: no warning
         assert len(finished_outputs(client, parent, storage_root="/")) == 2
+
+
+# --- a trial's run is found again by its tags, whatever its id holds ---
+
+
+@pytest.mark.parametrize(
+    "trial_id",
+    [
+        "corpus[data.train=/data/o'brien/pairs.csv] seed=1",  # a quote from a resolved value
+        'corpus[label "two"] seed=1',
+        "corpus[C:\\data\\] seed=1",
+        "corpus[data.train=s3://key:pw@bucket/x] seed=1",  # stored masked: looked up masked too
+    ],
+)
+def test_a_trials_run_is_found_again_whatever_its_id_holds(tmp_path, trial_id):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    parent = start_parent_run(client, "quotes", str(tmp_path / "runs"), None)
+    run = open_child_run(uri, parent, trial_id, "x", {}, {})
+    found = trial_run(client, parent, trial_id)
+    assert found is not None and found.info.run_id == run
+    assert open_child_run(uri, parent, trial_id, "x", {}, {}) == run  # a retry reopens it
+    assert [r.info.run_id for r in children(client, parent)] == [run]
+    with pytest.raises(ValueError, match="holds both"):
+        trial_run(client, parent, 'corpus[it\'s "both"] seed=1')
+
+
+def test_children_pages_through_every_run(tmp_path, monkeypatch):
+    """A study may have 100,000 trials, more than one answer of MLflow's search holds."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    parent = start_parent_run(client, "paged", str(tmp_path / "runs"), None)
+    runs = {open_child_run(uri, parent, f"t{i}", "x", {}, {}) for i in range(5)}
+    monkeypatch.setattr(study_runs, "SEARCH_PAGE_SIZE", 2)
+    pages = []
+    search = client.search_runs
+    monkeypatch.setattr(client, "search_runs", lambda *a, **kw: pages.append(kw) or search(*a, **kw))
+    assert {r.info.run_id for r in children(client, parent)} == runs
+    assert [page["max_results"] for page in pages] == [2, 2, 2]
 
 
 # --- credentials never reach logs or errors ---

@@ -98,6 +98,16 @@ BAD_STUDIES = [
     ),
     (("metric", "dev_sickr"), "ablations.temp", "needs eval.dev_tasks to include 'sickr'"),
     (("base.trainer.length_group_size", 0), "base.trainer.length_group_size", "'auto', null or a positive"),
+    (
+        ("ablations.temp", {"points": [{"label": 'it\'s "hot"', "set": {"method.temperature": 0.5}}]}),
+        'ablations.temp[it\'s "hot"]',
+        "holds both ' and \", which MLflow's search cannot quote: set a label without one of them",
+    ),
+    (
+        ("ablations.temp.grid", {"data.train": ['/data/o\'brien/"pairs".csv']}),
+        'ablations.temp[data.train=/data/o\'brien/"pairs".csv]',
+        "holds both ' and \"",
+    ),
 ]
 
 

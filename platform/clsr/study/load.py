@@ -189,6 +189,7 @@ def _check_trials(study: Study) -> list[str]:
         seed = study.seeds_of(name)[0]
         for point in points:
             where = f"ablations.{name}[{point['label']}]"
+            problems += _label_problems(where, point["label"])
             found = _format_pydantic_or_none(
                 lambda point=point, name=name, seed=seed: resolve_trial(
                     study, name, point["overrides"], seed
@@ -212,6 +213,17 @@ def _check_trials(study: Study) -> list[str]:
         + [f"base{p}" for p in shared]
         + [where + rest for where, rest in per_trial if rest not in shared]
     )
+
+
+def _label_problems(where: str, label: str) -> list[str]:
+    """A point's label goes into its trials' ids, which MLflow finds again by a quoted search string
+    (``clsr.tracking.study_runs.quoted``): one quote kind is fine, both are not."""
+    if "'" in label and '"' in label:
+        return [
+            f"{where}: the point's label holds both ' and \", which MLflow's search cannot quote: set a "
+            f"label without one of them (points: [{{label: ..., set: ...}}]), or rename the value"
+        ]
+    return []
 
 
 def _device_problems(study: Study, trial: TrialConfig) -> list[str]:

@@ -81,7 +81,7 @@ def parent_runs(client: MlflowClient, study_name: str, running: bool = False, ma
     experiment = client.get_experiment_by_name(study_name)
     if experiment is None:
         return []
-    query = f"tags.`{PARENT_TAG}` = '{study_name}'"
+    query = f"tags.`{PARENT_TAG}` = {quoted(study_name)}"
     if running:
         query += " and attributes.status = 'RUNNING'"
     return client.search_runs(
@@ -91,8 +91,9 @@ def parent_runs(client: MlflowClient, study_name: str, running: bool = False, ma
 
 def child_run_for_trial(client: MlflowClient, experiment: str, parent_run_id: str, trial_id: str):
     """The trial's current run (a run superseded by an edited resume is not it), or None."""
+    stored = mask_uri(trial_id)  # the tag holds the id as open_child_run stored it
     runs = client.search_runs(
-        [experiment], f"tags.`{TRIAL_TAG}` = '{trial_id}' and tags.`mlflow.parentRunId` = '{parent_run_id}'"
+        [experiment], f"tags.`{TRIAL_TAG}` = {quoted(stored)} and {_child_of(parent_run_id)}"
     )
     runs = [r for r in runs if SUPERSEDED_TAG not in r.data.tags]
     return runs[0] if runs else None
@@ -214,11 +215,38 @@ def open_children(client: MlflowClient, parent_run_id: str) -> list:
     return [r for r in children(client, parent_run_id) if r.info.status == running]
 
 
+SEARCH_PAGE_SIZE = 50_000  # MLflow's most results per search; a study may have more trials
+
+
 def children(client: MlflowClient, parent_run_id: str) -> list:
+    """Every child run of a parent run, page by page."""
     experiment = client.get_run(parent_run_id).info.experiment_id
-    return client.search_runs(
-        [experiment], f"tags.`mlflow.parentRunId` = '{parent_run_id}'", max_results=50000
-    )
+    runs, token = [], None
+    while True:
+        page = client.search_runs(
+            [experiment], _child_of(parent_run_id), max_results=SEARCH_PAGE_SIZE, page_token=token
+        )
+        runs += page
+        token = page.token
+        if not token:
+            return runs
+
+
+def _child_of(parent_run_id: str) -> str:
+    return f"tags.`mlflow.parentRunId` = {quoted(parent_run_id)}"
+
+
+def quoted(value: str) -> str:
+    """``value`` as a string of MLflow's search filter grammar, which has no escapes: it strips the
+    quotes around a string and keeps everything between them. So a value with ``'`` goes in double
+    quotes; one with both kinds, or ending in a backslash (sqlparse reads ``\\'`` as an escaped
+    quote), cannot be written at all. Trial ids end with their seed, and ``clsr.study.load`` refuses
+    point labels with both quotes."""
+    if "'" in value and '"' in value:
+        raise ValueError(f"{value!r} holds both ' and \", which MLflow's search cannot quote")
+    if value.endswith("\\"):
+        raise ValueError(f"{value!r} ends with a backslash, which MLflow's search cannot quote")
+    return f'"{value}"' if "'" in value else f"'{value}'"
 
 
 def finished_outputs(
