@@ -1,47 +1,84 @@
-"""MLflow writes of one run that survive a tracking-server outage: journaled first, sent in order.
+"""MLflow writes of one run that survive a tracking-server outage: queued in order, sent by a thread,
+carried in checkpoints, and left in the study's storage when a trial ends before MLflow took them.
 
 Why by hand: MLflow's client retries a request for about two minutes and then raises; a trial that
 logs through it dies with the server (a restart for an upgrade, a network blip on a cluster). No MLflow
-or Ray component keeps writes across that, so a trial's writes go through this journal instead:
+or Ray component keeps writes across that, so a trial's writes go through this spool instead:
 
 * every write (metric points with the timestamps they were logged at, params, tags, text and file
-  artifacts, the run's end) is appended to a JSON-lines journal in a local folder, and a background
-  thread sends the journal in order, backing off while the server is unreachable; training never waits
-  on MLflow;
+  artifacts, the run's end) is queued in memory, in order, and a background thread sends the queue,
+  backing off while the server is unreachable; training never waits on MLflow. A sent write leaves
+  memory (only a count stays). A file or folder artifact is copied into the spool's local folder when
+  written (the caller may delete its own); that folder, ``<tmp>/clsr-spool-<pid>-<pid namespace>-<run>-*``,
+  holds nothing else, and the next spool on the machine removes it once its process is gone
+  (``sweep_leftovers``: a SIGKILLed trial's);
 * replaying a write is harmless: MLflow drops a metric point it already holds (same key, value,
-  timestamp and step), and params, tags, artifacts and the final status are idempotent. A journal can
-  therefore be replayed whole, at least once: from a checkpoint (``save_to``/``load_from``: a trial
-  retried on another worker still sends what it could not), and from the study's storage
-  (``hand_over`` at a trial's end, ``replay_pending`` by the study driver, ``platform study resume``
-  and ``platform study sync``).
+  timestamp and step), and params, tags, artifacts and the final status are idempotent. The unsent
+  writes therefore go, whole, into every checkpoint (``save_to``: ``<checkpoint>/spool/journal.jsonl``
+  and ``files/``; a trial retried elsewhere sends them, ``load_from``) and, when a trial ends before
+  MLflow took them, into the study's storage (``hand_over``), one folder per hand-over::
+
+      <storage>/spool/<run_id>/<seq>-<uuid>/files/<uuid>-<name>   the hand-over's artifacts, first
+      <storage>/spool/<run_id>/<seq>-<uuid>/journal.jsonl         then its writes: a temporary name, moved
+
+  so a hand-over is there whole or not at all, and one cut short spoils none after it. ``seq`` counts
+  the run's hand-overs: the driver's last writes (``finish_child``) replay after the trial's own. The
+  study driver (``replay_pending``; ``platform study resume`` and ``sync``) sends them in that order and
+  removes each once sent. The layout before (one ``<run_id>/journal.jsonl``, appended to, and
+  ``files/``) is still read, first;
+* a journal read back is untrusted input: others can write the study's storage (a shared bucket or
+  file system), and checkpoints live there. Each entry is checked before anything is done with it
+  (``refusal``): a known operation with well-formed values, a local file named by one plain name and
+  read only inside its journal's own ``files/`` (never through a link), MLflow artifact paths relative
+  and without ``..``. An entry refused, a line that cannot be read, or a write MLflow refuses for good
+  is skipped with a warning; the journal that held it is not deleted but kept aside
+  (``journal.kept.jsonl``, not replayed again) for a person to read.
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import os
+import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
 import uuid
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 JOURNAL = "journal.jsonl"
+KEPT = "journal.kept.jsonl"  # a journal with writes that were not sent: for a person, never replayed
 FILES = "files"
 PENDING = "spool"  # <storage>/spool/<run_id>/: what a trial could not send by its end
 BACKOFF_S = (1, 2, 5, 10, 20, 30)
+STATUSES = ("FINISHED", "FAILED", "KILLED")
+PERMANENT = ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST")  # MLflow errors no retry cures
+LEFTOVER = re.compile(r"clsr-spool-(\d+)-(\d+)-")  # a spool folder: its owner's pid and pid namespace
+HAND_OVER = re.compile(r"(\d{6,})-[0-9a-f]{12}")
+FILE_NAME = re.compile(r"[0-9a-f]{12}-[^/\\\x00]+")  # what ``Spool.artifacts`` names its copies
+RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 
 
 class Spool:
-    """The journal of one MLflow run, with a sender thread (``start``) or without (``replay``)."""
+    """The queued writes of one MLflow run, with a sender thread (``start``) or without (``replay``)."""
 
     def __init__(self, uri: str, run_id: str, folder: str | Path | None = None):
         self.uri, self.run_id = uri, run_id
-        self.folder = Path(folder or tempfile.mkdtemp(prefix=f"clsr-spool-{run_id[:8]}-"))
+        if folder is None:
+            sweep_leftovers()
+            owner = f"{os.getpid()}-{_pid_namespace()}"
+            folder = tempfile.mkdtemp(prefix=f"clsr-spool-{owner}-{run_id[:8]}-")
+        self.folder = Path(folder)
         (self.folder / FILES).mkdir(parents=True, exist_ok=True)
-        self.entries: list[dict[str, Any]] = []
-        self.sent = 0  # entries[:sent] reached MLflow
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()  # not sent yet, in order
+        self.sent = 0  # entries taken off the queue: sent (or refused by MLflow for good, with a warning)
         self.last_error: str | None = None
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -66,9 +103,15 @@ class Spool:
         self._append({"op": "text", "text": text, "file": artifact_file})
 
     def artifacts(self, local_path: str | Path, artifact_path: str | None = None) -> None:
-        """A file or folder, copied into the spool now (the caller may delete its own copy)."""
+        """A file or folder, copied into the spool now (the caller may delete its own copy). Raises
+        ``OSError`` when it cannot be copied (a full disk); nothing is queued then."""
         name = f"{uuid.uuid4().hex[:12]}-{Path(local_path).name}"
-        _copy(Path(local_path), self.folder / FILES / name)
+        target = self.folder / FILES / name
+        try:
+            _copy(Path(local_path), target)
+        except BaseException:
+            _remove(target)
+            raise
         self._append({"op": "artifacts", "file": name, "artifact_path": artifact_path})
 
     def terminate(self, status: str) -> None:
@@ -77,9 +120,7 @@ class Spool:
 
     def _append(self, entry: dict[str, Any]) -> None:
         with self._lock:
-            self.entries.append(entry)
-            with open(self.folder / JOURNAL, "a") as journal:
-                journal.write(json.dumps(entry) + "\n")
+            self._queue.append(entry)
             self._lock.notify_all()
 
     # --- sending ------------------------------------------------------------------------------------
@@ -95,21 +136,24 @@ class Spool:
         failures = 0
         while True:
             with self._lock:
-                while self.sent == len(self.entries) and not self._closing:
+                while not self._queue and not self._closing:
                     self._lock.wait()
-                if self.sent == len(self.entries):
+                if self._closing:  # what is left was handed over (or is the closer's to keep)
                     return
-                entry = self.entries[self.sent]
+                entry = self._queue[0]
             try:
                 send(self.uri, self.run_id, entry, self.folder)
-            except Exception as err:  # the server is down or refused: keep the entry, try again later
-                self.last_error = f"{type(err).__name__}: {err}"[:500]
-                with self._lock:
-                    self._lock.wait(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
-                failures += 1
-                continue
+            except Exception as err:
+                if not refused_for_good(err):  # the server is down: keep the entry, try again later
+                    self.last_error = f"{type(err).__name__}: {err}"[:500]
+                    with self._lock:
+                        self._lock.wait(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
+                    failures += 1
+                    continue
+                _warn(f"a {entry['op']} write of run {self.run_id} was refused for good: {err}")
             failures = 0
             with self._lock:
+                self._queue.popleft()
                 self.sent += 1
                 self._lock.notify_all()
 
@@ -117,12 +161,12 @@ class Spool:
         """Wait up to ``wait_s`` for everything to be sent; True when nothing is left."""
         deadline = time.monotonic() + wait_s
         with self._lock:
-            while self.sent < len(self.entries) and self._thread is not None:
+            while self._queue and self._thread is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._lock.wait(min(left, 1.0))
-            return self.sent == len(self.entries)
+            return not self._queue
 
     def close(self, wait_s: float, pending_root: str | None) -> int:
         """Stop sending after at most ``wait_s``; what is left goes to ``pending_root`` (the study's
@@ -131,7 +175,7 @@ class Spool:
         with self._lock:
             self._closing = True
             self._lock.notify_all()
-            left = self.entries[self.sent :]
+            left = list(self._queue)
         if not done and pending_root:
             hand_over(left, self.folder, pending_root, self.run_id)
         if done or pending_root:
@@ -140,7 +184,7 @@ class Spool:
 
     def unsent(self) -> list[dict[str, Any]]:
         with self._lock:
-            return list(self.entries[self.sent :])
+            return list(self._queue)
 
     # --- checkpoints --------------------------------------------------------------------------------
 
@@ -151,32 +195,153 @@ class Spool:
             _write_journal(left, self.folder, checkpoint / PENDING)
 
     def load_from(self, checkpoint: Path) -> None:
-        """Queue what a checkpoint's trial had not sent (before anything this trial writes)."""
+        """Queue what a checkpoint's trial had not sent. The checkpoint came from the study's storage:
+        each entry is checked, and its file read only from the checkpoint's own ``spool/files/``."""
         journal = checkpoint / PENDING / JOURNAL
-        if not journal.exists():
+        if not journal.is_file() or not _unlinked(checkpoint, f"{PENDING}/{JOURNAL}"):
             return
-        for entry in read_journal(journal.read_text()):
-            if entry["op"] == "artifacts":
-                _copy(checkpoint / PENDING / FILES / entry["file"], self.folder / FILES / entry["file"])
+        read = read_journal(journal.read_text(errors="replace"))
+        if read.unreadable:
+            _warn(f"{read.unreadable} unreadable line(s) in {journal}: skipped")
+        for entry in read.entries:
+            reason = refusal(entry)
+            if reason is None and entry["op"] == "artifacts":
+                source = f"{PENDING}/{FILES}/{entry['file']}"
+                reason = _copy_inside(checkpoint, source, self.folder / FILES / entry["file"])
+            if reason is not None:
+                _warn(f"refused a write in {journal}: {reason}")
+                continue
             self._append(entry)
 
 
-def read_journal(text: str) -> list[dict[str, Any]]:
-    """A journal's entries; a last line cut off by a crash is dropped (it was never acknowledged)."""
-    entries = []
+# --- a journal read back: untrusted ----------------------------------------------------------------------
+
+
+@dataclass
+class Read:
+    """A journal's entries, and how many of its lines could not be read (never executed)."""
+
+    entries: list[Any]
+    unreadable: int
+
+
+def read_journal(text: str) -> Read:
+    """A journal's entries; a line that cannot be read is skipped and counted, and reading goes on."""
+    entries, unreadable = [], 0
     for line in text.splitlines():
+        if line.strip():
+            found, torn = _parse_line(line)
+            entries += found
+            unreadable += torn
+    return Read(entries, unreadable)
+
+
+def _parse_line(line: str) -> tuple[list[Any], bool]:
+    """A line's entry, and whether the line was torn. The layout before per-hand-over journals appended
+    each hand-over to one file: after a write cut short, the next hand-over's first entry begins inside
+    the torn line, and is recovered."""
+    try:
+        return [json.loads(line)], False
+    except (ValueError, RecursionError):
+        pass
+    start = line.find('{"op"', 1)
+    while start != -1:
         try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return entries
+            entry, end = json.JSONDecoder().raw_decode(line, start)
+            if not line[end:].strip():
+                return [entry], True
+        except (ValueError, RecursionError):
+            pass
+        start = line.find('{"op"', start + 1)
+    return [], True
+
+
+def refusal(entry: Any) -> str | None:
+    """Why a journal entry read back must not be executed; None when it may."""
+    if not isinstance(entry, dict):
+        return "not a journal entry"
+    check = _CHECKS.get(entry.get("op"))  # type: ignore[arg-type]
+    if check is None:
+        return f"unknown operation {str(entry.get('op'))[:40]!r}"
+    try:
+        return check(entry)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return f"a malformed {entry['op']} entry"
+
+
+def _metric_points(entry: dict[str, Any]) -> str | None:
+    def point(p: Any) -> bool:
+        return (
+            isinstance(p, list)
+            and len(p) == 4
+            and isinstance(p[0], str)
+            and isinstance(p[1], int | float)
+            and all(isinstance(n, int) for n in p[2:])
+        )
+
+    points = entry["points"]
+    return None if isinstance(points, list) and all(point(p) for p in points) else "malformed metric points"
+
+
+def _strings(entry: dict[str, Any], field: str) -> str | None:
+    values = entry[field]
+    plain = isinstance(values, dict) and all(isinstance(v, str) for v in values.values())
+    return None if plain else f"malformed {field}"
+
+
+def _text(entry: dict[str, Any]) -> str | None:
+    if not isinstance(entry["text"], str):
+        return "malformed text"
+    return _artifact_path_refusal(entry["file"])
+
+
+def _artifacts(entry: dict[str, Any]) -> str | None:
+    name = entry["file"]
+    if not isinstance(name, str) or FILE_NAME.fullmatch(name) is None:
+        return f"file {str(name)[:200]!r} is not one plain name in the journal's own files/"
+    return None if entry["artifact_path"] is None else _artifact_path_refusal(entry["artifact_path"])
+
+
+def _terminate(entry: dict[str, Any]) -> str | None:
+    ok = entry["status"] in STATUSES and isinstance(entry["end_time"], int)
+    return None if ok else "malformed terminate"
+
+
+_CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {
+    "metrics": _metric_points,
+    "params": lambda entry: _strings(entry, "params"),
+    "tags": lambda entry: _strings(entry, "tags"),
+    "text": _text,
+    "artifacts": _artifacts,
+    "terminate": _terminate,
+}
+
+
+def _artifact_path_refusal(path: Any) -> str | None:
+    """An MLflow artifact path must stay inside its run: relative, '/'-separated, no '..'. (MLflow's
+    local store refuses '..' itself; not every artifact store does.)"""
+    parts = path.split("/") if isinstance(path, str) else [""]
+    if "\\" in str(path) or "\x00" in str(path) or any(p in ("", ".", "..") for p in parts):
+        return f"artifact path {str(path)[:200]!r} leaves its run"
+    return None
+
+
+class Refused(ValueError):
+    """A journal entry that is never executed (``refusal`` says why)."""
+
+
+def refused_for_good(err: Exception) -> bool:
+    """A write no retry makes MLflow take: refused here, or by MLflow (a param changed, a run gone)."""
+    return isinstance(err, Refused) or getattr(err, "error_code", None) in PERMANENT
 
 
 def send(uri: str, run_id: str, entry: dict[str, Any], folder: Path) -> None:
-    """One journal entry to MLflow (idempotent)."""
+    """One journal entry to MLflow (idempotent); an artifact's file is read from ``folder/files/``."""
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
+    if reason := refusal(entry):
+        raise Refused(f"a journal entry refused: {reason}")
     client = MlflowClient(uri)
     op = entry["op"]
     if op == "metrics":
@@ -192,29 +357,22 @@ def send(uri: str, run_id: str, entry: dict[str, Any], folder: Path) -> None:
     elif op == "text":
         client.log_text(run_id, entry["text"], entry["file"])
     elif op == "artifacts":
-        path = folder / FILES / entry["file"]
-        if path.is_dir():
-            client.log_artifacts(run_id, str(path), entry["artifact_path"])
-        else:  # the file keeps its original name (the spool's copy carries a unique prefix)
-            with tempfile.TemporaryDirectory() as tmp:
-                original = Path(tmp) / entry["file"].split("-", 1)[1]
-                shutil.copy2(path, original)
-                client.log_artifact(run_id, str(original), entry["artifact_path"])
-    elif op == "terminate":
-        client.set_terminated(run_id, status=entry["status"], end_time=entry["end_time"])
+        _send_artifacts(client, run_id, folder / FILES / entry["file"], entry["artifact_path"])
     else:
-        raise ValueError(f"unknown journal entry {op!r}")
+        client.set_terminated(run_id, status=entry["status"], end_time=entry["end_time"])
 
 
-# --- the study's pending journals (a trial's leftovers, replayed by the driver) ----------------------
+def _send_artifacts(client: Any, run_id: str, path: Path, artifact_path: str | None) -> None:
+    if path.is_dir():
+        client.log_artifacts(run_id, str(path), artifact_path)
+        return
+    with tempfile.TemporaryDirectory() as tmp:  # the file keeps its name (the copy has a unique prefix)
+        original = Path(tmp) / path.name.split("-", 1)[1]
+        shutil.copy2(path, original)
+        client.log_artifact(run_id, str(original), artifact_path)
 
 
-def _filesystem(root: str):
-    import pyarrow.fs
-
-    if "://" in root:
-        return pyarrow.fs.FileSystem.from_uri(root)
-    return pyarrow.fs.LocalFileSystem(), str(Path(root).resolve())
+# --- local files ------------------------------------------------------------------------------------------
 
 
 def _copy(source: Path, target: Path) -> None:
@@ -224,69 +382,291 @@ def _copy(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _unlinked(anchor: Path, relative: str) -> bool:
+    """Whether ``anchor/relative`` exists and resolves to itself: no part below ``anchor`` is a link."""
+    path = os.path.join(os.path.realpath(anchor), relative)
+    return os.path.lexists(path) and os.path.realpath(path) == path
+
+
+def _copy_inside(anchor: Path, relative: str, target: Path) -> str | None:
+    """Copy a journal's file (or folder) ``anchor/relative``, which must lie there and hold no link;
+    the reason it was refused, or None."""
+    if not _unlinked(anchor, relative):
+        return f"{relative} is missing or reached through a link"
+    source = Path(os.path.realpath(anchor)) / relative
+    if source.is_dir():
+        shutil.copytree(source, target, symlinks=True)  # a link inside stays a link here, and is refused
+        if _holds_links(target):
+            shutil.rmtree(target, ignore_errors=True)
+            return f"{relative} holds a link"
+    else:
+        shutil.copy2(source, target, follow_symlinks=False)
+        if target.is_symlink():
+            target.unlink()
+            return f"{relative} is a link"
+    return None
+
+
+def _holds_links(folder: Path) -> bool:
+    for parent, folders, files in os.walk(folder):
+        if any(os.path.islink(os.path.join(parent, name)) for name in folders + files):
+            return True
+    return False
+
+
+def _sound(entries: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """The entries that may be written to ``where``; a refused one is left out with a warning."""
+    kept = []
+    for entry in entries:
+        if reason := refusal(entry):
+            _warn(f"refused a write for {where}: {reason}")
+        else:
+            kept.append(entry)
+    return kept
+
+
 def _write_journal(entries: list[dict[str, Any]], source: Path, target: Path) -> None:
+    """A journal and its files into a local folder (a checkpoint's ``spool/``), the journal last."""
+    entries = _sound(entries, str(target))
     (target / FILES).mkdir(parents=True, exist_ok=True)
     for entry in entries:
         if entry["op"] == "artifacts":
             _copy(source / FILES / entry["file"], target / FILES / entry["file"])
-    with open(target / JOURNAL, "a") as journal:
-        journal.writelines(json.dumps(e) + "\n" for e in entries)
+    temporary = target / f".{JOURNAL}.{uuid.uuid4().hex[:12]}"
+    temporary.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    os.replace(temporary, target / JOURNAL)
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
+
+
+# --- leftovers of killed trials -----------------------------------------------------------------------------
+
+
+def sweep_leftovers(root: str | None = None) -> int:
+    """Remove the spool folders that processes of this user left when they were killed (SIGKILL, a lost
+    machine); returns how many. Only real folders (never through a link) owned by this user, named with a
+    pid of this pid namespace that no longer runs: a live trial's folder, another user's or another
+    container's is never touched. Their unsent writes are not lost: they ride in the trial's last
+    checkpoint (``save_to``), which its retry sends, and a retry writes again what came after."""
+    root = root or tempfile.gettempdir()
+    namespace, removed = _pid_namespace(), 0
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return 0
+    for entry in entries:
+        match = LEFTOVER.match(entry.name)
+        if match is None or int(match[2]) != namespace or _alive(int(match[1])):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (containers sharing a /tmp count their pids apart); 0 off Linux."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process: alive
+        return True
+    return True
+
+
+# --- the study's pending journals (a trial's leftovers, replayed by the driver) ----------------------------
+
+
+class _Storage:
+    """The study's storage (a local folder, ``file://`` or a pyarrow-supported bucket), by path relative
+    to its root."""
+
+    def __init__(self, root: str):
+        import pyarrow.fs
+
+        if "://" in root:
+            self.filesystem, self.base = pyarrow.fs.FileSystem.from_uri(root)
+        else:
+            self.filesystem, self.base = pyarrow.fs.LocalFileSystem(), str(Path(root).resolve())
+        self.base = self.base.rstrip("/")
+        self.local = isinstance(self.filesystem, pyarrow.fs.LocalFileSystem)
+
+    def path(self, relative: str) -> str:
+        return f"{self.base}/{relative}"
+
+    def listing(self, relative: str) -> list[Any]:
+        import pyarrow.fs
+
+        selector = pyarrow.fs.FileSelector(self.path(relative), allow_not_found=True)
+        return self.filesystem.get_file_info(selector)
+
+    def folders(self, relative: str) -> list[str]:
+        import pyarrow.fs
+
+        return [i.base_name for i in self.listing(relative) if i.type == pyarrow.fs.FileType.Directory]
+
+    def files(self, relatives: list[str]) -> list[bool]:
+        import pyarrow.fs
+
+        infos = self.filesystem.get_file_info([self.path(r) for r in relatives])
+        return [info.type == pyarrow.fs.FileType.File for info in infos]
+
+    def read_text(self, relative: str) -> str | None:
+        """A journal's text; None when it is reached through a link (a local storage)."""
+        if self.local and not _unlinked(Path(self.base), relative):
+            return None
+        with self.filesystem.open_input_stream(self.path(relative)) as stream:
+            return stream.read().decode("utf-8", errors="replace")
+
+    def fetch(self, relative: str, target: Path) -> str | None:
+        """Copy a file or folder of the storage here; the reason it was refused, or None."""
+        import pyarrow.fs
+
+        if self.local:
+            return _copy_inside(Path(self.base), relative, target)
+        if self.filesystem.get_file_info(self.path(relative)).type == pyarrow.fs.FileType.NotFound:
+            return f"{relative} is missing"
+        pyarrow.fs.copy_files(self.path(relative), str(target), source_filesystem=self.filesystem)
+        return None
+
+    def upload(self, source: Path, relative: str) -> None:
+        import pyarrow.fs
+
+        pyarrow.fs.copy_files(str(source), self.path(relative), destination_filesystem=self.filesystem)
+
+    def write_whole(self, relative: str, data: bytes) -> None:
+        """Under a temporary name, then moved: a reader sees all of it or nothing."""
+        temporary = f"{relative}.{uuid.uuid4().hex[:12]}.tmp"
+        with self.filesystem.open_output_stream(self.path(temporary)) as out:
+            out.write(data)
+        self.filesystem.move(self.path(temporary), self.path(relative))
+
+    def next_hand_over(self, run: str) -> str:
+        taken = [int(m[1]) for i in self.listing(run) if (m := HAND_OVER.fullmatch(i.base_name))]
+        return f"{run}/{max(taken, default=0) + 1:06d}-{uuid.uuid4().hex[:12]}"
+
+    def journals(self, run_id: str) -> list[str]:
+        """The folders of a run's pending journals, in the order they were handed over (the layout
+        before per-hand-over folders first: it is older than any of them)."""
+        run = f"{PENDING}/{run_id}"
+        infos = self.listing(run)
+        old = [run] if any(i.base_name == JOURNAL and i.is_file for i in infos) else []
+        numbered = sorted((int(m[1]), i.base_name) for i in infos if (m := HAND_OVER.fullmatch(i.base_name)))
+        folders = [f"{run}/{name}" for _, name in numbered]
+        complete = self.files([f"{folder}/{JOURNAL}" for folder in folders]) if folders else []
+        return old + [folder for folder, whole in zip(folders, complete, strict=True) if whole]
+
+    def remove(self, folder: str, run: str) -> None:
+        """A replayed journal: the journal first (its files are then no one's), then its files."""
+        self.filesystem.delete_file(self.path(f"{folder}/{JOURNAL}"))
+        if folder != run:
+            self.filesystem.delete_dir(self.path(folder))
+        elif any(i.base_name == FILES for i in self.listing(run)):
+            self.filesystem.delete_dir(self.path(f"{run}/{FILES}"))
+
+    def keep_aside(self, folder: str) -> str:
+        kept = f"{folder}/{KEPT}"
+        self.filesystem.move(self.path(f"{folder}/{JOURNAL}"), self.path(kept))
+        return self.path(kept)
 
 
 def hand_over(entries: list[dict[str, Any]], source: Path, pending_root: str, run_id: str) -> None:
-    """Append ``entries`` (and their files) to the run's pending journal in the study's storage."""
-    import pyarrow.fs
-
-    with tempfile.TemporaryDirectory(prefix="clsr-handover-") as tmp:
-        filesystem, base = _filesystem(pending_root)
-        remote = f"{base.rstrip('/')}/{PENDING}/{run_id}"
-        local = Path(tmp) / run_id
-        if filesystem.get_file_info(f"{remote}/{JOURNAL}").type != pyarrow.fs.FileType.NotFound:
-            pyarrow.fs.copy_files(remote, str(local), source_filesystem=filesystem)
-        _write_journal(entries, source, local)
-        filesystem.create_dir(remote, recursive=True)
-        pyarrow.fs.copy_files(str(local), remote, destination_filesystem=filesystem)
+    """``entries`` (and their files) as the run's next pending journal in the study's storage: a folder
+    of its own, its journal written last and whole, numbered after the run's earlier hand-overs."""
+    entries = _sound(entries, f"{pending_root} (run {run_id})")
+    if not entries:
+        return
+    storage = _Storage(pending_root)
+    folder = storage.next_hand_over(f"{PENDING}/{run_id}")
+    storage.filesystem.create_dir(storage.path(f"{folder}/{FILES}"), recursive=True)
+    for entry in entries:
+        if entry["op"] == "artifacts":
+            storage.upload(source / FILES / entry["file"], f"{folder}/{FILES}/{entry['file']}")
+    storage.write_whole(f"{folder}/{JOURNAL}", "".join(json.dumps(e) + "\n" for e in entries).encode())
 
 
 def has_pending(pending_root: str, run_id: str) -> bool:
-    import pyarrow.fs
-
-    filesystem, base = _filesystem(pending_root)
-    info = filesystem.get_file_info(f"{base.rstrip('/')}/{PENDING}/{run_id}/{JOURNAL}")
-    return info.type != pyarrow.fs.FileType.NotFound
+    return bool(_Storage(pending_root).journals(run_id))
 
 
 def pending_runs(pending_root: str) -> list[str]:
     """Run ids with a pending journal in the study's storage."""
-    import pyarrow.fs
-
-    filesystem, base = _filesystem(pending_root)
-    selector = pyarrow.fs.FileSelector(f"{base.rstrip('/')}/{PENDING}", allow_not_found=True)
-    return sorted(
-        info.base_name
-        for info in filesystem.get_file_info(selector)
-        if info.type == pyarrow.fs.FileType.Directory
-    )
+    storage = _Storage(pending_root)
+    names = [name for name in storage.folders(PENDING) if RUN_ID.fullmatch(name)]
+    return sorted(name for name in names if storage.journals(name))
 
 
 def replay_pending(uri: str, pending_root: str) -> tuple[int, list[str]]:
-    """Send every pending journal of a study (each whole, in order); a journal that went through is
-    removed. Returns (entries sent, run ids still pending)."""
-    import pyarrow.fs
-
-    filesystem, base = _filesystem(pending_root)
+    """Send every pending journal of a study, each run's in the order they were handed over; a journal
+    that went through is removed, one with writes that could not be read or were refused is kept aside
+    (with a warning). Returns (entries sent, run ids still pending: MLflow did not answer)."""
+    storage = _Storage(pending_root)
     sent, left = 0, []
     for run_id in pending_runs(pending_root):
-        remote = f"{base.rstrip('/')}/{PENDING}/{run_id}"
-        with tempfile.TemporaryDirectory(prefix="clsr-replay-") as tmp:
-            pyarrow.fs.copy_files(remote, tmp, source_filesystem=filesystem)
-            entries = read_journal((Path(tmp) / JOURNAL).read_text())
-            try:
-                for entry in entries:
-                    send(uri, run_id, entry, Path(tmp))
-            except Exception:
-                left.append(run_id)
-                continue
-        filesystem.delete_dir(remote)
-        sent += len(entries)
+        try:
+            for folder in storage.journals(run_id):
+                sent += _replay_journal(uri, storage, run_id, folder)
+        except Exception:  # MLflow is unreachable: this run waits for the next replay, in order
+            left.append(run_id)
+            continue
+        if not storage.listing(f"{PENDING}/{run_id}"):
+            storage.filesystem.delete_dir(storage.path(f"{PENDING}/{run_id}"))
     return sent, left
+
+
+def _replay_journal(uri: str, storage: _Storage, run_id: str, folder: str) -> int:
+    """Send one pending journal; the number of entries sent. Raises when MLflow does not answer."""
+    text = storage.read_text(f"{folder}/{JOURNAL}")
+    read = read_journal(text) if text is not None else Read([], 1)
+    sent, skipped = 0, read.unreadable
+    with tempfile.TemporaryDirectory(prefix="clsr-replay-") as tmp:
+        (Path(tmp) / FILES).mkdir()
+        for entry in read.entries:
+            if reason := _unsendable(entry, storage, folder, Path(tmp)):
+                _warn(f"refused a write in {storage.path(folder)}/{JOURNAL}: {reason}")
+                skipped += 1
+                continue
+            try:
+                send(uri, run_id, entry, Path(tmp))
+            except Exception as err:
+                if not refused_for_good(err):
+                    raise
+                _warn(f"MLflow refused a write in {storage.path(folder)}/{JOURNAL} for good: {err}")
+                skipped += 1
+                continue
+            sent += 1
+    if skipped:
+        kept = storage.keep_aside(folder)
+        _warn(f"{read.unreadable} unreadable line(s), {skipped} write(s) not sent: kept as {kept}")
+    else:
+        storage.remove(folder, f"{PENDING}/{run_id}")
+    return sent
+
+
+def _unsendable(entry: Any, storage: _Storage, folder: str, tmp: Path) -> str | None:
+    """Why an entry of a pending journal is not sent (its file is fetched here when it is)."""
+    reason = refusal(entry)
+    if reason is None and entry["op"] == "artifacts":
+        reason = storage.fetch(f"{folder}/{FILES}/{entry['file']}", tmp / FILES / entry["file"])
+    return reason
