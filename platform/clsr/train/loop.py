@@ -54,6 +54,9 @@ from clsr.train.staging import staging_folder
 
 DEV_SPLIT = "dev"
 EVAL_ONLY_TAG = "clsr.eval_only"  # "true" on the MLflow run of a point that trained nothing
+# Failures that come back on every retry from the same checkpoint (a diverging loss, a value the trial
+# cannot run with): the trial ends with them, never retried (``clsr.train.worker.NON_RETRYABLE``).
+FINAL_FAILURES = (FloatingPointError, ValueError, TypeError)
 
 
 CPU = torch.device("cpu")
@@ -308,14 +311,20 @@ def fit(
     """Train one trial and return its final metrics (on rank 0; other ranks return ``{}``).
 
     ``shared``: the method's ``prepare_shared`` result when the study runner built it once for many
-    trials; built here when None and the method needs one. Whatever way the trial ends, what MLflow has
-    not taken yet is sent, or left in the study's storage for the study driver.
+    trials; built here when None and the method needs one. Per-step metrics reach MLflow with the
+    checkpoint that covers their step (``RunLogger``), so that a trial resumed from a checkpoint leaves
+    each step once in its run. Whatever way the trial ends, what MLflow has not taken yet is sent, or
+    left in the study's storage for the study driver; only the points logged since the last checkpoint
+    of a trial that will run again from it (any failure but a final one) are dropped: it logs them again.
     """
-    logger = RunLogger(tracking if session.rank == 0 else None)
+    logger = RunLogger(tracking if session.rank == 0 else None, commit_at_checkpoints=True)
     try:
-        return train(trial, session, logger, shared)
-    finally:
-        logger.close()
+        final = train(trial, session, logger, shared)
+    except BaseException as err:
+        logger.close(keep_uncommitted=isinstance(err, FINAL_FAILURES))
+        raise
+    logger.close()
+    return final
 
 
 def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) -> dict[str, float]:
@@ -464,7 +473,9 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
                 # over every attempt (the clock's phases are this attempt's)
                 state["checkpoint_s"] = state.get("checkpoint_s", 0.0) + clock.last_phase_s
                 state["checkpoint_bytes"] = state.get("checkpoint_bytes", 0) + folder_bytes(checkpoint)
-                logger.save_to(checkpoint)  # a retry elsewhere sends what MLflow has not taken yet
+                # the points so far are committed with the checkpoint that covers them; a retry
+                # elsewhere sends what MLflow has not taken yet
+                logger.save_to(checkpoint)
         # the session takes the folder (copies, moves or removes it); the copy's wait counts, unless async
         with waiting_for_checkpoints(state) if checkpoint is not None else contextlib.nullcontext():
             session.report(metrics, checkpoint)
