@@ -242,7 +242,11 @@ class TrainerConfig(Section):
         None, gt=0, le=MAX_EPOCHS, description="evaluate every N epochs (replaces eval_steps)"
     )
     log_every: int = Field(
-        10, ge=1, le=MAX_STEPS, description="send per-step metrics to MLflow every N steps"
+        10,
+        ge=1,
+        le=MAX_STEPS,
+        description="read per-step metrics back from the device every N steps (they reach MLflow with "
+        "the next checkpoint)",
     )
     checkpoint_every: int = Field(
         1,
