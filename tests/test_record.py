@@ -102,6 +102,9 @@ def test_ctrl_c_twice_records_interrupted_and_resume_finishes_without_duplicates
     assert statuses(children) == [("FINISHED", "finished")] * 2  # as many as a clean run, none twice
     resumed_from = [client.get_metric_history(c.info.run_id, "resumed_from_step") for c in children]
     assert all(len(h) == 1 and h[0].value > 0 for h in resumed_from)  # from checkpoints, not from step 0
+    for child in children:  # the steps logged again after the checkpoint were sent by one attempt only
+        steps = Counter(m.step for m in client.get_metric_history(child.info.run_id, "loss"))
+        assert sorted(steps) == list(range(1, max(steps) + 1)) and set(steps.values()) == {1}, steps
     for child in children:
         assert "clsr.error" not in child.data.tags and "test_sts16" in child.data.metrics
     kept = next(c for c in children if c.data.params["trainer.lr"] == "3e-05")
