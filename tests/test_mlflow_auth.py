@@ -186,3 +186,44 @@ def test_a_nodes_shells_log_in_with_the_derived_password(name, tmp_path):
     assert password not in (home / ".bashrc").read_text()
     assert _mode(home / ".clsr-mlflow-login" / "password") == 0o600
     assert os.access(home / ".clsr-mlflow-login", os.R_OK)
+
+
+def test_a_server_that_wants_a_login_is_refused_before_the_study_starts(monkeypatch):
+    """``/health`` needs no login: the check asks the API too, with the login the MLflow client would use."""
+    import base64
+    import http.server
+    import threading
+
+    from clsr.tracking.reach import check_reachable
+
+    login = "Basic " + base64.b64encode(b"clsr:right").decode()
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            ok = self.path == "/health" or self.headers.get("Authorization") == login
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+        monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+        with pytest.raises(
+            ConnectionError, match="wants a login and none was given: set MLFLOW_TRACKING_USERNAME"
+        ):
+            check_reachable(uri)
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "clsr")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
+        with pytest.raises(ConnectionError, match="MLFLOW_TRACKING_USERNAME/PASSWORD was refused") as refused:
+            check_reachable(uri)
+        assert "wrong" not in str(refused.value)
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "right")
+        check_reachable(uri)
+    finally:
+        server.shutdown()

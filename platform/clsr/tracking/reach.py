@@ -3,6 +3,7 @@ command to check before it starts the study's driver."""
 
 from __future__ import annotations
 
+import base64
 import os
 import urllib.error
 import urllib.request
@@ -31,5 +32,29 @@ def check_reachable(uri: str) -> None:
                 f"forward its port (`ssh -N -L 5000:<server address>:5000 <head>`), or unset MLFLOW_TRACKING_URI "
                 f"to log into a local sqlite:///mlflow.db"
             ) from None  # the chained error would print the URI with its credentials
+        check_login(uri)
     elif uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+
+
+def check_login(uri: str) -> None:
+    """Fail before any training when the server wants a login this process does not have (``/health``
+    needs none; MLflow's own 401 would come only at the first write, inside the driver)."""
+    request = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password:
+        request.add_header(
+            "Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        )
+    try:
+        urllib.request.urlopen(request, timeout=10)
+    except urllib.error.HTTPError as err:
+        if err.code == 401:
+            given = "the login in MLFLOW_TRACKING_USERNAME/PASSWORD was refused" if user else "none was given"
+            raise ConnectionError(
+                f"MLflow tracking server {mask_uri(uri)} wants a login and {given}: set "
+                f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (on a cluster the project started: "
+                f"`source loopback-cluster/env.sh`, or the head's shell; docs/clusters.md, Logins)"
+            ) from None
+    except (urllib.error.URLError, OSError):
+        pass  # answered /health a moment ago: MLflow's client retries what is transient
