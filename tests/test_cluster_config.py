@@ -655,9 +655,9 @@ def _stop_command(path: Path, tmp_path: Path) -> tuple[str, Path]:
     the pgid file it reads."""
     starts = yaml.safe_load(path.read_text())["head_start_ray_commands"]
     (stop,) = [cmd for cmd in starts if 'kill -TERM -- "-$g"' in cmd]
-    (tmp_path / "clsr-mlflow").mkdir()
-    stop = stop.replace("/tmp/clsr-mlflow-", f"{tmp_path}/clsr-mlflow/tmp-")
-    return stop, tmp_path / "clsr-mlflow" / ("server.pgid" if "~/" in stop else "tmp-server.pgid")
+    (named,) = re.findall(r"(?:for f in |f=)~/(\S+?/server\.pgid)", stop)  # in the home (HOME=tmp_path)
+    (tmp_path / named).parent.mkdir(parents=True)
+    return stop, tmp_path / named
 
 
 def _process_group(argv0: str, user: int | None = None) -> subprocess.Popen:
