@@ -53,7 +53,10 @@ def test_the_lease_is_held_by_one_driver_and_taken_over_when_its_holder_is_gone(
     uri, client, run_id = store
     first = Lease(uri, run_id, "record")
     assert first.take_first() == 1
-    with pytest.raises(LeaseHeld, match=r"study 'record' is held by pid \d+ on .*: its heartbeat changed"):
+    with pytest.raises(
+        LeaseHeld,
+        match=r"study 'record' is being run by pid \d+ on .* \(its heartbeat changed while watched\)",
+    ):
         first.start()
         Lease(uri, run_id, "record").acquire(watch_s=5)
     first._stop.set()  # killed: it beats no more, and its process is gone
@@ -77,7 +80,7 @@ def test_a_generation_taken_but_not_yet_beaten_counts_as_held(store, monkeypatch
 
     real_sleep = time.sleep
     monkeypatch.setattr(lease_module.time, "sleep", lambda s: (a._beat(client), real_sleep(s)))  # A beats
-    with pytest.raises(LeaseHeld, match="heartbeat changed"):
+    with pytest.raises(LeaseHeld, match="heartbeat changed while watched"):
         Lease(uri, run_id, "record").acquire(watch_s=30)
     assert read_state(client, run_id).generation == 2 and read_state(client, run_id).holder == a.token
 

@@ -153,7 +153,7 @@ def watch(
         if now.free_now():
             return now
         if now != first:
-            raise LeaseHeld(f"held by {now.describe()}: its heartbeat changed while watched")
+            raise LeaseHeld(f"{now.describe()} (its heartbeat changed while watched)")
     return first
 
 
@@ -189,16 +189,14 @@ class Lease:
         try:
             client.log_param(self.run_id, GENERATION_PARAM.format(wanted), self.token)
         except MlflowException as err:  # another driver took this generation first
-            raise LeaseHeld(
-                self.held_message(f"held by {read_state(client, self.run_id).describe()}")
-            ) from err
+            raise LeaseHeld(self.held_message(read_state(client, self.run_id).describe())) from err
         self.generation = wanted
         self._beat(client)
         return wanted
 
     def held_message(self, who: str) -> str:
         return (
-            f"study {self.study!r} is {who}; wait for it to end, or stop it (Ctrl-C there); a driver "
+            f"study {self.study!r} is being run by {who}; wait for it to end, or stop it (Ctrl-C there); a driver "
             f"that was killed lets go once its lease has been watched unchanged for {STALE_S:.0f} s: "
             f"then `platform study resume` takes over"
         )
