@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import urllib.error
 import urllib.parse
@@ -172,6 +173,7 @@ def finish_child(
     if has_pending(pending_root, run_id):  # the trial's own writes wait there: ours go after them
         hand_over(spool.unsent(), spool.folder, pending_root, run_id)
         spool.close(0, None)
+        shutil.rmtree(spool.folder, ignore_errors=True)  # its writes are in the hand-over now
         return
     spool.start().close(wait_s, pending_root)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from clsr.train.config import TrialConfig
-from clsr.train.loop import fit
+from clsr.train.loop import FINAL_FAILURES, fit
 from clsr.train.session import RayTrainSession, TuneTrialSession, cap_gpu_memory
 
 # Failures that happen again on every retry from the same checkpoint and random state: a diverging loss
 # (FloatingPointError), a value the trial cannot run with. Retries are for lost workers and processes.
-NON_RETRYABLE = (FloatingPointError, ValueError, TypeError)
+NON_RETRYABLE = FINAL_FAILURES
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
