@@ -9,8 +9,9 @@ The holder renews the tag ``clsr.lease`` (``token host pid count``) every ``HEAR
 holder is gone is judged on the observer's own monotonic clock: the lease is stale when the observer
 has watched it unchanged for ``STALE_S`` (timestamps written by two machines are never compared, so a
 clock that runs ahead steals nothing). A generation whose holder has not beaten yet, and a RUNNING
-parent with no generation yet, count as held until watched that long. A holder on this machine whose
-process is gone is stale at once (a pid is only ever checked on its own host).
+parent with no generation yet, count as held until watched that long. A holder on this machine is judged
+by its process instead (a pid is only ever checked on its own host): gone, the lease is free at once;
+there (even stopped by Ctrl-Z), it is held.
 
 Fencing: the heartbeat re-reads the generation before each beat; a driver whose generation was taken
 over (it was paused past ``STALE_S``: Ctrl-Z, a suspended VM) calls ``on_lost`` once and stops beating,
@@ -69,17 +70,17 @@ class Beat:
     def describe(self) -> str:
         return f"pid {self.pid} on {self.host}"
 
-    def gone(self) -> bool:
-        """Whether the holder ran on this machine and its process no longer exists."""
+    def here(self) -> bool | None:
+        """Whether the holder's process exists, when it ran on this machine (None: another machine)."""
         if self.host != socket.gethostname():
-            return False
+            return None
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
-            return True
-        except PermissionError:  # another user's process: alive
             return False
-        return False
+        except PermissionError:  # another user's process: alive
+            return True
+        return True
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ class LeaseState:
         """Free without watching: the run is closed, its holder let go, or the holder's process is gone."""
         if not self.running or self.released:
             return True
-        return self.beat is not None and self.beat.gone()
+        return self.beat is not None and self.beat.here() is False
 
     def describe(self) -> str:
         if self.beat is not None:
@@ -144,6 +145,8 @@ def watch(
     first = read_state(client, run_id)
     if first.free_now():
         return first
+    if first.beat is not None and first.beat.here():  # even stopped (Ctrl-Z) it is alive: not stale
+        raise LeaseHeld(f"{first.describe()} (its process is running on this machine)")
     if say is not None:
         say(f"the lease is held by {first.describe()}; watching its heartbeat for up to {watch_s:.0f} s")
     started = time.monotonic()

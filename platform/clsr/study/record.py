@@ -149,6 +149,8 @@ def refuse_open_parent(client, uri: str, study: Study, run) -> None:
         state = watch(client, run_id, watch_s=2 * HEARTBEAT_S + 1)
     except LeaseHeld as err:
         raise LeaseHeld(Lease(uri, run_id, study.name).held_message(str(err))) from None
+    if not state.running:  # it closed meanwhile: not in the way
+        return
     if not state.free_now():  # unchanged over two heartbeats: most likely gone, maybe paused
         raise UnclosedRun(
             f"an earlier run of study {study.name!r} (MLflow run {run_id}) is still open, and its driver "
