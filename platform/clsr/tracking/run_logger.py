@@ -105,12 +105,13 @@ class RunLogger:
                 self._disk_failed(err, f"{os.fspath(local_dir)} is not logged")
 
     def save_to(self, checkpoint: Path) -> None:
-        """The points logged so far are committed (the checkpoint covers their steps), and what has not
-        reached MLflow yet goes into the checkpoint (a retried trial sends it)."""
+        """What has not reached MLflow yet, the points logged so far included, goes into the checkpoint (a
+        trial retried from it sends them). The points are committed only once the checkpoint is Tune's
+        (``commit``, after ``session.report``): a trial stopped before Tune registered it resumes from the
+        one before, and logs those steps again."""
         if self.spool is not None:
-            self.commit()
             try:
-                self.spool.save_to(checkpoint)
+                self.spool.save_to(checkpoint, self.held)
             except OSError as err:  # sent from memory all the same; lost only if this trial dies too
                 self._disk_failed(err, f"the checkpoint {checkpoint} holds no unsent MLflow writes")
 

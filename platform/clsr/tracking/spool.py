@@ -188,9 +188,10 @@ class Spool:
 
     # --- checkpoints --------------------------------------------------------------------------------
 
-    def save_to(self, checkpoint: Path) -> None:
-        """The entries not yet sent, with their files, into a checkpoint folder (``spool/``)."""
-        left = self.unsent()
+    def save_to(self, checkpoint: Path, points: list[tuple[str, float, int, int]] | None = None) -> None:
+        """The entries not yet sent, with their files, into a checkpoint folder (``spool/``); ``points``:
+        metric points that go into it without being queued here (yet)."""
+        left = self.unsent() + ([{"op": "metrics", "points": [list(p) for p in points]}] if points else [])
         if left:
             _write_journal(left, self.folder, checkpoint / PENDING)
 

@@ -479,6 +479,8 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
         # the session takes the folder (copies, moves or removes it); the copy's wait counts, unless async
         with waiting_for_checkpoints(state) if checkpoint is not None else contextlib.nullcontext():
             session.report(metrics, checkpoint)
+        if checkpoint is not None:  # Tune has it now: the steps it covers are committed
+            logger.commit()
         model.train()
 
     return finish(model, state, best_weights, evaluator, logger, session, clock)
