@@ -17,7 +17,15 @@ from mlflow.tracking import MlflowClient
 
 import clsr.study.lease as lease_module
 import clsr.study.record as record
-from clsr.study.lease import GENERATION_PARAM, LEASE_TAG, Lease, LeaseHeld, LeaseLost, read_state
+from clsr.study.lease import (
+    GENERATION_PARAM,
+    LEASE_TAG,
+    Lease,
+    LeaseHeld,
+    LeaseLost,
+    pid_namespace,
+    read_state,
+)
 from clsr.study.load import load_study
 from clsr.tracking.study_runs import start_parent_run
 
@@ -41,12 +49,17 @@ def dead_pid() -> int:
     return int(done.stdout)
 
 
+def stop_beating(lease: Lease) -> None:
+    lease._stop.set()
+    lease._thread.join()
+
+
 def held_by_a_gone_driver(client: MlflowClient, run_id: str) -> None:
     """Generation 1, beaten by a process of this machine that no longer exists."""
     import socket
 
     client.log_param(run_id, GENERATION_PARAM.format(1), "gone")
-    client.set_tag(run_id, LEASE_TAG, f"gone {socket.gethostname()} {dead_pid()} 7")
+    client.set_tag(run_id, LEASE_TAG, f"gone {socket.gethostname()} {pid_namespace()} {dead_pid()} 7")
 
 
 def test_the_lease_is_held_by_one_driver_and_taken_over_when_its_holder_is_gone(store):
@@ -59,8 +72,9 @@ def test_the_lease_is_held_by_one_driver_and_taken_over_when_its_holder_is_gone(
     ):
         first.start()
         Lease(uri, run_id, "record").acquire(watch_s=5)
-    first._stop.set()  # killed: it beats no more, and its process is gone
-    client.set_tag(run_id, LEASE_TAG, f"{first.token} {read_state(client, run_id).beat.host} {dead_pid()} 9")
+    stop_beating(first)  # killed: it beats no more, and its process is gone
+    beat = read_state(client, run_id).beat
+    client.set_tag(run_id, LEASE_TAG, f"{first.token} {beat.host} {beat.namespace} {dead_pid()} 9")
     second = Lease(uri, run_id, "record")
     started = time.monotonic()
     assert second.acquire(watch_s=3600) == 2  # a gone process on this machine: no need to watch
@@ -115,9 +129,10 @@ def test_a_paused_driver_that_lost_its_generation_is_fenced_off_the_record(store
     writes are refused: the new holder's record stands."""
     uri, client, run_id = store
     paused = Lease(uri, run_id, "record")
-    paused.take_first()  # and then paused: no heartbeat
+    paused.take_first()
+    stop_beating(paused)  # and then paused
     client.set_tag(
-        run_id, LEASE_TAG, f"{paused.token} another-machine 4242 1"
+        run_id, LEASE_TAG, f"{paused.token} another-machine 1 4242 1"
     )  # its pid is not ours to check
     successor = Lease(uri, run_id, "record")
     assert successor.acquire(watch_s=0.3) == 2  # watched unchanged: taken over
@@ -172,8 +187,9 @@ def test_a_running_parent_is_refused_while_its_driver_beats_and_called_unclosed_
     holder.start()
     with pytest.raises(LeaseHeld, match=r"is being run by pid \d+ on .*running on this machine"):
         record.start_record(client, uri, study, "", {})
-    holder._stop.set()
-    client.set_tag(parent, LEASE_TAG, f"{holder.token} {read_state(client, parent).beat.host} {dead_pid()} 3")
+    stop_beating(holder)
+    beat = read_state(client, parent).beat
+    client.set_tag(parent, LEASE_TAG, f"{holder.token} {beat.host} {beat.namespace} {dead_pid()} 3")
     with pytest.raises(record.UnclosedRun, match="stopped without closing"):
         record.start_record(client, uri, study, "", {})
 

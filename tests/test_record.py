@@ -159,7 +159,7 @@ def test_sigterm_to_the_process_group_records_interrupted(tmp_path):
 
 
 def test_a_sigkilled_driver_is_taken_over_by_resume(tmp_path, monkeypatch):
-    trainer = {"max_steps": 150, "eval_steps": 10, "log_every": 5}
+    trainer = {"max_steps": 400, "eval_steps": 10, "log_every": 5}
     one = {"one": {"grid": {"method.temperature": [0.05]}}}
     study_file, uri = tiny_study(tmp_path, "killed", trainer, one, **IN_PROCESS)
     # Tune snapshots its experiment state (which checkpoint each trial has) every 10 s by default: a driver

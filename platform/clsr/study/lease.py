@@ -50,20 +50,29 @@ class LeaseLost(RuntimeError):
     """This driver's lease was taken over by another driver: it must not write the record."""
 
 
+def pid_namespace() -> str:
+    """This process's pid namespace: two containers sharing a host name (``--net=host``) do not share pids."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "-"
+
+
 @dataclass(frozen=True)
 class Beat:
     """The holder's last heartbeat, as it wrote it (its count changes with every beat)."""
 
     token: str
     host: str
+    namespace: str
     pid: int
     count: str
 
     @classmethod
     def parse(cls, text: str | None) -> Beat | None:
         try:
-            token, host, pid, count = (text or "").split(" ")
-            return cls(token, host, int(pid), count)
+            token, host, namespace, pid, count = (text or "").split(" ")
+            return cls(token, host, namespace, int(pid), count)
         except ValueError:
             return None
 
@@ -72,7 +81,7 @@ class Beat:
 
     def here(self) -> bool | None:
         """Whether the holder's process exists, when it ran on this machine (None: another machine)."""
-        if self.host != socket.gethostname():
+        if self.host != socket.gethostname() or self.namespace != pid_namespace():
             return None
         try:
             os.kill(self.pid, 0)
@@ -195,6 +204,7 @@ class Lease:
             raise LeaseHeld(self.held_message(read_state(client, self.run_id).describe())) from err
         self.generation = wanted
         self._beat(client)
+        self.start()  # beating from the moment it holds the lease: taking over a study may take minutes
         return wanted
 
     def held_message(self, who: str) -> str:
@@ -206,10 +216,14 @@ class Lease:
 
     def _beat(self, client: MlflowClient) -> None:
         self._beats += 1
-        text = f"{self.token} {socket.gethostname()} {command_pid()} {self._beats}"
+        text = f"{self.token} {socket.gethostname()} {pid_namespace()} {command_pid()} {self._beats}"
         client.set_tag(self.run_id, LEASE_TAG, text)
 
     def start(self) -> Lease:
+        """Beat every ``HEARTBEAT_S`` (once: a lease that beats already goes on)."""
+        if self._thread is not None and self._thread.is_alive():
+            return self
+        self._stop.clear()
         self._thread = threading.Thread(target=self._heartbeat, name="clsr-lease", daemon=True)
         self._thread.start()
         return self

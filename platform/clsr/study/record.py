@@ -10,6 +10,7 @@ driver could not.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import tempfile
@@ -95,7 +96,7 @@ def recorded_storage(study: Study, parent) -> str:
     root = storage_root(study).rstrip("/")
     folder = tagged.rsplit("/", 1)[-1]
     pattern = re.escape(study.name) + r"-\d{8}-\d{6}-[0-9a-f]{6}"
-    if tagged != f"{root}/{folder}" or not re.fullmatch(pattern, folder):
+    if tagged != mask_uri(f"{root}/{folder}") or not re.fullmatch(pattern, folder):
         raise StorageMismatch(
             f"study {study.name!r}: MLflow run {parent.info.run_id} names storage {mask_uri(tagged)!r}, "
             f"which is not a run folder of the study file's storage_path {mask_uri(root)!r} "
@@ -107,8 +108,10 @@ def recorded_storage(study: Study, parent) -> str:
 
 def study_parent(client, study: Study, current: dict[str, str]):
     """The parent run a resume continues: the newest one a driver took a lease on, preferring one whose
-    fingerprint is the file's (a run someone tagged with the study's name without a lease is not one)."""
-    parents = [r for r in parent_runs(client, study.name) if GENERATION_PARAM.format(1) in r.data.params]
+    fingerprint is the file's (a run someone tagged with the study's name without a lease is not one,
+    unless no run has a lease: a record made before leases). Its storage is checked apart."""
+    every = parent_runs(client, study.name)
+    parents = [r for r in every if GENERATION_PARAM.format(1) in r.data.params] or every
     same = [r for r in parents if r.data.tags.get(FINGERPRINT_TAG) == overall(current)]
     return (same or parents or [None])[0]
 
@@ -129,6 +132,7 @@ def start_record(client, uri: str, study: Study, study_text: str, current: dict[
         r.info.run_id for r in parent_runs(client, study.name, running=True) if r.info.run_id != parent_run_id
     ]
     if rivals:
+        lease.release()
         client.delete_run(parent_run_id)
         raise LeaseHeld(
             f"study {study.name!r} was started by another driver at the same moment (MLflow run "
@@ -151,6 +155,8 @@ def refuse_open_parent(client, uri: str, study: Study, run) -> None:
         raise LeaseHeld(Lease(uri, run_id, study.name).held_message(str(err))) from None
     if not state.running:  # it closed meanwhile: not in the way
         return
+    if state.generation == 0 and close_unleased(client, study, run_id):
+        return
     if not state.free_now():  # unchanged over two heartbeats: most likely gone, maybe paused
         raise UnclosedRun(
             f"an earlier run of study {study.name!r} (MLflow run {run_id}) is still open, and its driver "
@@ -163,6 +169,33 @@ def refuse_open_parent(client, uri: str, study: Study, run) -> None:
         f"closing (its driver was killed); `platform study resume` continues it and closes what it "
         f"left RUNNING"
     )
+
+
+def close_unleased(client, study: Study, run_id: str) -> bool:
+    """A parent run whose driver stopped between creating it and taking its lease (Ctrl-C, a crash): it
+    ran nothing. Closed once it has been watched unchanged for the stale limit; True when it was."""
+    try:
+        state = watch(client, run_id, watch_s=STALE_S, say=print)
+    except LeaseHeld:
+        return False
+    if state.generation or not state.running:
+        return False
+    client.set_tag(run_id, "clsr.status", "interrupted")
+    client.set_tag(
+        run_id, "clsr.error", "its driver stopped before it took the study's lease: it ran nothing"
+    )
+    client.set_terminated(run_id, status="KILLED")
+    print(f"closed MLflow run {run_id} of study {study.name!r}: its driver stopped before it ran anything")
+    return True
+
+
+def refuse_live_rivals(client, uri: str, study: Study, parent_run_id: str) -> None:
+    """Raise LeaseHeld when a driver runs another record of the study (a run started from an edited
+    file, or starting right now); a record whose driver is gone is not in the way of this one."""
+    for run in parent_runs(client, study.name, running=True):
+        if run.info.run_id != parent_run_id:
+            with contextlib.suppress(UnclosedRun):
+                refuse_open_parent(client, uri, study, run)
 
 
 def take_over(client, uri: str, study: Study, study_text: str, current: dict[str, str], allow_changes: bool):
@@ -189,13 +222,17 @@ def take_over(client, uri: str, study: Study, study_text: str, current: dict[str
             f"did not change are kept, changed and added ones run as a new wave, changed and removed "
             f"ones are marked superseded"
         )
+    refuse_live_rivals(client, uri, study, parent_run_id)
     lease = Lease(uri, parent_run_id, study.name)
     attempt = lease.acquire()
     client.update_run(parent_run_id, status="RUNNING")
+    lease.check(client)  # another driver could take a closed run's lease until it was RUNNING again
     client.set_tag(parent_run_id, "clsr.status", "running")
     # an earlier attempt's writes (a run's end among them) go first: sent later, they would overwrite
     # what this attempt records
-    if pending := wait_for_tracking(uri, storage, study.tracking_wait_s):
+    pending = wait_for_tracking(uri, storage, study.tracking_wait_s)
+    lease.check(client)
+    if pending:
         lease.release()
         raise ConnectionError(
             f"study {study.name!r}: {pending} trial run(s) still have writes the tracking server did not "
@@ -313,6 +350,10 @@ def close_study(
     pending = wait_for_tracking(uri, storage, study.tracking_wait_s)
     if pending:  # the lease goes stale; `platform study sync` (or resume) finishes the record
         return StudyOutcome([], reason, exit_code or 1, pending)
+    try:  # again: that wait may have been long (a partition), and another driver may have taken over
+        lease.check(client)
+    except LeaseLost:
+        return StudyOutcome([], "lease_lost", LEASE_LOST_EXIT)
     close_open_children(client, uri, parent_run_id, reason, study.scheduler.type == "asha")
     rows = summary_rows(children(client, parent_run_id), study)
     state = "failed" if status == "FAILED" else {None: "finished", "study_timeout": "timed_out"}.get(reason)

@@ -134,6 +134,8 @@ def close_abandoned(held: dict[str, Any], reason: str | None, ended: str) -> boo
     if held.get("storage") and replay(uri, held["storage"]):
         print("trial writes are still pending: `platform study sync` sends them and closes the record")
         return False
+    if generation(client, run_id) != held["generation"]:
+        return False  # taken over while the writes were sent
     close_unfinished(
         client, uri, run_id, reason, f"the study driver ended ({ended}) without closing its record"
     )
