@@ -317,7 +317,8 @@ def fit(
     left in the study's storage for the study driver; only the points logged since the last checkpoint
     of a trial that will run again from it (any failure but a final one) are dropped: it logs them again.
     """
-    logger = RunLogger(tracking if session.rank == 0 else None, commit_at_checkpoints=True)
+    at_checkpoints = (tracking or {}).get("commit_at_checkpoints", True)
+    logger = RunLogger(tracking if session.rank == 0 else None, commit_at_checkpoints=at_checkpoints)
     try:
         final = train(trial, session, logger, shared)
     except BaseException as err:
