@@ -214,6 +214,8 @@ def test_a_server_that_wants_a_login_is_refused_before_the_study_starts(monkeypa
     try:
         monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
         monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+        monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
+        monkeypatch.delenv("MLFLOW_TRACKING_AUTH", raising=False)
         with pytest.raises(
             ConnectionError, match="wants a login and none was given: set MLFLOW_TRACKING_USERNAME"
         ):
@@ -225,5 +227,8 @@ def test_a_server_that_wants_a_login_is_refused_before_the_study_starts(monkeypa
         assert "wrong" not in str(refused.value)
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "right")
         check_reachable(uri)
+        monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "not-basic")  # MLflow's client would send this instead
+        with pytest.raises(ConnectionError, match="the login in MLFLOW_TRACKING_TOKEN was refused"):
+            check_reachable(uri)
     finally:
         server.shutdown()

@@ -306,6 +306,11 @@ BUCKET = "s3://lab-bucket/runs"
         ("gs://bucket/studies/study-1/checkpoint", ROOT, False),
         ("s3://bucket/studies/study-1/../study-2/checkpoint", ROOT, False),
         ("s3://bucket/../bucket/studies/study-1/x", ROOT, False),  # .. above the bucket
+        # object-store keys are literal: "a/../studies/study-1/x" lies under "a/", not under the root
+        ("s3://bucket/a/../studies/study-1/x", ROOT, False),
+        ("s3://bucket/a/%2E%2E/studies/study-1/x", ROOT, False),  # pyarrow decodes %2E%2E to ..
+        ("s3://bucket/studies/study-1/./x", ROOT, False),
+        ("s3://bucket/studies//study-1/x", ROOT, False),
         ("/studies/study-1/x", ROOT, False),
         # a tag that would make pyarrow talk to another host, or log in as someone else: refused
         (f"{BUCKET}/x/checkpoint_000003?endpoint_override=evil:9000&scheme=http", BUCKET, False),

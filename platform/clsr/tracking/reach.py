@@ -41,16 +41,22 @@ def check_login(uri: str) -> None:
     """Fail before any training when the server wants a login this process does not have (``/health``
     needs none; MLflow's own 401 would come only at the first write, inside the driver)."""
     request = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
+    if os.environ.get("MLFLOW_TRACKING_AUTH"):  # an auth plugin of MLflow's client: only it knows how
+        return
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
-    if user and password:
-        request.add_header(
-            "Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-        )
+    sent = None
+    if token := os.environ.get("MLFLOW_TRACKING_TOKEN"):  # MLflow's client sends it as a bearer token
+        request.add_header("Authorization", f"Bearer {token}")
+        sent = "MLFLOW_TRACKING_TOKEN"
+    elif user and password:
+        basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {basic}")
+        sent = "MLFLOW_TRACKING_USERNAME/PASSWORD"
     try:
         urllib.request.urlopen(request, timeout=10)
     except urllib.error.HTTPError as err:
         if err.code == 401:
-            given = "the login in MLFLOW_TRACKING_USERNAME/PASSWORD was refused" if user else "none was given"
+            given = f"the login in {sent} was refused" if sent else "none was given"
             raise ConnectionError(
                 f"MLflow tracking server {mask_uri(uri)} wants a login and {given}: set "
                 f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (on a cluster the project started: "

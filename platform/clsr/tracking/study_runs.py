@@ -319,6 +319,11 @@ def _plain(location: str) -> bool:
     split = urllib.parse.urlsplit(location)
     if split.scheme.lower() == "file":
         return split.netloc in ("", "localhost")
+    # an object store's keys are literal: "a/../root/x" is under "a/", not under "root/" (and pyarrow
+    # decodes %2E%2E to ".."), so a location with such a segment is refused, not resolved
+    segments = split.path.strip("/").split("/")
+    if any(part in ("", ".", "..") for seg in segments for part in (seg, urllib.parse.unquote(seg))):
+        return False
     return _BUCKET.fullmatch(split.netloc) is not None
 
 
