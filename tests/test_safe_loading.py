@@ -454,6 +454,8 @@ def test_children_pages_through_every_run(tmp_path, monkeypatch):
         # libpq's keyword form, and password= anywhere in a text
         ("host=db user=u password=secret dbname=x", "host=db user=u password=*** dbname=x"),
         ("host=db password='quoted secret' dbname=x", "host=db password=*** dbname=x"),
+        ('host=db password="double quoted" dbname=x', "host=db password=*** dbname=x"),
+        ('aws_secret_access_key = "wJalr/K7 MDENG"', "aws_secret_access_key = ***"),
         ("host=db password = 'it\\'s secret' dbname=x", "host=db password = *** dbname=x"),
         ("password='never closed", "password=***"),
         ('{"dsn": "password=hunter2"}', '{"dsn": "password=***"}'),

@@ -13,7 +13,7 @@
 * the value of query parameters whose names look like secrets (``?token=***``, ``X-Amz-Signature=***``);
 * ``password=`` (also ``passwd``, ``pwd``, ``secret``, any prefix: ``PGPASSWORD``, ``sslpassword``,
   ``aws_secret_access_key``) anywhere, as libpq's keyword form writes it (``host=db password=***``,
-  ``password='quoted secret'``) and error texts repeat it.
+  ``password='quoted secret'``, ``password="double quoted"``) and error texts repeat it.
 
 Apply it to any text that may hold a tracking URI or a storage URI before it is logged, stored as an
 artifact or a tag, or shown in an error.
@@ -46,10 +46,11 @@ _QUERY = re.compile(
     rf"(?P<head>[?&;]{_named('token|password|passwd|pwd|secret|key|signature|credential|sig|auth')}=)"
     r"(?P<secret>[^&#\s'\"]*)"
 )
-# name=value anywhere else (not a query parameter): libpq's 'quoted value' with \' escapes, or a word.
+# name=value anywhere else (not a query parameter): libpq's 'quoted value' with \' escapes, a "quoted
+# value", or a word.
 _KEYWORD = re.compile(
     rf"(?P<head>(?<![A-Za-z0-9_\-.?&;]){_named('password|passwd|pwd|secret')}[ \t]*=[ \t]*)"
-    r"(?P<secret>'(?:\\.|[^'\\])*'?|[^\s'\"]+)"
+    r"(?P<secret>'(?:\\.|[^'\\])*'?|\"(?:\\.|[^\"\\])*\"?|[^\s'\"]+)"
 )
 
 
