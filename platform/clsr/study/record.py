@@ -405,20 +405,23 @@ def sync_study(study: Study) -> int:
     parent = study_parent(client, study, fingerprint(study))
     if parent is None:
         raise NoEarlierRun(f"no run of study {study.name!r} in MLflow at {mask_uri(uri)}")
-    left = replay(uri, recorded_storage(study, parent))
-    if left or parent.info.status != "RUNNING":
-        return left
+    storage = recorded_storage(study, parent)
+    if parent.info.status != "RUNNING":
+        return replay(uri, storage)
     lease = Lease(uri, parent.info.run_id, study.name)
-    try:  # closing needs the lease: a driver that comes back finds it taken and writes nothing
-        lease.acquire()
-    except LeaseHeld:
-        print(f"study {study.name!r} is being run by a live driver: it closes its own record")
-        return left
-    close_open_children(client, uri, parent.info.run_id, "SIGKILL")
-    client.set_tag(parent.info.run_id, "clsr.status", "interrupted")
-    client.set_terminated(parent.info.run_id, status="KILLED")
-    lease.release()
-    print(f"closed study {study.name!r}: its driver had stopped; `platform study resume` continues it")
+    lease.acquire()  # a live driver sends and closes its own record (LeaseHeld says who it is)
+    try:  # with the lease: a driver that comes back finds it taken and writes nothing
+        left = replay(uri, storage)
+        if not left:
+            lease.check(client)
+            close_open_children(client, uri, parent.info.run_id, "SIGKILL")
+            client.set_tag(parent.info.run_id, "clsr.status", "interrupted")
+            client.set_terminated(parent.info.run_id, status="KILLED")
+            print(
+                f"closed study {study.name!r}: its driver had stopped; `platform study resume` continues it"
+            )
+    finally:
+        lease.release()
     return left
 
 
