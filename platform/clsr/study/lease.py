@@ -259,6 +259,10 @@ class Lease:
         if self.lost is not None:
             raise LeaseLost(self.lost)
 
+    def stop_beating(self) -> None:
+        """Beat no more (the run is being deleted: nothing to let go of)."""
+        self._stop.set()
+
     def release(self) -> None:
         """Stop the heartbeat and let go (best effort: a lease not renewed goes stale by itself)."""
         self._stop.set()

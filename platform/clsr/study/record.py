@@ -132,7 +132,7 @@ def start_record(client, uri: str, study: Study, study_text: str, current: dict[
         r.info.run_id for r in parent_runs(client, study.name, running=True) if r.info.run_id != parent_run_id
     ]
     if rivals:
-        lease.release()
+        lease.stop_beating()
         client.delete_run(parent_run_id)
         raise LeaseHeld(
             f"study {study.name!r} was started by another driver at the same moment (MLflow run "
