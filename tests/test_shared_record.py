@@ -194,3 +194,32 @@ def test_the_drivers_record_writes_wait_out_a_locked_sqlite_store(started):
     assert time.monotonic() - started_at > 20  # it did meet the lock
     assert client.get_run(parent_run_id).data.tags["clsr.status"] == "interrupted"
     lock.close()
+
+
+def test_sync_sends_what_a_stopped_driver_left_and_closes_its_record(tmp_path, monkeypatch):
+    """``platform study sync`` of a record left RUNNING by a driver that stopped with writes pending (its
+    lease released): the writes are sent and the record closed; with a live driver it is refused."""
+    from clsr.study.lease import LeaseHeld
+    from clsr.tracking.spool import Spool, hand_over
+    from clsr.tracking.study_runs import open_child_run
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = MlflowClient(uri)
+    study = load_study(REPO_ROOT / "studies" / "smoke.yaml", [("storage_path", str(tmp_path / "runs"))])
+    parent, storage, lease = record.start_record(client, uri, study, "name: smoke", fingerprint(study))
+    child = open_child_run(uri, parent, "temperature[x] seed=1", "t", {}, {})
+    spool = Spool(uri, child, tmp_path / "journal")
+    spool.tags({"clsr.status": "finished"})
+    spool.terminate("FINISHED")
+    hand_over(spool.unsent(), spool.folder, storage, child)
+
+    with pytest.raises(LeaseHeld, match="is being run by pid"):  # its driver (this process) is alive
+        record.sync_study(study)
+    lease.release()  # the driver ended with its writes pending
+    assert record.sync_study(study) == 0
+    assert client.get_run(child).info.status == "FINISHED"
+    assert client.get_run(child).data.tags["clsr.status"] == "finished"
+    closed = client.get_run(parent)
+    assert (closed.info.status, closed.data.tags["clsr.status"]) == ("KILLED", "interrupted")
