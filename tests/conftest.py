@@ -22,6 +22,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("CLSR_DATA_DIR", str((REPO_ROOT.parent / "shared" / "data").resolve()))
 
 
+@pytest.fixture
+def store(tmp_path):
+    """A RUNNING MLflow run on a SQLite store of its own: (tracking URI, client, run id)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("record", artifact_location=(tmp_path / "artifacts").as_uri())
+    return uri, client, client.create_run(experiment).info.run_id
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The local data folder (``CLSR_DATA_DIR``, default ``../shared/data``)."""

@@ -32,14 +32,10 @@ from clsr.tracking.study_runs import start_parent_run
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    """A RUNNING run on a SQLite store; heartbeats every 50 ms so that watching takes a fraction of a second."""
+@pytest.fixture(autouse=True)
+def fast_heartbeat(monkeypatch):
+    """Heartbeats every 50 ms, so that watching a lease takes a fraction of a second."""
     monkeypatch.setattr(lease_module, "HEARTBEAT_S", 0.05)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    experiment = client.create_experiment("record", artifact_location=(tmp_path / "artifacts").as_uri())
-    return uri, client, client.create_run(experiment).info.run_id
 
 
 def dead_pid() -> int:

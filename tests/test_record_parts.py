@@ -19,15 +19,6 @@ from clsr.tracking.spool import Spool, hand_over, pending_runs, replay_pending
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def store(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    experiment = client.create_experiment("record", artifact_location=(tmp_path / "artifacts").as_uri())
-    run_id = client.create_run(experiment).info.run_id
-    return uri, client, run_id
-
-
 def points(client: MlflowClient, run_id: str, key: str) -> Counter:
     return Counter((m.step, m.value) for m in client.get_metric_history(run_id, key))
 

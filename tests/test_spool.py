@@ -28,15 +28,6 @@ from clsr.tracking.spool import Spool, hand_over, pending_runs, replay_pending
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens on port 9
 
 
-@pytest.fixture
-def store(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    experiment = client.create_experiment("spool", artifact_location=(tmp_path / "artifacts").as_uri())
-    run_id = client.create_run(experiment).info.run_id
-    return uri, client, run_id
-
-
 def history(client: MlflowClient, run_id: str, key: str = "loss") -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
