@@ -12,6 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from mlflow.tracking import MlflowClient
+
 from clsr.cluster.checks import check_cloud_storage, check_local_storage_on_cluster, is_cloud
 from clsr.study.distinct import also_keys, merge_identical, run_keys
 from clsr.study.driver_link import tell
@@ -539,8 +541,8 @@ def _fit(study: Study, ctx: StudyContext, ablation: str | None, name: str, inter
             results = build_tuner(study, ctx, ablation, restore=True, name=experiment).fit()
         if interrupts.reason == "lease_lost":  # the record is another driver's now
             return
-        close_lost_trials(
-            PatientClient(ctx.tracking_uri), ctx.tracking_uri, ctx.parent_run_id, errors_of(results)
+        close_lost_trials(  # a plain client: an outage here is only a warning (the study's end closes them)
+            MlflowClient(ctx.tracking_uri), ctx.tracking_uri, ctx.parent_run_id, errors_of(results)
         )
 
 
