@@ -62,27 +62,23 @@ class ClusterError(RuntimeError):
     """A service of the loopback cluster could not start or stop; the message says what to do."""
 
 
-def free_port(span: int = 0) -> int:
-    """A free TCP port on 127.0.0.1 (with ``span``: one whose ``port + span`` is free too, for SeaweedFS's
-    gRPC ports, which are the HTTP port + 10000)."""
-    for _ in range(200):
-        with socket.socket() as sock:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1: held open together while chosen, so no two are the
+    same (ports chosen one at a time, each closed before the next, may repeat or collide with a server's
+    derived port; SeaweedFS's gRPC ports are therefore named, not left at HTTP port + 10000)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
             sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if not span:
-            return port
-        if port + span < 65536 and _is_free(port + span):
-            return port
-    raise ClusterError("no free port pair on 127.0.0.1")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _private_file(path: Path, text: str) -> None:
@@ -230,13 +226,14 @@ class LoopbackCluster:
         config = self.root / "s3-identities.json"
         _private_file(config, json.dumps(identities))
         (self.root / "s3").mkdir(exist_ok=True)
-        s3 = free_port(10000)
-        ports = {"master": free_port(10000), "volume": free_port(10000), "filer": free_port(10000)}
+        names = ("master", "volume", "filer", "s3")
+        chosen = free_ports(2 * len(names) + 2)
+        http, grpc = dict(zip(names, chosen[:4], strict=True)), dict(zip(names, chosen[4:8], strict=True))
+        s3 = http["s3"]
         proc = self._spawn("object-store", [
             weed, "server", f"-dir={self.root / 's3'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
-            f"-filer.port={ports['filer']}", "-s3", f"-s3.port={s3}", f"-s3.config={config}",
-            f"-s3.port.iceberg={free_port()}", f"-s3.port.lance={free_port()}",
+            *(f"-{name}.port={http[name]}" for name in names), *(f"-{name}.port.grpc={grpc[name]}" for name in names),
+            "-s3", f"-s3.config={config}", f"-s3.port.iceberg={chosen[8]}", f"-s3.port.lance={chosen[9]}",
             # 1 GB volumes, 32 at most: with its defaults (30 GB volumes, as many as the free disk holds)
             # a disk with < 90 GB free has no volume left for the bucket's collection and every write fails
             "-master.volumeSizeLimitMB=1024", "-volume.max=32",
@@ -331,7 +328,7 @@ class LoopbackCluster:
         token = self.root / "ray_token"
         if not token.exists():
             _private_file(token, secrets.token_hex(32))
-        port, dashboard = free_port(), free_port()
+        port, dashboard, client = free_ports(3)
         self.state["env"] |= {
             "RAY_ADDRESS": f"127.0.0.1:{port}",
             "RAY_AUTH_MODE": "token",
@@ -350,7 +347,7 @@ class LoopbackCluster:
         head = self._spawn("ray-head", [
             ray, "start", "--head", *node, f"--port={port}", "--num-cpus=0", "--include-dashboard=true",
             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-            f"--ray-client-server-port={free_port()}",
+            f"--ray-client-server-port={client}",
         ], env)  # fmt: skip
         _wait(lambda: self._blocking("ray-head"), "the Ray head", self._log("ray-head"), head)
         self.state["cpus_per_node"] = cpus_per_node
@@ -499,8 +496,9 @@ class LoopbackCluster:
 def _node_ports() -> list[str]:
     """Free ports for a node's own servers: Ray's fixed defaults (52365, 10001, ...) would collide between
     several nodes on one machine."""
-    return [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}"]  # fmt: skip
+    agent, metrics, runtime_env, agent_grpc = free_ports(4)
+    return [f"--dashboard-agent-listen-port={agent}", f"--metrics-export-port={metrics}",
+            f"--runtime-env-agent-port={runtime_env}", f"--dashboard-agent-grpc-port={agent_grpc}"]  # fmt: skip
 
 
 def _raylet_node_id(group: int) -> str | None:

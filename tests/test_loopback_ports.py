@@ -1,0 +1,52 @@
+"""The loopback cluster's ports: every port a server listens on is named and distinct.
+
+CI once failed because SeaweedFS's S3 gRPC port (left at its default, the S3 HTTP port + 10000) was the
+filer's HTTP port, chosen free a moment earlier: ``bind: address already in use``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from clsr.cluster import loopback
+from clsr.cluster.loopback import LoopbackCluster, free_ports
+
+
+def test_free_ports_are_distinct():
+    for _ in range(20):
+        ports = free_ports(12)
+        assert len(set(ports)) == 12
+
+
+class _Started(Exception):
+    pass
+
+
+def test_every_seaweedfs_port_is_named_and_distinct(tmp_path, monkeypatch):
+    commands: list[list[str]] = []
+
+    def spawn(self, name, cmd, env=None, umask=-1):
+        commands.append(cmd)
+        raise _Started
+
+    monkeypatch.setattr(LoopbackCluster, "_spawn", spawn)
+    monkeypatch.setattr(loopback.shutil, "which", lambda name: "/bin/true")
+    with pytest.raises(_Started):
+        LoopbackCluster(tmp_path)._object_store()
+    ports = {
+        flag: int(value)
+        for flag, value in re.findall(r"^-([a-z0-9.]*port[a-z.]*)=(\d+)$", "\n".join(commands[0]), re.M)
+    }
+    servers = ("master", "volume", "filer", "s3")
+    assert {f"{server}.port" for server in servers} | {f"{server}.port.grpc" for server in servers} <= set(
+        ports
+    )
+    assert len(set(ports.values())) == len(ports), ports
+
+
+def test_ray_node_ports_are_distinct():
+    flags = loopback._node_ports()
+    values = [flag.split("=")[1] for flag in flags]
+    assert len(set(values)) == len(values) == 4
