@@ -83,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
                 help="resume an edited study: keep finished trials that did not change, run changed and "
                 "added ones as a new wave, mark changed and removed ones superseded",
             )
+            p.add_argument(
+                "--or-run",
+                action="store_true",
+                help="start the study when MLflow has no earlier run of it (a requeued batch job that was "
+                "stopped before its first record)",
+            )
     validate = study.add_parser(
         "validate", help="check study files without running anything; print each one's number of trials"
     )
@@ -322,17 +328,19 @@ def cmd_study(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from clsr.study.record import format_rows
+    from clsr.study.record import NoEarlierRun, format_rows
     from clsr.study.runner import run_study
 
     started = time.perf_counter()
     resume = args.action == "resume"
-    outcome = run_study(
-        study,
-        Path(args.study).read_text(errors="replace"),
-        resume=resume,
-        allow_changes=resume and args.allow_changes,
-    )
+    study_text = Path(args.study).read_text(errors="replace")
+    try:
+        outcome = run_study(study, study_text, resume=resume, allow_changes=resume and args.allow_changes)
+    except NoEarlierRun:
+        if not (resume and args.or_run):
+            raise
+        print(f"no earlier run of study {study.name!r} to resume: starting it (--or-run)")
+        outcome = run_study(study, study_text)
     rows = outcome.rows
     print(f"\nstudy {study.name!r}: {len(rows)} trial(s) in {time.perf_counter() - started:.0f} s\n")
     print(format_rows(rows))

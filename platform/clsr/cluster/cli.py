@@ -1,4 +1,5 @@
-"""``platform cluster up|down|kill-node``: the loopback cluster (``clsr.cluster.loopback``) from a shell."""
+"""``platform cluster up|down|kill-node``: the loopback cluster (``clsr.cluster.loopback``) from a shell;
+``platform cluster sbatch``: a SLURM batch script for a study (``clsr.cluster.sbatch``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ DEFAULT_DIR = "loopback-cluster"
 def add_cluster_parser(commands) -> None:
     cluster = commands.add_parser(
         "cluster",
-        help="a Ray head, worker nodes, PostgreSQL, an S3 store and an MLflow server on this machine (127.0.0.1)",
+        help="a loopback cluster on this machine (Ray nodes, PostgreSQL, S3, MLflow); a SLURM batch script for a study",
     ).add_subparsers(dest="action", required=True)
     up = cluster.add_parser("up", help="start the loopback cluster; prints how to use it")
     up.add_argument("--workers", type=int, default=2, help="Ray worker nodes (default 2)")
@@ -26,9 +27,14 @@ def add_cluster_parser(commands) -> None:
         parser.add_argument(
             "--dir", default=DEFAULT_DIR, help=f"the cluster's folder (default ./{DEFAULT_DIR})"
         )
+    add_slurm_parsers(cluster)
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
+    if args.action == "sbatch":
+        return cmd_sbatch(args)
+    if args.action == "slurm-node":
+        return cmd_slurm_node(args)
     from clsr.cluster.loopback import ENV_FILE, LoopbackCluster
 
     cluster = LoopbackCluster(args.dir)
@@ -63,3 +69,101 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 def _stop_on_sigterm(*_) -> None:
     """``--wait``: SIGTERM stops the cluster as Ctrl-C does."""
     raise KeyboardInterrupt
+
+
+def add_slurm_parsers(cluster) -> None:
+    sbatch = cluster.add_parser(
+        "sbatch", help="write a SLURM batch script that runs a study on a Ray cluster of the job's nodes"
+    )
+    sbatch.add_argument("study", help="study YAML file (studies/<name>.yaml)")
+    sbatch.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    sbatch.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node (default 1)")
+    sbatch.add_argument("--cpus-per-node", type=int, default=8, help="CPUs per node (default 8)")
+    sbatch.add_argument("--partition", help="SLURM partition (default: the cluster's default)")
+    sbatch.add_argument("--account", help="SLURM account to charge")
+    sbatch.add_argument("--time", help="time limit: MM, HH:MM:SS or D-HH:MM:SS (default: the partition's)")
+    sbatch.add_argument(
+        "--grace",
+        type=int,
+        default=120,
+        help="seconds before the time limit that SIGTERM comes (default 120)",
+    )
+    sbatch.add_argument(
+        "--setup",
+        default="",
+        help='shell lines run first, e.g. "module load cuda; source .venv/bin/activate"',
+    )
+    sbatch.add_argument(
+        "--tmp", default="/tmp", help="node-local folder for Ray's job folders (default /tmp)"
+    )
+    sbatch.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a study value, as for study run (written into the script: no credentials)",
+    )  # fmt: skip
+    sbatch.add_argument("--out", help="the script's path (default slurm/<study name>.sbatch; - prints it)")
+    node = cluster.add_parser(
+        "slurm-node", help="(run by the batch script) start this node's Ray in a SLURM job"
+    )
+    node.add_argument("role", choices=("head", "worker"))
+    node.add_argument("--ip", default="127.0.0.1", help="the head's address")
+    node.add_argument("--address", default="", help="a worker's head address (host:port)")
+    node.add_argument("--cpus", type=int, required=True)
+    node.add_argument("--gpus", type=int, required=True)
+    node.add_argument("--tmp", default="/tmp")
+
+
+def cmd_slurm_node(args: argparse.Namespace) -> int:
+    from clsr.cluster.slurm_node import run_node
+
+    return run_node(args.role, args.cpus, args.gpus, args.tmp, ip=args.ip, address=args.address)
+
+
+def cmd_sbatch(args: argparse.Namespace) -> int:
+    """Check everything, then write the script; a problem is a line naming the file or the flag."""
+    import os
+    import shlex
+    import sys
+
+    from pydantic import ValidationError
+
+    from clsr.cluster.sbatch import SbatchRequest, batch_script, check_request, notes
+    from clsr.study.dotted import parse_override
+    from clsr.study.load import load_study
+    from clsr.study.sources import require_sources
+
+    try:
+        request = SbatchRequest(
+            nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
+            partition=args.partition, account=args.account, time=args.time, grace_s=args.grace,
+            setup=args.setup, tmp=args.tmp,
+        )  # fmt: skip
+    except ValidationError as err:
+        for problem in err.errors():
+            flag = "--" + str(problem["loc"][0]).removesuffix("_s").replace("_", "-")
+            print(f"error: {flag}: {problem['msg'].removeprefix('Value error, ')}", file=sys.stderr)
+        return 2
+    try:
+        study = load_study(args.study, [parse_override(o) for o in args.overrides])
+        require_sources(study, args.study)
+    except ValueError as err:  # a StudyError, or an override that does not fit the file
+        print(err, file=sys.stderr)
+        return 2
+    if problems := check_request(study, request, args.study, args.overrides):
+        print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
+        return 2
+    for line in notes(study, request, dict(os.environ)):
+        print(f"note: {line}", file=sys.stderr)
+    out = Path(args.out or f"slurm/{study.name}.sbatch")
+    folder = Path.cwd() if args.out == "-" else out.resolve().parent
+    command = "platform " + " ".join(shlex.quote(a) for a in args.argv)
+    text = batch_script(args.study, study, request, args.overrides, (Path.cwd(), folder), command)
+    if args.out == "-":
+        print(text, end="")
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    out.chmod(0o750)
+    print(
+        f"wrote {out}\n  sbatch {out}      # then: squeue --me; tail -f {folder}/clsr-{study.name}-<job id>.out"
+    )
+    return 0
