@@ -282,3 +282,13 @@ def test_resume_or_run_starts_a_study_with_no_earlier_run(monkeypatch, capsys):
     calls.clear()
     assert main(["study", "resume", str(SMOKE)]) == 2  # without --or-run: the error, as before
     assert calls == [True] and "no earlier run of study 'smoke'" in capsys.readouterr().err
+
+
+def test_a_node_offers_ray_what_slurm_granted(monkeypatch):
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert slurm_node.granted(8, 4) == (8, 4)  # outside a step: what the script asked for
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "6")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
+    assert slurm_node.granted(8, 4) == (6, 2)
+    assert slurm_node.granted(8, 0) == (6, 0)  # a CPU job's GPUs are not Ray's

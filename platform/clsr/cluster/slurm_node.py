@@ -82,8 +82,24 @@ def route_ip(head_ip: str) -> str:
         return sock.getsockname()[0]
 
 
+def granted(cpus: int, gpus: int) -> tuple[int, int]:
+    """What SLURM gave this step (``SLURM_CPUS_PER_TASK``; the GPUs it made visible), else what the
+    script asked for."""
+    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or cpus)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and gpus:
+        gpus = len([device for device in visible.split(",") if device.strip()])
+    return cpus, gpus
+
+
 def run_node(role: str, cpus: int, gpus: int, tmp: str, ip: str = "", address: str = "") -> int:
     """Start this node's Ray and stay until it ends; SIGTERM and SIGINT stop it; the folder goes after."""
+    asked = (cpus, gpus)
+    cpus, gpus = granted(cpus, gpus)
+    if (cpus, gpus) != asked:
+        print(
+            f"{role}: SLURM granted {cpus} CPUs and {gpus} GPUs (the script asked for {asked[0]} and {asked[1]})"
+        )
     folder = job_folder(tmp)
     for earlier in folder.parent.glob(f"{folder.name.rsplit('-', 1)[0]}-*"):  # this job's, before a requeue
         if earlier != folder and earlier.owner() == getpass.getuser():
