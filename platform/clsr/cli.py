@@ -262,6 +262,20 @@ def _load(path: str, overrides: list[str], smoke: bool = False):
     return load_study(path, [parse_override(o) for o in overrides], smoke=smoke)
 
 
+def _validate_summary(valid: int, needs_hub: list[str], failed: int) -> str:
+    """One line after validating several files: how many are fine, which only need the hub, how many fail."""
+    parts = [f"{valid} valid"]
+    if needs_hub:
+        names = ", ".join(Path(p).name for p in needs_hub)
+        parts.append(
+            f"{len(needs_hub)} need hub models or sets that are not in your cache: {names} — run once with "
+            f"the hub reachable, or add --set skip_unavailable=true"
+        )
+    if failed:
+        parts.append(f"{failed} invalid (above)")
+    return "; ".join(parts)
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     from clsr.study.schema import StudyError
 
@@ -269,18 +283,22 @@ def cmd_study(args: argparse.Namespace) -> int:
         from clsr.study.dotted import parse_override
         from clsr.study.load import load_study
         from clsr.study.plan import count_trials
-        from clsr.study.sources import require_sources
+        from clsr.study.sources import NeedsHub, require_sources
 
         try:
             overrides = [parse_override(o) for o in args.overrides]
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        failed = 0
-        for path in _expand_folders(args.studies):
+        failed, needs_hub, paths = 0, [], _expand_folders(args.studies)
+        for path in paths:
             try:
                 study = load_study(path, overrides, smoke=args.smoke)
                 sources = require_sources(study, path)  # every model.name and data.train is here
+            except NeedsHub as err:  # right as written; the hub is out of reach here
+                needs_hub.append(path)
+                print(err, file=sys.stderr)
+                continue
             except ValueError as err:  # a StudyError, or an override that does not fit the file
                 failed += 1
                 print(err, file=sys.stderr)
@@ -291,7 +309,9 @@ def cmd_study(args: argparse.Namespace) -> int:
                 print(f"    skipped when run here: {line.splitlines()[0]}")
             for line in sources.lines("notes"):
                 print(f"    note: {line}")
-        return 1 if failed else 0
+        if len(paths) > 1:
+            print(_validate_summary(len(paths) - failed - len(needs_hub), needs_hub, failed))
+        return 1 if failed or needs_hub else 0
     if args.action == "report":
         return cmd_study_report(args)
     if args.action in ("schema", "reference"):

@@ -39,6 +39,39 @@ def resolve_data_dir(explicit: str | os.PathLike[str] | None = None) -> Path | N
     return path
 
 
+KNOWN_FOLDERS = ("senteval", "nli", "wiki", "sts_original", "faq", "word_vectors")
+
+
+def data_folder_problem(explicit: str | os.PathLike[str] | None = None) -> str | None:
+    """Why the data folder (``explicit``, else ``$CLSR_DATA_DIR``) is not the shared data folder, with
+    where it probably is; None when it holds one of the folders the catalogue reads (or none is set).
+    Checked before a study starts: a folder one level off would otherwise fail every trial at load."""
+    raw = explicit if explicit is not None else os.environ.get(ENV_VAR) or None
+    if raw is None:
+        return None
+    origin = "data.data_dir" if explicit is not None else f"${ENV_VAR}"
+    try:
+        path = resolve_data_dir(raw)
+    except DataUnavailableError as err:
+        return str(err)
+    assert path is not None
+    if any((path / name).is_dir() for name in KNOWN_FOLDERS):
+        return None
+    wanted = ", ".join(f"{name}/" for name in KNOWN_FOLDERS[:3])
+    guess = next((c for c in _nearby(path) if any((c / name).is_dir() for name in KNOWN_FOLDERS)), None)
+    hint = f"; did you mean {str(guess)!r}?" if guess else ""
+    return (
+        f"{origin} = {str(raw)!r} holds none of {', '.join(f'{n}/' for n in KNOWN_FOLDERS)}: it should be "
+        f"the folder holding {wanted}{hint}"
+    )
+
+
+def _nearby(path: Path) -> list[Path]:
+    """Where a data folder one level off usually is: a ``data`` folder inside, another child, the parent."""
+    children = sorted(c for c in path.iterdir() if c.is_dir()) if path.is_dir() else []
+    return [path / "data", *children, path.parent]
+
+
 def local_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
     """Validate a caller's ``data_dir`` without consulting the environment (None means the hub)."""
     return None if data_dir is None else resolve_data_dir(data_dir)

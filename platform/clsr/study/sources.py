@@ -112,8 +112,13 @@ def _model_check(name: str) -> tuple[str | None, str | None]:
 
 
 def check_sources(study: Study) -> SourceReport:
-    """Every grid point's trial (a sampled ablation's base trial), first seed."""
+    """The data folder, then every grid point's trial (a sampled ablation's base trial), first seed."""
+    from clsr.data.sources import data_folder_problem
+
     report = SourceReport()
+    if problem := data_folder_problem((study.base.get("data") or {}).get("data_dir")):
+        report.problems[problem] = ["base.data"]
+        return report  # every trial would say the same
     for name, ablation in study.ablations.items():
         points = grid_points(ablation) if not ablation.space else [{"label": "base", "overrides": {}}]
         for point in points:
@@ -140,5 +145,9 @@ def require_sources(study: Study, source: str) -> SourceReport:
             "fix the above, or set skip_unavailable: true (--set skip_unavailable=true) to run the rest"
         )
     if lines:
-        raise StudyError(source, lines)
+        raise (NeedsHub if not report.problems else StudyError)(source, lines)
     return report
+
+
+class NeedsHub(StudyError):
+    """A study that is right as written but names hub models or sets this machine cannot reach now."""
