@@ -52,3 +52,43 @@ def test_a_folder_of_studies_ends_with_one_summary_line(tmp_path, capsys):
         "1 valid; 1 need hub models or sets that are not in your cache: hub.yaml — run once with the hub "
         "reachable, or add --set skip_unavailable=true; 1 invalid (above)"
     )
+
+
+def test_running_a_study_again_is_refused_unless_new(tmp_path, monkeypatch):
+    """A rerun would start a record the report shows instead of the earlier one: refused, saying how to
+    report, resume or start another record (``--new``)."""
+    from mlflow.tracking import MlflowClient
+
+    from clsr.study import record
+    from clsr.study.fingerprint import fingerprint
+    from clsr.study.load import load_study
+    from clsr.study.record import EarlierRecord
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    study = load_study(str(SMOKE), [("storage_path", str(tmp_path / "runs"))])
+    first, _, lease = record.start_record(client, uri, study, "name: smoke", fingerprint(study))
+    lease.release()
+    client.set_tag(first, "clsr.status", "finished")
+    client.set_terminated(first, status="FINISHED")
+    try:
+        record.start_record(client, uri, study, "name: smoke", fingerprint(study))
+    except EarlierRecord as err:
+        message = str(err)
+    else:
+        raise AssertionError("a second record was started without --new")
+    assert message.startswith(f"study 'smoke' already has a record (MLflow run {first}, finished, started ")
+    assert "`platform study resume`" in message and "`platform study run --new`" in message
+    second, _, lease = record.start_record(client, uri, study, "name: smoke", fingerprint(study), new=True)
+    lease.release()
+    assert second != first
+
+
+def test_a_study_whose_every_trial_failed_is_recorded_failed():
+    from clsr.study.record import all_failed
+
+    assert all_failed([{"status": "failed"}, {"status": "failed"}, {"status": "skipped"}])
+    assert not all_failed([{"status": "failed"}, {"status": "finished"}])
+    assert not all_failed([{"status": "failed"}, {"status": "stopped"}])  # ASHA stopped it: it ran
+    assert not all_failed([{"status": "skipped"}]) and not all_failed([])

@@ -613,3 +613,41 @@ def test_a_hostile_resolved_yaml_artifact_is_refused(tmp_path, monkeypatch, arti
     with pytest.raises(NoStudyRuns, match=refusal) as refused:
         study_from_run(client, parent, tmp_path / "download")
     assert "\n" not in str(refused.value) and "resolved.yaml" in str(refused.value)
+
+
+def test_a_later_record_does_not_hide_an_earlier_one(tmp_path, monkeypatch, capsys):
+    """Two records of one study (a good one, then a failed one): the report shows the newest and lists
+    both; ``--run`` reports the earlier; an id that is not a record of the study is refused, listing them."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(yaml.safe_dump({**STUDY, "tracking_uri": uri}, sort_keys=False))
+    study = load_study(study_file)
+    client = MlflowClient(uri)
+    parents = []
+    for status in ("finished", "failed"):
+        parent = start_parent_run(client, NAME, str(tmp_path / "runs"), None)
+        client.log_text(parent, yaml.safe_dump(resolved_summary(study), sort_keys=False), "resolved.yaml")
+        metrics = trial_metrics("temperature", 1, 76.0) if status == "finished" else {}
+        add_trial(client, uri, parent, "temperature", T05, 1, status=status, metrics=metrics, error="crash")
+        client.set_tag(parent, "clsr.status", status)
+        client.set_terminated(parent, "FINISHED" if status == "finished" else "FAILED")
+        parents.append(parent)
+        time.sleep(0.01)  # distinct start times: newest first
+    good, bad = parents
+    args = ["study", "report", str(study_file), "--no-log", "--out", str(tmp_path / "r")]
+    assert main(args) == 0
+    newest = capsys.readouterr().out
+    assert "0/3 ok, 1 failed, 2 missing" in newest.split("records of study")[0]
+    listed = newest.split("records of study 'report_t', newest first (--run <id> reports another):\n")[1]
+    assert (
+        listed.splitlines()[0].startswith(f"  {bad} failed, started ")
+        and "<- this report" in listed.splitlines()[0]
+    )
+    assert listed.splitlines()[1].startswith(f"  {good} finished, started ")
+    assert main([*args, "--run", good]) == 0
+    earlier = capsys.readouterr().out
+    assert "1/3 ok, 2 missing" in earlier and f"  {good} finished" in earlier and earlier.count("<- this report") == 1
+    assert main([*args, "--run", "0123456789abcdef"]) == 2
+    err = capsys.readouterr().err
+    assert "--run 0123456789abcdef: not a record of study 'report_t'; its records:" in err and good in err

@@ -76,6 +76,12 @@ def _parser() -> argparse.ArgumentParser:
         if action == "sync":
             continue
         p.add_argument("--yes", action="store_true", help="run a study of more than 2,000 trials")
+        if action == "run":
+            p.add_argument(
+                "--new",
+                action="store_true",
+                help="start another record of a study that already has one (else refused: report or resume it)",
+            )
         if action == "resume":
             p.add_argument(
                 "--allow-changes",
@@ -112,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
         "--name", help="study name instead of a file: reads the study its parent run recorded"
     )
     report.add_argument("--smoke", action="store_true", help="the report of the study's --smoke run")
+    report.add_argument(
+        "--run", dest="run_id", help="the parent run id of another record of the study (default: the newest)"
+    )
     report.add_argument("--out", default=None, help="output folder (default: reports/<study name>/)")
     report.add_argument(
         "--tracking-uri", default=None, help="MLflow (default: the study's, $MLFLOW_TRACKING_URI)"
@@ -355,7 +364,13 @@ def cmd_study(args: argparse.Namespace) -> int:
     resume = args.action == "resume"
     study_text = Path(args.study).read_text(errors="replace")
     try:
-        outcome = run_study(study, study_text, resume=resume, allow_changes=resume and args.allow_changes)
+        outcome = run_study(
+            study,
+            study_text,
+            resume=resume,
+            allow_changes=resume and args.allow_changes,
+            new=not resume and args.new,
+        )
     except NoEarlierRun:
         if not (resume and args.or_run):
             raise
@@ -456,7 +471,9 @@ def cmd_study_report(args: argparse.Namespace) -> int:
     """``platform study report``: 0 when the report was written, 2 for a bad file or no runs found."""
     import tempfile
 
-    from clsr.study.report import NoStudyRuns, render_text, report_study, study_by_name
+    from mlflow.tracking import MlflowClient
+
+    from clsr.study.report import NoStudyRuns, record_lines, render_text, report_study, study_by_name
     from clsr.study.schema import StudyError
     from clsr.tracking.study_runs import resolve_tracking_uri
 
@@ -471,15 +488,24 @@ def cmd_study_report(args: argparse.Namespace) -> int:
             uri = resolve_tracking_uri(uri)
             with tempfile.TemporaryDirectory() as tmp:
                 name = f"{args.name}-smoke" if args.smoke else args.name
-                study = study_by_name(name, uri, Path(tmp))
+                study = study_by_name(name, uri, Path(tmp), args.run_id)
         out = Path(args.out) if args.out else None
-        report, files = report_study(study, out, uri, log=not args.no_log)
+        report, files = report_study(study, out, uri, log=not args.no_log, run_id=args.run_id)
     except (StudyError, NoStudyRuns) as err:
         print(f"error: {err}" if isinstance(err, NoStudyRuns) else err, file=sys.stderr)
         return 2
     print(render_text(report))
     where = "" if args.no_log else f"; logged on run {report.parent_run_id} under report/"
     print(f"\nwrote {len(files)} file(s) to {files[0].parent}{where}")
+    client = MlflowClient(resolve_tracking_uri(uri or study.tracking_uri))  # the report's own store
+    if len(records := record_lines(client, study.name)) > 1:
+        print(f"\nrecords of study {study.name!r}, newest first (--run <id> reports another):")
+        print(
+            "\n".join(
+                f"  {line}{'  <- this report' if line.startswith(report.parent_run_id) else ''}"
+                for line in records
+            )
+        )
     return 0
 
 

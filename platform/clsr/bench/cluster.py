@@ -29,7 +29,7 @@ def _study_cmd(
 ) -> subprocess.Popen:
     """``platform study run`` with its output in ``cwd/<name>.log`` (a pipe read only at the end could fill
     while the benchmark polls, and block the study)."""
-    args = [sys.executable, "-m", "clsr.cli", "study", "run", study, "--set", f"name={name}"]
+    args = [sys.executable, "-m", "clsr.cli", "study", "run", study, "--new", "--set", f"name={name}"]
     for override in overrides:
         args += ["--set", override]
     with open(cwd / f"{name}.log", "w") as log:

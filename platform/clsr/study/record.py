@@ -61,6 +61,10 @@ class UnclosedRun(RuntimeError):
     """``platform study run`` of a study whose last driver was killed: resume it."""
 
 
+class EarlierRecord(RuntimeError):
+    """``platform study run`` of a study that already has a record: report it, resume it, or ``--new``."""
+
+
 class StorageMismatch(RuntimeError):
     """A parent run whose storage tag is not one of the study file's own run folders."""
 
@@ -116,11 +120,14 @@ def study_parent(client, study: Study, current: dict[str, str]):
     return (same or parents or [None])[0]
 
 
-def start_record(client, uri: str, study: Study, study_text: str, current: dict[str, str]):
-    """A new parent run holding the study's lease; refused while another driver runs the study, or
-    while an earlier run was killed without closing (resume it)."""
+def start_record(client, uri: str, study: Study, study_text: str, current: dict[str, str], new: bool = False):
+    """A new parent run holding the study's lease; refused while another driver runs the study, while
+    an earlier run was killed without closing (resume it), or, unless ``new``, when the study already
+    has a record (a rerun would hide it from the report)."""
     for run in parent_runs(client, study.name, running=True):
         refuse_open_parent(client, uri, study, run)
+    if not new and (earlier := parent_runs(client, study.name, max_results=1)):
+        raise EarlierRecord(earlier_record_message(study, earlier[0]))
     storage = new_storage(study)
     parent_run_id = start_parent_run(client, study.name, storage, study.description)
     client.set_tag(parent_run_id, FINGERPRINT_TAG, overall(current))
@@ -143,6 +150,17 @@ def start_record(client, uri: str, study: Study, study_text: str, current: dict[
     client.log_text(parent_run_id, mask_uri(summary), "resolved.yaml")
     client.log_dict(parent_run_id, current, "fingerprint.json")
     return parent_run_id, storage, lease
+
+
+def earlier_record_message(study: Study, run) -> str:
+    """What a rerun would do to the study's record, and the three ways on."""
+    status = run.data.tags.get("clsr.status") or run.info.status.lower()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(run.info.start_time / 1000))
+    return (
+        f"study {study.name!r} already has a record (MLflow run {run.info.run_id}, {status}, started "
+        f"{started}): `platform study report` shows it; `platform study resume` continues it (finished "
+        f"trials are kept); `platform study run --new` starts another record, which the report then shows"
+    )
 
 
 def refuse_open_parent(client, uri: str, study: Study, run) -> None:
@@ -356,11 +374,19 @@ def close_study(
         return StudyOutcome([], "lease_lost", LEASE_LOST_EXIT)
     close_open_children(client, uri, parent_run_id, reason, study.scheduler.type == "asha")
     rows = summary_rows(children(client, parent_run_id), study)
+    if status == "FINISHED" and reason is None and all_failed(rows):  # nothing to report: say so
+        status = "FAILED"
     state = "failed" if status == "FAILED" else {None: "finished", "study_timeout": "timed_out"}.get(reason)
     client.set_tag(parent_run_id, "clsr.trials", str(len(rows)))
     client.set_tag(parent_run_id, "clsr.status", state or "interrupted")
     client.set_terminated(parent_run_id, status=status)
     return StudyOutcome(rows, reason, exit_code, 0)
+
+
+def all_failed(rows: list[dict[str, Any]]) -> bool:
+    """No trial finished or was stopped early, and some failed (skipped ones never ran)."""
+    statuses = {row["status"] for row in rows}
+    return "failed" in statuses and not statuses & {"finished", "stopped"}
 
 
 def close_lost_trials(client, uri: str, parent_run_id: str, lost: dict[str, str]) -> None:

@@ -52,10 +52,12 @@ from clsr.study.schema import Ablation, Study
 from clsr.study.yaml_safe import YAMLSafetyError, read_yaml_file
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import (
+    PARENT_TAG,
     SUPERSEDED_TAG,
     check_reachable,
     children,
     find_parent_run,
+    parent_runs,
     resolve_tracking_uri,
     run_labels,
 )
@@ -130,8 +132,9 @@ class Trial:
         return lines[-1][:200] if lines else ""
 
 
-def open_study_runs(study_name: str, uri: str) -> tuple[MlflowClient, Any]:
-    """The client and the study's latest parent run; a clear error when there is none at ``uri``."""
+def open_study_runs(study_name: str, uri: str, run_id: str | None = None) -> tuple[MlflowClient, Any]:
+    """The client and the study's latest parent run (or its parent run ``run_id``); a clear error when
+    there is none at ``uri``."""
     hint = (
         "set MLFLOW_TRACKING_URI (or tracking_uri: in the study file, or --tracking-uri) to the store "
         "the study logged to, e.g. `export MLFLOW_TRACKING_URI=sqlite:////path/to/mlflow.db` or "
@@ -143,6 +146,8 @@ def open_study_runs(study_name: str, uri: str) -> tuple[MlflowClient, Any]:
         )
     check_reachable(uri)
     client = MlflowClient(uri)
+    if run_id is not None:
+        return client, chosen_parent(client, study_name, run_id)
     parent = find_parent_run(client, study_name)
     if parent is None:
         raise NoStudyRuns(
@@ -150,6 +155,31 @@ def open_study_runs(study_name: str, uri: str) -> tuple[MlflowClient, Any]:
             f"{study_name!r} for a run tagged clsr.study={study_name}); {hint}"
         )
     return client, parent
+
+
+def chosen_parent(client: MlflowClient, study_name: str, run_id: str):
+    """The parent run ``run_id`` if it is one of this study's records, else NoStudyRuns listing them."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        run = None
+    if run is None or run.data.tags.get(PARENT_TAG) != study_name:
+        listed = "; ".join(record_lines(client, study_name)) or "none"
+        raise NoStudyRuns(f"--run {run_id}: not a record of study {study_name!r}; its records: {listed}")
+    return run
+
+
+def record_lines(client: MlflowClient, study_name: str, limit: int = 10) -> list[str]:
+    """One line per record of the study, newest first: run id, status, start (UTC), trials."""
+    lines = []
+    for run in parent_runs(client, study_name, max_results=limit):
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(run.info.start_time / 1000))
+        status = run.data.tags.get("clsr.status") or run.info.status.lower()
+        trials = run.data.tags.get("clsr.trials", "?")
+        lines.append(f"{run.info.run_id} {status}, started {started}, {trials} trial(s)")
+    return lines
 
 
 def load_trials(client: MlflowClient, parent_run_id: str) -> list[Trial]:
@@ -1063,11 +1093,16 @@ def log_report(client: MlflowClient, parent_run_id: str, files: list[Path]) -> N
 
 
 def report_study(
-    study: Study, out: Path | None = None, tracking_uri: str | None = None, log: bool = True
+    study: Study,
+    out: Path | None = None,
+    tracking_uri: str | None = None,
+    log: bool = True,
+    run_id: str | None = None,
 ) -> tuple[StudyReport, list[Path]]:
-    """Build, write and (unless ``log`` is False) log the report of a study's latest parent run."""
+    """Build, write and (unless ``log`` is False) log the report of a study's latest parent run (or of
+    its parent run ``run_id``)."""
     uri = resolve_tracking_uri(tracking_uri or study.tracking_uri)
-    client, parent = open_study_runs(study.name, uri)
+    client, parent = open_study_runs(study.name, uri, run_id)
     report = build_report(study, client, parent.info.run_id, uri)
     files = write_report(report, client, out or Path("reports") / study.name)
     if log:
@@ -1075,8 +1110,8 @@ def report_study(
     return report, files
 
 
-def study_by_name(name: str, tracking_uri: str | None, dst: Path) -> Study:
+def study_by_name(name: str, tracking_uri: str | None, dst: Path, run_id: str | None = None) -> Study:
     """The study a parent run recorded, for a report by study name (no study file)."""
     uri = resolve_tracking_uri(tracking_uri)
-    client, parent = open_study_runs(name, uri)
+    client, parent = open_study_runs(name, uri, run_id)
     return study_from_run(client, parent.info.run_id, dst)

@@ -417,7 +417,7 @@ def _forwarded_env() -> dict[str, str]:
 
 
 def run_study(
-    study: Study, study_text: str, resume: bool = False, allow_changes: bool = False
+    study: Study, study_text: str, resume: bool = False, allow_changes: bool = False, new: bool = False
 ) -> StudyOutcome:
     """Run (or resume) a study: one driver holds the study's lease; SIGINT/SIGTERM stop it with a
     truthful record (``StudyOutcome.stopped_by``)."""
@@ -433,7 +433,7 @@ def run_study(
                 client, uri, study, study_text, current, allow_changes
             )
         else:
-            parent_run_id, storage, lease = start_record(client, uri, study, study_text, current)
+            parent_run_id, storage, lease = start_record(client, uri, study, study_text, current, new)
             skip = frozenset()
         lease.start()
         tell(  # the supervisor closes the record if this process dies without closing it
