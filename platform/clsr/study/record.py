@@ -126,8 +126,10 @@ def start_record(client, uri: str, study: Study, study_text: str, current: dict[
     has a record (a rerun would hide it from the report)."""
     for run in parent_runs(client, study.name, running=True):
         refuse_open_parent(client, uri, study, run)
-    if not new and (earlier := parent_runs(client, study.name, max_results=1)):
-        raise EarlierRecord(earlier_record_message(study, earlier[0]))
+    # a closed record (a RUNNING one that appeared meanwhile is a rival: handled below)
+    closed = [r for r in parent_runs(client, study.name, max_results=5) if r.info.status != "RUNNING"]
+    if closed and not new:
+        raise EarlierRecord(earlier_record_message(study, closed[0]))
     storage = new_storage(study)
     parent_run_id = start_parent_run(client, study.name, storage, study.description)
     client.set_tag(parent_run_id, FINGERPRINT_TAG, overall(current))
