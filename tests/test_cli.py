@@ -163,6 +163,7 @@ def test_version_help_and_folders(tmp_path, capfd):
     assert out.splitlines() == [
         f"ok  {folder / 'a.yaml'}: 2 trials (2 distinct)",
         f"ok  {folder / 'b.yml'}: 2 trials (2 distinct)",
+        "2 valid",  # several files: one summary line
     ]
     assert main(["study", "run", str(folder)]) == 2
     assert (

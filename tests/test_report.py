@@ -287,7 +287,7 @@ def test_columns_follow_the_papers_order_and_rows_the_study(report):
     assert marks[T05] == "paper choice, reference" and marks["cls"] == "paper choice"
     assert marks["avg"] == "reference" and marks[T01] == ""
     text = render_text(report)
-    assert TEST_NAME in text and "reference row 'avg' (reference:)" in text
+    assert TEST_NAME in text and "reference row 'avg' (the study's reference)" in text
 
 
 def test_cost_is_summed_per_ablation_and_study(report):

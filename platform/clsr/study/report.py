@@ -591,6 +591,7 @@ class StudyReport:
     ablations: list[AblationReport]
     cost: Cost
     notes: list[str]
+    wall_s: float | None = None  # the parent run's start to end: the study's own wall time
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
 
 
@@ -605,9 +606,33 @@ def build_report(study: Study, client: MlflowClient, parent_run_id: str, uri: st
     for trial in {t.run_id: t for t in trials if t.ablation in study.ablations}.values():
         total.add(trial)
     unknown = sorted({t.ablation for t in trials} - set(study.ablations))
-    notes = [f"runs of ablations the study file does not have (not shown): {unknown}"] if unknown else []
+    notes = not_comparable(study)
+    notes += [f"runs of ablations the study file does not have (not shown): {unknown}"] if unknown else []
+    parent = client.get_run(parent_run_id).info
+    wall_s = (parent.end_time - parent.start_time) / 1000 if parent.end_time and parent.start_time else None
     # the report is written to files and logged as artifacts: the store's address without credentials
-    return StudyReport(study, mask_uri(uri), parent_run_id, ablations, total, notes)
+    return StudyReport(study, mask_uri(uri), parent_run_id, ablations, total, notes, wall_s)
+
+
+CAPS = ("data.max_rows", "eval.sts_max_pairs", "eval.transfer_max_examples", "eval.faq_max_queries")
+
+
+def not_comparable(study: Study) -> list[str]:
+    """A banner when the rows cannot be set beside the papers' numbers: a smoke run, a subsampled
+    training set, capped evaluation sets (in the base, or in an ablation's grid)."""
+    reasons = ["a --smoke run"] if study.name.endswith("-smoke") else []
+    for dotted in CAPS:
+        section, key = dotted.split(".")
+        if (study.base.get(section) or {}).get(key) is not None or any(
+            dotted in ab.grid for ab in study.ablations.values()
+        ):
+            reasons.append(f"{dotted} set")
+    if not reasons:
+        return []
+    return [
+        f"NOT COMPARABLE WITH THE PAPERS ({'; '.join(reasons)}): the paper and ours − paper columns are "
+        f"for orientation only"
+    ]
 
 
 # --- tables ------------------------------------------------------------------------------------------
@@ -649,6 +674,12 @@ def ci_text(s: Stats | None) -> str:
     return "-" if s is None or s.n < 2 else f"[{s.ci_low:.2f}, {s.ci_high:.2f}]"
 
 
+def n_text(s: Stats | None) -> str:
+    """The CI and n of a detail cell: ``[lo, hi] n=3``, or ``n=1`` alone (no interval below two seeds)."""
+    n = s.n if s else 0
+    return f"n={n}" if s is None or n < 2 else f"{ci_text(s)} n={n}"
+
+
 def row_class(row: Row) -> str:
     classes = ["paper-choice" if row.paper_choice else "", "reference" if row.reference else ""]
     if row.test is not None and row.test.significant:
@@ -684,7 +715,7 @@ def column_groups(ab: AblationReport) -> list[tuple[str, list[str]]]:
     """The metric columns split by family, so no terminal table is wider than one family."""
     groups = [(title, [m for m in family if m in ab.metrics]) for title, family in FAMILIES]
     other = [m for m in ab.metrics if m not in KNOWN_TESTS and m.startswith("test_")]
-    selection = [m for m in ab.metrics if not m.startswith("test_")]
+    selection = [m for m in ab.metrics if not m.startswith("test_") and m != ab.main_metric]
     groups = [("selection / dev", selection), *groups, ("other test metrics", other)]
     return [(title, cols) for title, cols in groups if cols]
 
@@ -692,7 +723,7 @@ def column_groups(ab: AblationReport) -> list[tuple[str, list[str]]]:
 def cell_lines(row: Row, metric: str) -> list[str]:
     """mean ± std, then CI and n, then the paper's number and ours − paper when it has one."""
     s, paper = row.stats.get(metric), row.paper_value(metric)
-    lines = [mean_std(s), f"{ci_text(s)} n={s.n if s else 0}"]
+    lines = [mean_std(s), n_text(s)]
     if paper is not None:
         diff = fmt(s.mean - paper, "+.2f") if s is not None and s.n else "-"
         lines += [f"paper {paper:.2f}", f"Δ {diff}"]
@@ -731,7 +762,7 @@ def problems(ab: AblationReport) -> list[str]:
 def cost_table(report: StudyReport) -> Table:
     """Compute per ablation and for the study, from the trials' trial_wall_s / _cpu_s / _gpu_s, and the
     GPU utilisation sampled by MLflow system metrics (weighted by GPU seconds)."""
-    header = ["ablation", "runs", "with cost", "wall", "CPU", "GPU", "GPU util", "devices"]
+    header = ["ablation", "runs", "with cost", "wall (sum of trials)", "CPU", "GPU", "GPU util", "devices"]
     items = [(a.name, a.cost) for a in report.ablations] + [("study", report.cost)]
     rows = []
     for name, c in items:
@@ -739,12 +770,24 @@ def cost_table(report: StudyReport) -> Table:
         times = [fmt_seconds(x) for x in (c.wall_s, c.cpu_s, c.gpu_s)] if c.measured else ["not logged"] * 3
         busy = "-" if c.gpu_utilization is None else f"{c.gpu_utilization:.0f} %"
         rows.append([[name], [str(c.runs)], [str(c.measured)], *([t] for t in times), [busy], [devices]])
-    return Table("cost", header, rows, [""] * (len(rows) - 1) + ["total"])
+    classes = [""] * (len(rows) - 1) + ["total"]
+    if report.wall_s is not None:  # trials overlap: the study took less than their sum
+        rows.append(
+            [["study, start to end"], [""], [""], [fmt_seconds(report.wall_s)], ["-"], ["-"], ["-"], ["-"]]
+        )
+        classes.append("total")
+    return Table("cost", header, rows, classes)
 
 
 def ablation_notes(ab: AblationReport) -> list[str]:
     ref = ab.reference
-    why = "reference:" if ab.spec.reference else "paper_choice" if ab.spec.paper_choice else "first point"
+    why = (
+        "the study's reference"
+        if ab.spec.reference
+        else "the paper's choice"
+        if ab.spec.paper_choice
+        else "the first point"
+    )
     lines = [f"{ab.spec.table or ab.name}" + (f" — {ab.spec.description}" if ab.spec.description else "")]
     lines.append(
         f"main metric {ab.main_metric}; reference row {ref.label!r} ({why}); cells: mean ± std over "
