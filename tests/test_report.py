@@ -647,7 +647,11 @@ def test_a_later_record_does_not_hide_an_earlier_one(tmp_path, monkeypatch, caps
     assert listed.splitlines()[1].startswith(f"  {good} finished, started ")
     assert main([*args, "--run", good]) == 0
     earlier = capsys.readouterr().out
-    assert "1/3 ok, 2 missing" in earlier and f"  {good} finished" in earlier and earlier.count("<- this report") == 1
+    assert (
+        "1/3 ok, 2 missing" in earlier
+        and f"  {good} finished" in earlier
+        and earlier.count("<- this report") == 1
+    )
     assert main([*args, "--run", "0123456789abcdef"]) == 2
     err = capsys.readouterr().err
     assert "--run 0123456789abcdef: not a record of study 'report_t'; its records:" in err and good in err

@@ -188,15 +188,19 @@ def test_three_nodes_a_head_on_the_first_and_a_worker_on_each_other(tmp_path, sh
     assert code == 0, output
     head = f"platform cluster slurm-node head --ip 10.0.0.1 --cpus 4 --gpus 2 --tmp {short_tmp}"
     worker = f"platform cluster slurm-node worker --address 10.0.0.1:6123 --cpus 4 --gpus 2 --tmp {short_tmp}"
-    assert calls[:5] == [
-        "srun --nodes=1 --ntasks=1 -w n1 hostname --ip-address",
-        f"srun --nodes=1 --ntasks=1 -w n1 {head}",
-        f"srun --nodes=1 --ntasks=1 -w n2 {worker}",
-        f"srun --nodes=1 --ntasks=1 -w n3 {worker}",
-        f"platform study run {SMOKE} --set storage_path=s3://bucket/runs "
-        "| RAY_ADDRESS=10.0.0.1:6123 RAY_AUTH_MODE=token token=64",
-    ]
-    assert calls[5:] == ["scancel --signal=TERM 4242"]  # the steps stopped, not the batch shell
+    assert sorted(calls[:5]) == sorted(
+        [  # background steps: their lines come in any order
+            "srun --nodes=1 --ntasks=1 -w n1 hostname --ip-address",
+            f"srun --nodes=1 --ntasks=1 -w n1 {head}",
+            f"srun --nodes=1 --ntasks=1 -w n2 {worker}",
+            f"srun --nodes=1 --ntasks=1 -w n3 {worker}",
+            f"platform study run {SMOKE} --set storage_path=s3://bucket/runs "
+            "| RAY_ADDRESS=10.0.0.1:6123 RAY_AUTH_MODE=token token=64",
+        ]
+    )
+    assert calls[0].endswith("hostname --ip-address") and calls[5:] == [
+        "scancel --signal=TERM 4242"
+    ]  # the steps stopped, not the batch shell
     assert not (short_tmp / "clsr-ray-4242-0").exists()
     assert "clsr: job 4242 (restart 0) on n1 n2 n3" in output
 
@@ -269,7 +273,7 @@ def test_resume_or_run_starts_a_study_with_no_earlier_run(monkeypatch, capsys):
 
     calls = []
 
-    def fake_run_study(study, text, resume=False, allow_changes=False):
+    def fake_run_study(study, text, resume=False, allow_changes=False, new=False):
         calls.append(resume)
         if resume:
             raise record.NoEarlierRun("no earlier run of study 'smoke'")

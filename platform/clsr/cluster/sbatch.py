@@ -110,7 +110,9 @@ def check_request(study: Study, request: SbatchRequest, source: str, overrides: 
         )
     if request.time and request.grace_s >= time_limit_s(request.time):
         problems.append(f"--grace {request.grace_s}: must be shorter than --time {request.time}")
-    for what, value in [*(("--set", o) for o in overrides), ("--setup", request.setup)]:
+    for what, value in [*(("--set", o) for o in overrides), ("--setup", request.setup), ("study", source)]:
+        if "\n" in value or "\r" in value:  # a line break would end the #SBATCH block early
+            problems.append(f"{what} {value!r}: no line breaks (separate shell commands with ;)")
         if mask_uri(value) != value:
             problems.append(
                 f"{what} {mask_uri(value)!r}: holds a credential; the job takes MLflow and S3 logins from "
@@ -247,7 +249,7 @@ if (( restart > 0 )) || [[ ${{CLSR_RESUME:-0}} == 1 ]]; then
 else
     action=(run)
 fi
-echo "clsr: job $SLURM_JOB_ID (restart $restart) on ${{nodes[*]}}: platform study ${{action[*]}} {study}"
+echo "clsr: job $SLURM_JOB_ID (restart $restart) on ${{nodes[*]}}: platform study ${{action[*]}}" {study}
 platform study "${{action[@]}}" {study}{sets} &
 driver=$!
 (( stopping )) && kill -TERM "$driver"

@@ -127,7 +127,12 @@ def start_record(client, uri: str, study: Study, study_text: str, current: dict[
     for run in parent_runs(client, study.name, running=True):
         refuse_open_parent(client, uri, study, run)
     # a closed record (a RUNNING one that appeared meanwhile is a rival: handled below)
-    closed = [r for r in parent_runs(client, study.name, max_results=5) if r.info.status != "RUNNING"]
+    # (one no driver leased ran nothing: closed above by close_unleased, it is no record to keep)
+    closed = [
+        r
+        for r in parent_runs(client, study.name, max_results=5)
+        if r.info.status != "RUNNING" and GENERATION_PARAM.format(1) in r.data.params
+    ]
     if closed and not new:
         raise EarlierRecord(earlier_record_message(study, closed[0]))
     storage = new_storage(study)
