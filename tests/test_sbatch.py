@@ -40,10 +40,28 @@ def smoke(*overrides: tuple[str, object]):
         ("1-00", 86400),
         ("1-2:03", 93780),
         ("2-00:00:10", 172810),
+        ("168:00:00", 604800),
+        ("UNLIMITED", None),
     ],
 )
 def test_slurm_time_formats(limit, seconds):
+    assert SbatchRequest(time=limit).time == limit
     assert time_limit_s(limit) == seconds
+
+
+@pytest.mark.parametrize("limit", ["1:2:3:4", "2-", "1h", "30 ", "unlimited"])
+def test_a_time_slurm_would_refuse_is_refused_here(limit):
+    with pytest.raises(
+        ValueError, match="allowed MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
+    ):
+        SbatchRequest(time=limit)
+
+
+def test_the_ray_folder_leaves_room_for_rays_socket_paths():
+    assert SbatchRequest(tmp="/local/scratch/me").tmp == "/local/scratch/me"
+    for folder in ("/local/scratch/a-long-user-name", "tmp", "/my tmp"):
+        with pytest.raises(ValueError, match="at most 22 characters, no spaces"):
+            SbatchRequest(tmp=folder)
 
 
 def test_a_trial_that_fits_the_allocation_passes():
@@ -73,7 +91,12 @@ def test_the_command_refuses_before_writing(tmp_path, capsys):
     out = tmp_path / "job.sbatch"
     code = main(["cluster", "sbatch", str(SMOKE), "--time", "5h", "--out", str(out)])
     assert code == 2 and not out.exists()
-    assert capsys.readouterr().err.strip() == "error: --time: '5h': allowed MM, HH:MM:SS or D-HH:MM:SS"
+    assert capsys.readouterr().err.strip() == (
+        "error: --time: '5h': allowed MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
+    )
+    spaced = tmp_path / "my jobs" / "job.sbatch"
+    assert main(["cluster", "sbatch", str(SMOKE), "--out", str(spaced)]) == 2 and not spaced.exists()
+    assert "holds a space or %" in capsys.readouterr().err
     code = main(["cluster", "sbatch", str(SMOKE), "--set", "trainer.bogus=1", "--out", str(out)])
     assert code == 2 and not out.exists() and "base.trainer.bogus: unknown key" in capsys.readouterr().err
     code = main(["cluster", "sbatch", str(SMOKE), "--nodes", "2", "--out", str(out)])
@@ -82,7 +105,7 @@ def test_the_command_refuses_before_writing(tmp_path, capsys):
 
 @pytest.fixture
 def short_tmp():
-    """A node-local folder short enough for Ray's socket paths (``--tmp`` takes at most 40 characters)."""
+    """A node-local folder short enough for Ray's socket paths (``--tmp`` takes at most 22 characters)."""
     folder = Path(tempfile.mkdtemp(prefix="clsr-sb-", dir="/tmp"))
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
@@ -125,7 +148,7 @@ FAKES = {
     """,
     "srun": """
         echo "srun $*" >> "$FAKE_LOG"
-        if [[ " $* " == *" hostname --ip-address"* ]]; then echo "10.0.0.1 fe80::1"; exit 0; fi
+        if [[ " $* " == *" hostname --all-ip-addresses"* ]]; then echo "127.0.1.1 10.0.0.1 fe80::1"; exit 0; fi
         if [[ " $* " == *" slurm-node head "* ]]; then
             args=("$@"); for i in "${!args[@]}"; do [ "${args[i]}" = --tmp ] && tmp=${args[i+1]}; done
             folder="$tmp/clsr-ray-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
@@ -190,7 +213,7 @@ def test_three_nodes_a_head_on_the_first_and_a_worker_on_each_other(tmp_path, sh
     worker = f"platform cluster slurm-node worker --address 10.0.0.1:6123 --cpus 4 --gpus 2 --tmp {short_tmp}"
     assert sorted(calls[:5]) == sorted(
         [  # background steps: their lines come in any order
-            "srun --nodes=1 --ntasks=1 -w n1 hostname --ip-address",
+            "srun --nodes=1 --ntasks=1 -w n1 hostname --all-ip-addresses",
             f"srun --nodes=1 --ntasks=1 -w n1 {head}",
             f"srun --nodes=1 --ntasks=1 -w n2 {worker}",
             f"srun --nodes=1 --ntasks=1 -w n3 {worker}",
@@ -198,7 +221,7 @@ def test_three_nodes_a_head_on_the_first_and_a_worker_on_each_other(tmp_path, sh
             "| RAY_ADDRESS=10.0.0.1:6123 RAY_AUTH_MODE=token token=64",
         ]
     )
-    assert calls[0].endswith("hostname --ip-address") and calls[5:] == [
+    assert calls[0].endswith("hostname --all-ip-addresses") and calls[5:] == [
         "scancel --signal=TERM 4242"
     ]  # the steps stopped, not the batch shell
     assert not (short_tmp / "clsr-ray-4242-0").exists()

@@ -81,7 +81,9 @@ def add_slurm_parsers(cluster) -> None:
     sbatch.add_argument("--cpus-per-node", type=int, default=8, help="CPUs per node (default 8)")
     sbatch.add_argument("--partition", help="SLURM partition (default: the cluster's default)")
     sbatch.add_argument("--account", help="SLURM account to charge")
-    sbatch.add_argument("--time", help="time limit: MM, HH:MM:SS or D-HH:MM:SS (default: the partition's)")
+    sbatch.add_argument(
+        "--time", help="time limit: MM, HH:MM:SS, D-HH:MM:SS or UNLIMITED (default: the partition's)"
+    )
     sbatch.add_argument(
         "--grace",
         type=int,
@@ -155,6 +157,10 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
         print(f"note: {line}", file=sys.stderr)
     out = Path(args.out or f"slurm/{study.name}.sbatch")
     folder = Path.cwd() if args.out == "-" else out.resolve().parent
+    if any(c.isspace() or c == "%" for c in str(folder)):  # #SBATCH lines are not shell: no quoting
+        print(f"error: --out {args.out or out}: SLURM's log goes beside the script, and {folder} holds a "
+              f"space or %; write the script to a folder without them", file=sys.stderr)  # fmt: skip
+        return 2
     command = "platform " + " ".join(shlex.quote(a) for a in args.argv)
     text = batch_script(args.study, study, request, args.overrides, (Path.cwd(), folder), command)
     if args.out == "-":
@@ -162,7 +168,7 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    out.chmod(0o750)
+    out.chmod(0o700)
     print(
         f"wrote {out}\n  sbatch {out}      # then: squeue --me; tail -f {folder}/clsr-{study.name}-<job id>.out"
     )

@@ -27,7 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from clsr.study.schema import Study
 from clsr.tracking.secrets import mask_uri
 
-TIME_FORMAT = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+# SLURM's --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (hours may pass 24: 168:00:00), or no limit
+TIME_FORMAT = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
+# Ray's AF_UNIX sockets live at <tmp>/clsr-ray-<job>-<restart>/session_<date_time_us_pid>/sockets/plasma_store:
+# about 85 characters beyond <tmp>, of the 107 a socket path may have
+TMP_MAX_CHARS = 22
 NAME_FORMAT = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
@@ -41,7 +45,7 @@ class SbatchRequest(BaseModel):
     cpus_per_node: int = Field(8, ge=1, le=4096)
     partition: str | None = None
     account: str | None = None
-    time: str | None = Field(None, description="SLURM's time limit: MM, HH:MM:SS or D-HH:MM:SS")
+    time: str | None = Field(None, description="SLURM's time limit: MM, HH:MM:SS, D-HH:MM:SS or UNLIMITED")
     grace_s: int = Field(120, ge=10, le=3600, description="seconds between SIGTERM and the time limit")
     setup: str = ""
     tmp: str = Field("/tmp", description="node-local folder for each node's Ray folder")
@@ -56,20 +60,28 @@ class SbatchRequest(BaseModel):
     @field_validator("time")
     @classmethod
     def _slurm_time(cls, limit: str | None) -> str | None:
-        if limit is not None and not TIME_FORMAT.match(limit):
-            raise ValueError(f"{limit!r}: allowed MM, HH:MM:SS or D-HH:MM:SS")
+        if limit is not None and not TIME_FORMAT.fullmatch(limit):
+            raise ValueError(
+                f"{limit!r}: allowed MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
+            )
         return limit
 
     @field_validator("tmp")
     @classmethod
     def _absolute(cls, folder: str) -> str:
-        if not folder.startswith("/") or len(folder) > 40:
-            raise ValueError(f"{folder!r}: an absolute folder of at most 40 characters (Ray's socket paths)")
+        if not folder.startswith("/") or len(folder) > TMP_MAX_CHARS or any(c.isspace() for c in folder):
+            raise ValueError(
+                f"{folder!r}: an absolute folder of at most {TMP_MAX_CHARS} characters, no spaces "
+                f"(Ray's socket paths inside it may have 107)"
+            )
         return folder.rstrip("/") or "/"
 
 
-def time_limit_s(limit: str) -> int:
-    """SLURM's ``--time`` in seconds (a lone number is minutes; ``D-H``, ``D-H:M``, ``H:M:S``, ``M:S``)."""
+def time_limit_s(limit: str) -> int | None:
+    """SLURM's ``--time`` in seconds (a lone number is minutes; ``D-H``, ``D-H:M``, ``H:M:S``, ``M:S``);
+    None for no limit."""
+    if limit in ("UNLIMITED", "INFINITE"):
+        return None
     days, _, clock = limit.rpartition("-")
     parts = [int(p) for p in clock.split(":")]
     if days:
@@ -108,7 +120,8 @@ def check_request(study: Study, request: SbatchRequest, source: str, overrides: 
             f"{source}: storage_path {study.storage_path!r} is a folder on one node, and the job has "
             f"{request.nodes} nodes: use s3://<bucket>/<prefix> or file:///<a folder every node mounts>"
         )
-    if request.time and request.grace_s >= time_limit_s(request.time):
+    limit_s = time_limit_s(request.time) if request.time else None
+    if limit_s is not None and request.grace_s >= limit_s:
         problems.append(f"--grace {request.grace_s}: must be shorter than --time {request.time}")
     for what, value in [*(("--set", o) for o in overrides), ("--setup", request.setup), ("study", source)]:
         if "\n" in value or "\r" in value:  # a line break would end the #SBATCH block early
@@ -209,14 +222,22 @@ ray_tmp={tmp}
 head_folder="$ray_tmp/clsr-ray-$SLURM_JOB_ID-$restart"
 mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 head_node=${{nodes[0]}}
+# Slurm 22.05 and later: srun steps no longer inherit --cpus-per-task from the job; say it again
+[[ -n ${{SLURM_CPUS_PER_TASK:-}} ]] && export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 if (( ${{#nodes[@]}} == 1 )); then
     head_ip=127.0.0.1  # one node: no address to look up
-else
-    head_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | awk '{{print $1}}')
+else  # the head's first IPv4 address other nodes can reach (not 127.x, which Debian maps its name to)
+    head_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --all-ip-addresses \
+              | tr ' ' '\\n' | grep -v '^127\\.' | grep -m1 -E '^[0-9]+(\\.[0-9]+){{3}}$')
+    if [[ -z $head_ip ]]; then
+        echo "clsr: no IPv4 address other nodes can reach on $head_node (hostname --all-ip-addresses)" >&2
+        exit 1
+    fi
 fi
 # Ray's login for this job only: every srun step inherits it; it is never written to a file
 export RAY_AUTH_MODE=token
 RAY_AUTH_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))')
+: "${{RAY_AUTH_TOKEN:?no python on the PATH to make the Ray token: check --setup}}"
 export RAY_AUTH_TOKEN
 
 steps=()

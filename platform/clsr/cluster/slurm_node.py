@@ -15,7 +15,6 @@ Why not ``ray symmetric-run``: it ends with ``ray stop``, which stops every Ray 
 from __future__ import annotations
 
 import contextlib
-import getpass
 import os
 import shutil
 import signal
@@ -37,9 +36,9 @@ def job_folder(tmp: str) -> Path:
     return Path(tmp) / f"clsr-ray-{job}-{restart}"
 
 
-def own_ports(ip: str) -> list[str]:
-    """``ray start`` flags for the ports Ray would otherwise take at fixed defaults, chosen free here."""
-    agent, metrics, runtime_env, agent_grpc = free_ports(4)
+def own_ports(ip: str, ports: list[int]) -> list[str]:
+    """``ray start`` flags for the ports Ray would otherwise take at fixed defaults (four, chosen free)."""
+    agent, metrics, runtime_env, agent_grpc = ports
     return [
         f"--node-ip-address={ip}",
         f"--dashboard-agent-listen-port={agent}",
@@ -55,12 +54,12 @@ def resources(cpus: int, gpus: int) -> list[str]:
 
 def head_command(ip: str, cpus: int, gpus: int, folder: Path) -> tuple[list[str], str]:
     """``ray start --head`` with free ports, the dashboard on loopback; returns it and the GCS address."""
-    gcs, dashboard, client = free_ports(3)
+    gcs, dashboard, client, *node_ports = free_ports(7)  # in one call: all distinct
     command = [
         "ray", "start", "--head", "--block", f"--port={gcs}", f"--temp-dir={folder}",
         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
         f"--ray-client-server-port={client}", "--disable-usage-stats",
-        *own_ports(ip), *resources(cpus, gpus),
+        *own_ports(ip, node_ports), *resources(cpus, gpus),
     ]  # fmt: skip
     return command, f"{ip}:{gcs}"
 
@@ -69,7 +68,7 @@ def worker_command(address: str, cpus: int, gpus: int, folder: Path) -> list[str
     """``ray start --address`` from this node's address on the route to the head."""
     return [
         "ray", "start", "--block", f"--address={address}", f"--temp-dir={folder}", "--disable-usage-stats",
-        *own_ports(route_ip(address.rsplit(":", 1)[0])), *resources(cpus, gpus),
+        *own_ports(route_ip(address.rsplit(":", 1)[0]), free_ports(4)), *resources(cpus, gpus),
     ]  # fmt: skip
 
 
@@ -102,7 +101,7 @@ def run_node(role: str, cpus: int, gpus: int, tmp: str, ip: str = "", address: s
         )
     folder = job_folder(tmp)
     for earlier in folder.parent.glob(f"{folder.name.rsplit('-', 1)[0]}-*"):  # this job's, before a requeue
-        if earlier != folder and earlier.owner() == getpass.getuser():
+        if earlier != folder and earlier.stat().st_uid == os.getuid():
             shutil.rmtree(earlier, ignore_errors=True)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     if role == "head":
@@ -110,12 +109,15 @@ def run_node(role: str, cpus: int, gpus: int, tmp: str, ip: str = "", address: s
     else:
         command, gcs_address = worker_command(address, cpus, gpus, folder), ""
     print(f"{role} on {socket.gethostname()}: {' '.join(command)}", flush=True)
+    # a SIGTERM from here on stops Ray, even one that comes while Ray is being started
+    started: list[subprocess.Popen] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda number, _frame: [_stop(ray, number) for ray in started] or sys.exit(143))
     # its own process group: Ray's GCS and raylet with it, so stopping the node stops all of them
     ray = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda number, _frame: _stop(ray, number))
+    started.append(ray)
     try:
         assert ray.stdout is not None
         for line in ray.stdout:
