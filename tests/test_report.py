@@ -316,6 +316,15 @@ def test_learning_curves_read_the_metric_histories(store, report):
     assert curves["dev_stsb"].tolist() == [[2, 73.0], [4, 75.0]]
 
 
+def test_a_loss_spanning_decades_is_drawn_on_a_log_axis():
+    from clsr.study.report import spans_decades
+
+    assert spans_decades([np.array([1.0, 0.1]), np.array([1e-5])])  # the smoke's 1.0 -> 1e-5
+    assert not spans_decades([np.array([3.2, 1.1, 0.9])])  # an ordinary loss curve stays linear
+    assert not spans_decades([np.array([1.0, -0.5, 1e-6])])  # a negative loss has no log axis
+    assert not spans_decades([])
+
+
 def test_report_files_and_parent_run_artifacts(store, tmp_path, monkeypatch):
     monkeypatch.chdir(store["folder"])
     study = load_study(store["study_file"])

@@ -1069,10 +1069,22 @@ def _smooth(values: np.ndarray) -> tuple[np.ndarray, int]:
     return np.convolve(values, np.ones(window) / window, mode="valid"), window
 
 
+def spans_decades(series: list[np.ndarray], decades: float = 2.0) -> bool:
+    """Whether positive values span ``decades`` powers of ten or more: drawn on a linear axis, the small
+    ones (a loss of 1e-5 after 1.0) would lie flat on zero."""
+    values = np.concatenate([np.asarray(v, dtype=float) for v in series]) if series else np.array([])
+    values = values[np.isfinite(values)]
+    if not len(values) or (values <= 0).any():
+        return False
+    return bool(np.log10(values.max() / values.min()) >= decades)
+
+
 def plot_curves(ab: AblationReport, study: Study, client: MlflowClient, path: Path) -> Path | None:
     """Training loss and the dev score against the step for every trial; a colour per point, dashed
-    lines for trials that did not finish."""
+    lines for trials that did not finish; steps on whole numbers, the loss on a log axis where it spans
+    two decades or more."""
     from matplotlib import colormaps
+    from matplotlib.ticker import MaxNLocator
 
     dev = dev_metric(ab, study)
     keys = ["loss"] + ([dev] if dev else [])
@@ -1081,7 +1093,7 @@ def plot_curves(ab: AblationReport, study: Study, client: MlflowClient, path: Pa
         return None
     fig, axes = _figure(12.0, 4.2, len(keys))
     colours = colormaps["tab10" if len(ab.rows) <= 10 else "tab20"]
-    windows = {1}
+    windows, drawn = {1}, {key: [] for key in keys}
     for i, row in enumerate(ab.rows):
         colour, labelled = colours(i % colours.N), False
         for trial in row.runs():
@@ -1091,6 +1103,7 @@ def plot_curves(ab: AblationReport, study: Study, client: MlflowClient, path: Pa
                     continue
                 values, window = _smooth(data[:, 1]) if key == "loss" else (data[:, 1], 1)
                 windows.add(window)
+                drawn[key].append(values)
                 steps = data[window - 1 :, 0]
                 ax.plot(steps, values, color=colour, lw=1.0, ls="-" if trial.ok else "--",
                         marker="o" if key != "loss" and len(steps) < 30 else None, ms=3,
@@ -1099,11 +1112,15 @@ def plot_curves(ab: AblationReport, study: Study, client: MlflowClient, path: Pa
     smoothed = f" (running mean of {max(windows)} steps)" if max(windows) > 1 else ""
     for ax, key in zip(axes, keys, strict=True):
         ax.set_xlabel("step")
-        ax.set_ylabel(key)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no tick at 4.5
+        log = key == "loss" and spans_decades(drawn[key])
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel(key + (" (log scale)" if log else ""))
         ax.set_title(f"{key}{smoothed if key == 'loss' else ''}")
         ax.grid(alpha=0.3)
     handles = [h for ax in axes for h in ax.get_legend_handles_labels()[0]]
-    fig.legend(handles=handles, loc="outside right upper", fontsize=7, ncol=1 + len(handles) // 25)
+    fig.legend(handles=handles, loc="outside lower center", fontsize=7, ncol=min(4, max(1, len(handles))))
     fig.suptitle(f"{ab.name}: learning curves (dashed: trial did not finish)")
     fig.savefig(path, dpi=110)
     return path
