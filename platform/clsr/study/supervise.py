@@ -118,7 +118,7 @@ def close_abandoned(held: dict[str, Any], reason: str | None, ended: str) -> boo
     from mlflow.entities import RunStatus
     from mlflow.tracking import MlflowClient
 
-    from clsr.study.lease import GENERATION_PARAM, LEASE_TAG, generation
+    from clsr.study.lease import GENERATION_PARAM, LEASE_TAG, RELEASED, generation
     from clsr.study.record import close_unfinished, replay
 
     uri, run_id = held["uri"], held["parent_run_id"]
@@ -139,5 +139,5 @@ def close_abandoned(held: dict[str, Any], reason: str | None, ended: str) -> boo
     close_unfinished(
         client, uri, run_id, reason, f"the study driver ended ({ended}) without closing its record"
     )
-    client.set_tag(run_id, LEASE_TAG, "")
+    client.set_tag(run_id, LEASE_TAG, f"{RELEASED} {held['token']}")  # free: a resume need not wait
     return True
