@@ -97,8 +97,8 @@ def load_from_hub(
     the ``split``, the ``data_files`` and the splits the caller ``reads`` from a DatasetDict); an
     unlisted request or any failure becomes DataUnavailableError naming the local file to provide.
 
-    With ``HF_HUB_OFFLINE=1`` / ``HF_DATASETS_OFFLINE=1`` this fails in under a second unless the
-    data set is in the local HF cache; without them an unreachable hub costs ~25 s of retries.
+    With ``HF_HUB_OFFLINE=1`` / ``HF_DATASETS_OFFLINE=1``, or when the hub cannot be reached from here
+    (``clsr.data.hub_reach``), this fails in about a second unless the data set is in the local HF cache.
     """
     from clsr.data.hub_manifest import NotInManifest, require_listed
 
@@ -110,6 +110,9 @@ def load_from_hub(
             f"{err}. Provide <data_dir>/{local_hint} and point {ENV_VAR} / data.data_dir at that data_dir. "
             f"{alternative}".rstrip()
         ) from None
+    from clsr.data.hub_reach import go_offline_if_unreachable
+
+    go_offline_if_unreachable()  # no route to the hub: the local cache at once, not ~25 s of retries
     try:
         from datasets import load_dataset  # slow import, only needed on the hub path
 

@@ -100,13 +100,17 @@ def _hub_problem(name: str) -> tuple[str | None, str | None]:
         validate_repo_id(name)
     except HFValidationError as err:
         return f"model.name {name!r} is neither a local folder nor a hub id ({err})", None
+    from clsr.data.hub_reach import go_offline_if_unreachable, switched_offline
+
     cached = isinstance(try_to_load_from_cache(name, "config.json", cache_dir=hub_cache()), str)
+    go_offline_if_unreachable()  # no route to the hub: say so now, not after the libraries' retries
     if offline():
         if cached:
             return None, None
+        why = "cannot be reached from here" if switched_offline() else "is off (HF_HUB_OFFLINE)"
         return None, (
-            f"model.name {name!r}: a hub id that is not in the local Hugging Face cache, and the hub is "
-            f"off (HF_HUB_OFFLINE). Download it once where the hub is reachable (`hf download {name}`, "
+            f"model.name {name!r}: a hub id that is not in the local Hugging Face cache, and the hub "
+            f"{why}. Download it once where the hub is reachable (`hf download {name}`, "
             f"same HF_HOME), point model.name at a folder holding it, or check the spelling"
         )
     from huggingface_hub import HfApi
