@@ -137,6 +137,31 @@ def test_summary_rows_show_the_averages_a_trial_has():
     }
     assert rows[1]["test_sts_avg"] == 81.0 and "test_stsb" not in rows[1]
     assert "test_transfer_avg" in format_rows(rows).splitlines()[0]
+    error = "Traceback (most recent call last):\n  File x\nDataUnavailableError: missing /d/wiki/wiki1m.txt\n"
+    failed = run(3, 3, {}, **{"clsr.status": "failed", "clsr.error": error})
+    rows = summary_rows([smoke, failed], study)
+    assert "reason" not in rows[0] and rows[1]["reason"] == "DataUnavailableError: missing /d/wiki/wiki1m.txt"
+    assert format_rows(rows).splitlines()[0].split(" | ")[-1].strip() == "reason"
+
+
+def test_failures_that_come_back_on_every_retry_are_final():
+    """A missing data file or model, and a batch that does not fit, end the trial at once with a reason."""
+    import torch
+
+    from clsr.data.sources import DataUnavailableError
+    from clsr.encoders.registry import ModelUnavailableError
+    from clsr.train.loop import failure_line
+    from clsr.train.worker import NON_RETRYABLE
+
+    for final in (DataUnavailableError, ModelUnavailableError, FileNotFoundError, torch.OutOfMemoryError):
+        assert issubclass(final, NON_RETRYABLE)
+    assert not issubclass(ConnectionError, NON_RETRYABLE)  # a lost node or server is retried
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nsee the docs")
+    assert failure_line(oom) == (
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB -- the batch does not fit this "
+        "device: set trainer.gradcache_chunk_rows (the same loss in less memory), trainer.precision: bf16, "
+        "or a smaller trainer.batch_size"
+    )
 
 
 def test_version_help_and_folders(tmp_path, capfd):

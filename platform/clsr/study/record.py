@@ -517,9 +517,18 @@ def summary_rows(runs, study: Study) -> list[dict[str, Any]]:
                 "status": tags.get("clsr.status", "unknown"),
                 study.metric: metrics.get(study.metric),
                 **tests,
+                **({"reason": reason} if (reason := _reason(tags)) else {}),
             }
         )
     return rows
+
+
+def _reason(tags: dict[str, str]) -> str:
+    """Why a trial did not finish, in one line: the last line of its error (the exception)."""
+    if tags.get("clsr.status") == "finished":
+        return ""
+    lines = [line.strip() for line in tags.get("clsr.error", "").splitlines() if line.strip()]
+    return (lines[-1][:117] + "...") if lines and len(lines[-1]) > 120 else (lines[-1] if lines else "")
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:

@@ -181,7 +181,9 @@ def _train(study: Study, ctx: StudyContext, key: str, loop_config: dict[str, Any
 
 
 def failure_text(err: BaseException) -> str:
-    return f"{type(err).__name__}: {err}"
+    from clsr.train.loop import failure_line
+
+    return failure_line(err)
 
 
 def _refuse_timed_out_retry(ctx: StudyContext, key: str) -> None:

@@ -23,10 +23,11 @@ import torch
 from torch import nn
 
 from clsr.data.faq import FAQData, load_faq
-from clsr.data.sources import resolve_data_dir
+from clsr.data.sources import DataUnavailableError, resolve_data_dir
 from clsr.data.sts import load_sts, subsample
 from clsr.data.training import training_rows
 from clsr.encoders.precision import autocast_context, resolved_precision
+from clsr.encoders.registry import ModelUnavailableError
 from clsr.eval.alignment import alignment_uniformity
 from clsr.eval.custom import ClassifierSettings, evaluate_custom
 from clsr.eval.faq import dev_map, evaluate_faq, faq_summary_metrics
@@ -55,8 +56,23 @@ from clsr.train.staging import staging_folder
 DEV_SPLIT = "dev"
 EVAL_ONLY_TAG = "clsr.eval_only"  # "true" on the MLflow run of a point that trained nothing
 # Failures that come back on every retry from the same checkpoint (a diverging loss, a value the trial
-# cannot run with): the trial ends with them, never retried (``clsr.train.worker.NON_RETRYABLE``).
-FINAL_FAILURES = (FloatingPointError, ValueError, TypeError)
+# cannot run with, a data file or model that is not there, a batch that does not fit the device): the
+# trial ends with them, never retried (``clsr.train.worker.NON_RETRYABLE``).
+FINAL_FAILURES = (
+    FloatingPointError, ValueError, TypeError, FileNotFoundError, DataUnavailableError,
+    ModelUnavailableError, torch.OutOfMemoryError,
+)  # fmt: skip
+
+
+def failure_line(err: BaseException) -> str:
+    """What a final failure is recorded as (the trial run's ``clsr.error``, the study's last table)."""
+    text = f"{type(err).__name__}: {err}"
+    if isinstance(err, torch.OutOfMemoryError):
+        text = text.splitlines()[0] + (
+            " -- the batch does not fit this device: set trainer.gradcache_chunk_rows (the same loss in "
+            "less memory), trainer.precision: bf16, or a smaller trainer.batch_size"
+        )
+    return text
 
 
 CPU = torch.device("cpu")

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from clsr.train.config import TrialConfig
-from clsr.train.loop import FINAL_FAILURES, fit
+from clsr.train.loop import FINAL_FAILURES, failure_line, fit
 from clsr.train.session import RayTrainSession, TuneTrialSession, cap_gpu_memory
 
 # Failures that happen again on every retry from the same checkpoint and random state: a diverging loss
-# (FloatingPointError), a value the trial cannot run with. Retries are for lost workers and processes.
+# (FloatingPointError), a value the trial cannot run with, a missing file, a batch that does not fit.
+# Retries are for lost workers and processes.
 NON_RETRYABLE = FINAL_FAILURES
 
 
@@ -34,5 +35,5 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     except NON_RETRYABLE as err:
         if config.get("in_process"):
             raise
-        return {"clsr_failed": 1, "clsr_error": f"{type(err).__name__}: {err}"}
+        return {"clsr_failed": 1, "clsr_error": failure_line(err)}
     return None
