@@ -272,3 +272,68 @@ def _canonical(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_canonical(v) for v in value) + "]"
     return json.dumps(value, default=repr)
+
+
+# --- what checkpoints take ------------------------------------------------------------------------
+
+
+def checkpoint_lines(study: Study) -> list[str]:
+    """``study plan``'s line on checkpoint bytes per trial, estimated from each model's parameter count
+    (fp32): while a trial trains, its weights, the optimizer's moments (Adam's two; SGD's momentum) and
+    the best weights; after the study, the weights and the best weights (``clsr.study.retention``), or
+    all of it with ``keep_checkpoints: true``. Models whose size is unknown here are named instead."""
+    from clsr.study.retention import human_bytes
+
+    counts: dict[str, int | None] = {}
+    largest = (0, 0)  # bytes while training, after the study
+    total_after, unknown = 0, set()
+    for name, ablation in study.ablations.items():
+        points = [{"overrides": {}}] if ablation.space else grid_points(ablation)
+        per_point = study.search.num_samples if ablation.space else len(study.seeds_of(name))
+        for point in points:
+            trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
+            model = trial.model.name if trial.model.type == "transformer" else None
+            if model is not None and model not in counts:
+                counts[model] = trained_parameters(model, trial.model.pooling)
+            params = counts.get(model) if model is not None else None
+            if params is None:
+                unknown.add(model or trial.model.type)
+                continue
+            moments = 1 if trial.trainer.optimizer == "sgd" else 2
+            training, after = 4 * params * (2 + moments), 4 * params * 2
+            largest = max(largest, (training, after))
+            total_after += per_point * (training if study.keep_checkpoints else after)
+    if largest == (0, 0):
+        return [f"checkpoints: size unknown ({', '.join(sorted(unknown))}: no parameter count here)"]
+    training, after = largest
+    kept = "kept whole (keep_checkpoints: true)" if study.keep_checkpoints else "weights + best weights"
+    lines = [
+        f"checkpoint per trial: ~{human_bytes(training)} while it trains (fp32 weights, optimizer moments, "
+        f"best weights), ~{human_bytes(training if study.keep_checkpoints else after)} once the study "
+        f"finished ({kept}); ~{human_bytes(total_after)} for the study's {planned_trials(study)} trial(s)"
+    ]
+    if unknown:
+        lines.append(f"  (not counted: {', '.join(sorted(unknown))}, no parameter count here)")
+    return lines
+
+
+def trained_parameters(model: str, pooling: str) -> int | None:
+    """Parameters of a transformer encoder: the backbone built from its config on the meta device (no
+    weights read, no memory), plus SimCSE's MLP of ``cls`` pooling; None when the config is not here."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from clsr.encoders.registry import resolve_model_path
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(model))
+        with torch.device("meta"):
+            try:
+                backbone = AutoModel.from_config(config, add_pooling_layer=False)
+            except TypeError:
+                backbone = AutoModel.from_config(config)
+    except Exception:  # offline without the model, an unknown architecture: the plan says so
+        return None
+    hidden = getattr(config, "hidden_size", 0)
+    head = hidden * hidden + hidden if pooling == "cls" else 0
+    return sum(p.numel() for p in backbone.parameters()) + head

@@ -297,6 +297,12 @@ class Study(Strict):
         le=10**8,
         description="stop the whole study after this long, as Ctrl-C does (exit code 124; resumable)",
     )
+    keep_checkpoints: bool = Field(
+        False,
+        description="keep every finished trial's whole checkpoint (optimizer, scheduler and random "
+        "states) once the study has finished; false: each finished trial keeps only what a later study "
+        "loads, its last and best weights (about 2x the trained weights instead of 4x)",
+    )
     tracking_wait_s: float = Field(
         900.0,
         ge=0,

@@ -8,6 +8,11 @@ is required and checked (the trainer always writes one: a folder without it is i
 changed), and ``torch.load`` runs with ``weights_only=True`` (tensors and plain data only; a pickle that
 would run code is refused). Only a weights file of the user's own, named directly, may come without a
 manifest (``manifest_required=False``).
+
+A manifest entry is one SHA-256, or a list of them while ``clsr.study.retention`` swaps a file for a
+smaller one (both hashes are accepted for those few moments). A reader reads the manifest, then opens the
+file, hashes it and loads the very bytes it hashed; a mismatch is checked once more against the manifest
+read again, which a swap has moved on by then: so no reader fails or loads an unchecked file during one.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -33,11 +38,20 @@ class UntrustedCheckpoint(pickle.UnpicklingError):
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
+        return _sha256_of(f)
+
+
+def _sha256_of(f: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    while chunk := f.read(_CHUNK):
+        digest.update(chunk)
     return digest.hexdigest()
+
+
+def accepts(entry: Any, digest: str) -> bool:
+    """Whether a manifest entry (one SHA-256, or a list of them during a swap) accepts ``digest``."""
+    return digest == entry if isinstance(entry, str) else isinstance(entry, list) and digest in entry
 
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -77,6 +91,15 @@ def verify(path: Path, required: bool = True) -> None:
     has one: its absence means a file was deleted, so nothing vouches for the others.
     """
     path = Path(path)
+    recorded = _listed(path, required)
+    if recorded is not None:
+        with open(path, "rb") as f:
+            _check(path, f, recorded)
+
+
+def _listed(path: Path, required: bool) -> dict | None:
+    """The manifest beside ``path``, read before the file is opened (see the module doc); None for a
+    file of the user's own (no manifest, ``required=False``); raises when it cannot vouch for ``path``."""
     manifest = path.parent / MANIFEST
     recorded = _recorded(manifest) if manifest.is_file() else None
     if recorded is None:
@@ -87,11 +110,24 @@ def verify(path: Path, required: bool = True) -> None:
                 f"after it was written; use a complete checkpoint folder of the trial (its MLflow run's "
                 f"tag clsr.checkpoint), or rerun the trial that wrote it"
             )
-        return
-    expected = recorded.get(path.name)
-    if expected is None:
+        return None
+    if path.name not in recorded:
         raise ValueError(f"checkpoint file {path} is not listed in {manifest}; it was added after the fact")
-    if sha256(path) != expected:
+    return recorded
+
+
+def _check(path: Path, f: BinaryIO, recorded: dict) -> None:
+    """Check the open file ``f`` of ``path`` against ``recorded``, the manifest read before ``f`` was
+    opened; ``f`` is back at its start afterwards."""
+    digest = _sha256_of(f)
+    f.seek(0)
+    if accepts(recorded[path.name], digest):
+        return
+    # swapped for its smaller copy after the manifest was read (clsr.study.retention): the manifest
+    # read now accepts the new file
+    manifest = path.parent / MANIFEST
+    again = (_recorded(manifest) if manifest.is_file() else None) or {}
+    if not accepts(again.get(path.name), digest):
         raise ValueError(
             f"checkpoint file {path} does not match its recorded SHA-256; "
             f"it was changed or truncated after it was written"
@@ -112,9 +148,13 @@ def _recorded(manifest: Path) -> dict | None:
 
 def load_tensors(path: Path, manifest_required: bool = True) -> Any:
     """``torch.load`` of a checkpoint file on the CPU, tensors and plain data only, after ``verify``."""
-    verify(path, manifest_required)
+    path = Path(path)
+    recorded = _listed(path, manifest_required)  # before the file is opened (see the module doc)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with open(path, "rb") as f:
+            if recorded is not None:
+                _check(path, f, recorded)
+            return torch.load(f, map_location="cpu", weights_only=True)  # the bytes just checked
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL (\S+) was not an allowed global", str(err))
         detail = f"it refers to {found.group(1)}" if found else "it is not a plain tensor file"
