@@ -185,9 +185,15 @@ def test_version_help_and_folders(tmp_path, capfd):
     (folder / "notes.txt").write_text("not a study")
     assert main(["study", "validate", str(folder)]) == 0  # every study file in it
     out = capfd.readouterr().out
+    chosen = (
+        "    note: ablations.temperature[method.temperature=0.05], ablations.temperature[method.temperature=0.1]: "
+        "model.attention auto: sdpa_packed on CPU trials (minilm: bert)"
+    )  # what the default attention runs, said at validation
     assert out.splitlines() == [
         f"ok  {folder / 'a.yaml'}: 2 trials (2 distinct)",
+        chosen,
         f"ok  {folder / 'b.yml'}: 2 trials (2 distinct)",
+        chosen,
         "2 valid",  # several files: one summary line
     ]
     assert main(["study", "run", str(folder)]) == 2

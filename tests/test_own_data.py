@@ -379,7 +379,8 @@ def test_study_validate_says_when_a_pooling_overrides_the_models_own(tmp_path, c
     assert main(["study", "validate", str(study)]) == 0
     out = capsys.readouterr().out
     assert f"ok  {study}: 3 trials (2 distinct)" in out  # auto is avg: one trial
-    assert out.count("note:") == 1
+    assert out.count("note:") == 2
+    assert "model.attention auto: sdpa_packed on CPU trials (minilm: bert)" in out
     assert (
         "note: ablations.pool[model.pooling=cls]: model.name minilm is a sentence-transformers model "
         "(Pooling(mean), Normalize); model.pooling cls trains it with clsr's pooler instead "

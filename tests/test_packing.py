@@ -19,7 +19,13 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder, first_position, load_tokenizer
+from clsr.encoders.transformer import (
+    ModelConfig,
+    TransformerEncoder,
+    choose_attention,
+    first_position,
+    load_tokenizer,
+)
 from conftest import save_tiny_bert
 
 SENTENCES = [
@@ -89,14 +95,14 @@ def encoders(request, tmp_path_factory) -> tuple[TransformerEncoder, Transformer
     model, pooling, kernel = request.param
     tmp = tmp_path_factory.mktemp(f"tiny-{model}-packing")
     folder = save_tiny_bert(tmp, dropout=0.0) if model == "bert" else save_tiny_roberta(tmp)
-    padded = TransformerEncoder(ModelConfig(name=folder, pooling=pooling))
-    attention = "sdpa_packed" if kernel == "sdpa_packed" else None
+    padded = TransformerEncoder(ModelConfig(name=folder, pooling=pooling, attention="sdpa"))
+    attention = "sdpa_packed" if kernel == "sdpa_packed" else "sdpa"
     packed = TransformerEncoder(ModelConfig(name=folder, pooling=pooling, attention=attention))
     packed.load_state_dict(padded.state_dict())
     if kernel == "flash_reference":
         packed.backbone.set_attn_implementation("clsr_varlen_reference")
         packed.packed = packed.pass_longest = True  # what model.attention: flash_attention_2 sets
-        packed.first_position = first_position(packed.backbone.config, packed.cfg)
+        packed.first_position = first_position(packed.backbone.config, "flash_attention_2", packed.cfg.name)
     assert packed.packed
     return padded, packed
 
@@ -135,13 +141,34 @@ def test_packing_refuses_drophead(attention):
 
 
 def test_packing_refuses_models_whose_positions_it_does_not_know():
-    cfg = ModelConfig(name="all-mpnet-base-v2", attention="sdpa_packed")
+    name = "all-mpnet-base-v2"
     with pytest.raises(
         ValueError, match="packs sentences for bert, roberta, xlm-roberta encoders; .* 'mpnet'"
     ):
-        first_position(SimpleNamespace(model_type="mpnet", pad_token_id=1), cfg)
-    assert first_position(SimpleNamespace(model_type="roberta", pad_token_id=1), cfg) == 2
-    assert first_position(SimpleNamespace(model_type="bert", pad_token_id=0), cfg) == 0
+        first_position(SimpleNamespace(model_type="mpnet", pad_token_id=1), "sdpa_packed", name)
+    assert first_position(SimpleNamespace(model_type="roberta", pad_token_id=1), "sdpa_packed", name) == 2
+    assert first_position(SimpleNamespace(model_type="bert", pad_token_id=0), "sdpa_packed", name) == 0
+
+
+@pytest.mark.parametrize(
+    ("model_type", "on_gpu", "chosen"),
+    [("bert", False, "sdpa_packed"), ("roberta", False, "sdpa_packed"), ("mpnet", False, None),
+     ("bert", True, None)],
+)  # fmt: skip
+def test_auto_attention_packs_on_a_cpu_for_the_encoders_packing_knows(model_type, on_gpu, chosen):
+    assert choose_attention("auto", model_type, on_gpu) == chosen
+    assert choose_attention("sdpa", model_type, on_gpu) == "sdpa"  # what the user set stays
+
+
+def test_auto_attention_stays_padded_with_drophead_or_compile(tmp_path: Path):
+    from clsr.train.config import TrialConfig
+
+    assert ModelConfig(name="minilm").attention == "auto"
+    assert ModelConfig(name="minilm", drophead=0.1).attention is None
+    trial = {"model": {"name": "minilm"}, "method": {"name": "simcse_unsup"}, "trainer": {"compile": True}}
+    assert TrialConfig.model_validate(trial).model.attention is None
+    encoder = TransformerEncoder(ModelConfig(name=save_tiny_bert(tmp_path)))  # the default, on this CPU
+    assert encoder.attention == "sdpa_packed" and encoder.packed
 
 
 def test_only_flash_attention_2_is_given_the_longest_sentence(tmp_path: Path):

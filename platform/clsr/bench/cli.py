@@ -72,8 +72,8 @@ def add_bench_parser(commands: Any) -> None:
     )
     train.add_argument(
         "--attention",
-        default=None,
-        choices=["sdpa", "eager", "flash_attention_2", "sdpa_packed"],
+        default="auto",
+        choices=["auto", "sdpa", "eager", "flash_attention_2", "sdpa_packed"],
         help="both sides' attention kernel (flash_attention_2: a CUDA GPU with flash-attn; it and "
         "sdpa_packed make clsr pack the batch's sentences without padding; sentence-transformers pads, "
         "with sdpa for sdpa_packed)",

@@ -42,7 +42,7 @@ def trial_config(
     data: str | None = None,
     length_group: int | str | None = "auto",
     compile: bool = False,
-    attention: str | None = None,
+    attention: str | None = "auto",
 ):
     """A trial of ``method`` with mean pooling (as the sentence-transformers model) and no evaluation."""
     from clsr.train.config import TrialConfig
@@ -171,6 +171,8 @@ def sentence_transformers_trainer(
 
     if attention == "sdpa_packed":  # clsr's packing; sentence-transformers pads its batches for sdpa
         attention = "sdpa"
+    if attention == "auto":  # clsr's default; sentence-transformers takes transformers' own
+        attention = None
     kwargs = {"attn_implementation": attention} if attention else {}
     st_model = SentenceTransformer(resolve_model_path(model), device=str(device), model_kwargs=kwargs)
     st_model.max_seq_length = length
@@ -305,7 +307,7 @@ def run_train(
     data_dir: str | None = None,
     length_group: int | str | None = "auto",
     compile: bool = False,
-    attention: str | None = None,
+    attention: str | None = "auto",
 ) -> dict[str, Any]:
     """Time ``steps`` optimiser steps (after ``warmup`` untimed ones) of clsr, then of sentence-transformers."""
     from clsr.data.catalog import load_rows

@@ -138,3 +138,28 @@ def hub_cache() -> str | None:
     if cache := os.environ.get("HF_HUB_CACHE"):
         return cache
     return os.path.join(home, "hub") if (home := os.environ.get("HF_HOME")) else None
+
+
+def model_type(name: str) -> str | None:
+    """``config.json``'s ``model_type`` of a short name, a folder, or a hub id in the local cache, read
+    without loading the model (None when it is not here)."""
+    import json
+
+    try:
+        path = Path(resolve_model_path(name)) / "config.json"
+    except ModelUnavailableError:
+        return None
+    if not path.is_file():
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(name, "config.json", cache_dir=hub_cache())
+        except Exception:  # not a hub id (a folder that is not there): nothing to read
+            return None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    try:
+        return json.loads(path.read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None

@@ -49,14 +49,17 @@ class ModelConfig(BaseModel):
     drophead: float | None = Field(
         None, description="DropHead (Zhou et al. 2020): drop whole attention heads in training, p per head"
     )
-    attention: Literal["sdpa", "eager", "flash_attention_2", "sdpa_packed"] | None = Field(
-        None,
-        description="attention kernel: PyTorch's scaled_dot_product_attention (sdpa), the plain "
-        "matmul-softmax (eager), FlashAttention-2 (flash_attention_2: CUDA GPUs with the flash-attn "
-        "package) or sdpa on packed rows (sdpa_packed: any device). The last two pack a forward pass's "
+    attention: Literal["auto", "sdpa", "eager", "flash_attention_2", "sdpa_packed"] | None = Field(
+        "auto",
+        description="attention kernel. auto: on a CPU, sdpa_packed for BERT and RoBERTa encoders (MiniLM "
+        "is one) unless drophead or trainer.compile is set, else transformers' default; chosen where the "
+        "model loads (`study validate` says which). sdpa: PyTorch's scaled_dot_product_attention; eager: "
+        "the plain matmul-softmax; flash_attention_2: FlashAttention-2 (CUDA GPUs with the flash-attn "
+        "package); sdpa_packed: sdpa on packed rows (any device). The last two pack a forward pass's "
         "sentences into one row without padding (position ids per sentence), so only attention sees "
         "padding (sdpa_packed) or none does (flash_attention_2). None: transformers' default for the "
-        "model (sdpa where supported). On CPUs sdpa_packed is the faster (docs/performance.md)",
+        "model (one padded sdpa pass where supported). On CPUs sdpa_packed is the faster "
+        "(docs/performance.md)",
     )
     init_checkpoint: str | None = Field(
         None,
@@ -81,6 +84,8 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _packing_has_no_drophead(self) -> ModelConfig:
+        if self.attention == "auto" and self.drophead:
+            self.attention = None  # DropHead draws its heads per row: one padded pass
         if self.attention in PACKED_ATTENTION and self.drophead:
             raise ValueError(
                 f"model.drophead does not combine with model.attention {self.attention}: its sentences "
@@ -122,9 +127,20 @@ def check_flash_attention() -> None:
         )
 
 
+def choose_attention(attention: str | None, model_type: str | None, on_gpu: bool) -> str | None:
+    """``auto``: packed rows with ``sdpa_packed`` on a CPU for the encoders packing knows (measured
+    faster there: docs/performance.md), else transformers' default (one padded SDPA pass where the
+    model supports it). Drophead and compile have turned ``auto`` into None before this."""
+    if attention != "auto":
+        return attention
+    return "sdpa_packed" if not on_gpu and model_type in PACKABLE_MODEL_TYPES else None
+
+
 def _load_backbone(
     name: str, dropout: float | None, attention_dropout: float | None = None, attention: str | None = None
-) -> nn.Module:
+) -> tuple[nn.Module, str | None]:
+    """The pretrained backbone with the attention kernel asked for (``auto`` chosen here, where the
+    model's type and the process's device are known); returns it and the kernel it runs."""
     from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
 
@@ -146,6 +162,7 @@ def _load_backbone(
             )
         for attr in attrs:
             setattr(config, attr, attention_dropout)
+    attention = choose_attention(attention, getattr(config, "model_type", None), torch.cuda.is_available())
     kwargs: dict[str, Any] = {"config": config}
     if attention == "flash_attention_2":
         check_flash_attention()
@@ -156,9 +173,9 @@ def _load_backbone(
     # BERT's pretrained pooler is never used (SimCSE adds its own MLP); leaving it out keeps DDP from
     # complaining about parameters without gradients.
     try:
-        return AutoModel.from_pretrained(path, add_pooling_layer=False, **kwargs)
+        return AutoModel.from_pretrained(path, add_pooling_layer=False, **kwargs), attention
     except TypeError:
-        return AutoModel.from_pretrained(path, **kwargs)
+        return AutoModel.from_pretrained(path, **kwargs), attention
 
 
 class DropHead:
@@ -229,7 +246,9 @@ class TransformerEncoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.backbone = _load_backbone(cfg.name, cfg.dropout, cfg.attention_dropout, cfg.attention)
+        self.backbone, self.attention = _load_backbone(
+            cfg.name, cfg.dropout, cfg.attention_dropout, cfg.attention
+        )
         if cfg.drophead:
             add_drophead(self.backbone, cfg.drophead)
         hidden = self.backbone.config.hidden_size
@@ -237,11 +256,13 @@ class TransformerEncoder(nn.Module):
         self.pooler = Pooler(cfg.pooling, hidden, mlp_only_train=cfg.mlp_only_train, init_std=init_std)
         self._compiled: Callable[..., Any] | None = None  # set by compile_for_training
         # the sentences packed into one row for a variable-length attention kernel (clsr.encoders.packing)
-        self.packed = cfg.attention in PACKED_ATTENTION
-        self.first_position = first_position(self.backbone.config, cfg) if self.packed else 0
+        self.packed = self.attention in PACKED_ATTENTION
+        self.first_position = (
+            first_position(self.backbone.config, self.attention, cfg.name) if self.packed else 0
+        )
         # FlashAttention's varlen kernel takes the longest sentence (a host sync per forward pass);
         # sdpa_packed's buckets size themselves
-        self.pass_longest = cfg.attention == "flash_attention_2"
+        self.pass_longest = self.attention == "flash_attention_2"
 
     def compile_for_training(
         self, mode: str = "default", width_multiple: int = COMPILE_WIDTH_MULTIPLE
@@ -323,14 +344,14 @@ class TransformerEncoder(nn.Module):
 PACKABLE_MODEL_TYPES = {"bert": False, "roberta": True, "xlm-roberta": True}
 
 
-def first_position(config: Any, cfg: ModelConfig) -> int:
+def first_position(config: Any, attention: str | None, name: str) -> int:
     """The position id of a sentence's first token in the padded path, which packing must reproduce;
     other model types (relative position biases, rotary embeddings) are refused."""
     model_type = getattr(config, "model_type", None)
     if model_type not in PACKABLE_MODEL_TYPES:
         raise ValueError(
-            f"model.attention {cfg.attention} packs sentences for {', '.join(PACKABLE_MODEL_TYPES)} "
-            f"encoders; {cfg.name!r} is a {model_type!r} model: use sdpa"
+            f"model.attention {attention} packs sentences for {', '.join(PACKABLE_MODEL_TYPES)} "
+            f"encoders; {name!r} is a {model_type!r} model: use sdpa"
         )
     return config.pad_token_id + 1 if PACKABLE_MODEL_TYPES[model_type] else 0
 

@@ -98,6 +98,20 @@ def trial_source_notes(trial: Any) -> list[str]:
     ]
 
 
+def attention_notes(trial: Any, on_gpu: bool) -> list[str]:
+    """What ``model.attention: auto`` will run (chosen where the model loads: the same rule here)."""
+    from clsr.encoders.registry import model_type
+    from clsr.encoders.transformer import choose_attention
+
+    if getattr(trial.model, "attention", None) != "auto":
+        return []
+    kind = model_type(trial.model.name)
+    chosen = choose_attention("auto", kind, on_gpu)
+    where = "GPU" if on_gpu else "CPU"
+    what = "sdpa_packed" if chosen else "transformers' default (padded)"
+    return [f"model.attention auto: {what} on {where} trials ({trial.model.name}: {kind or 'type unknown'})"]
+
+
 _MODEL_CHECKS: dict[tuple[str, str, str], tuple[str | None, str | None]] = {}
 
 
@@ -125,7 +139,11 @@ def check_sources(study: Study) -> SourceReport:
             trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
             problems, unavailable = trial_source_problems(trial)
             where = f"ablations.{name}[{point['label']}]"
-            for message in [] if problems or unavailable else trial_source_notes(trial):
+            on_gpu = study.resources.gpus_per_worker > 0
+            notes = (
+                [] if problems or unavailable else trial_source_notes(trial) + attention_notes(trial, on_gpu)
+            )
+            for message in notes:
                 report.notes.setdefault(message, []).append(where)
             for message in problems:
                 report.problems.setdefault(message, []).append(where)

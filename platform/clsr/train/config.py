@@ -435,6 +435,9 @@ class TrialConfig(Section):
     @model_validator(mode="after")
     def _packed_rows_are_not_compiled(self) -> TrialConfig:
         attention = getattr(self.model, "attention", None)
+        if self.trainer.compile and attention == "auto":
+            self.model.attention = None  # compiled shapes stay fixed: padded rows
+            return self
         if self.trainer.compile and attention in ("flash_attention_2", "sdpa_packed"):
             raise ValueError(
                 f"trainer.compile: true does not combine with model.attention {attention} (packed rows "
