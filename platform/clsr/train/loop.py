@@ -305,6 +305,11 @@ def load_checkpoint(
 
     Files are checked against the folder's manifest and loaded as tensors and plain data only."""
     saved = checkpoint_files.load_tensors(folder / "state.pt")
+    if "optimizer" not in saved:  # shrunk once its study finished (clsr.study.retention): weights only
+        raise ValueError(
+            f"{folder}: this checkpoint keeps weights only (its study finished and was shrunk), so training "
+            "cannot continue from it; start the trial anew, or set keep_checkpoints: true in the study"
+        )
     load_trained_state(unwrap(model), saved.pop("model"))
     optimizer.load_state_dict(saved.pop("optimizer"))
     scheduler.load_state_dict(saved.pop("scheduler"))
