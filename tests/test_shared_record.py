@@ -133,13 +133,27 @@ def test_the_study_process_control_imports_one_way():
     }
     folder = REPO_ROOT / "platform" / "clsr" / "study"
     for name in layers:
-        tree = ast.parse((folder / f"{name}.py").read_text())
-        imported = {
-            node.module.rsplit(".", 1)[1]
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("clsr.study.")
-        }
+        imported = study_modules_imported(ast.parse((folder / f"{name}.py").read_text()))
         assert imported & set(layers) <= allowed[name], (name, imported)
+
+
+def study_modules_imported(tree: ast.AST) -> set[str]:
+    """The ``clsr.study`` modules a module imports, in every form: ``from clsr.study.x import y``,
+    ``from clsr.study import x``, ``import clsr.study.x``, anywhere in the file."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "clsr.study":
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("clsr.study."):
+            found.add(node.module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[2] for a in node.names if a.name.startswith("clsr.study.")}
+    return found
+
+
+def test_the_layer_check_sees_every_form_of_import():
+    source = "import clsr.study.record\nfrom clsr.study import lease as l\ndef f():\n    from clsr.study.supervise import x\n"
+    assert study_modules_imported(ast.parse(source)) == {"record", "lease", "supervise"}
 
 
 def test_a_ray_pointer_file_written_by_another_user_is_not_followed(tmp_path, monkeypatch):

@@ -196,6 +196,30 @@ def test_the_drivers_last_writes_follow_the_trials_own(store, tmp_path):
     assert pending_runs(storage) == []
 
 
+def test_a_hand_over_still_being_written_is_neither_replayed_nor_deleted(store, tmp_path):
+    """A driver killed while it handed writes over leaves a folder with its files but no journal yet, or
+    only the journal's temporary file: the replay sends the complete hand-over and leaves those alone."""
+    uri, client, run_id = store
+    storage = tmp_path / "storage"
+    hand_over([{"op": "metrics", "points": [["loss", 1.0, 1000, 1]]}], tmp_path, str(storage), run_id)
+    run_folder = storage / "spool" / run_id
+    files_only = run_folder / f"000002-{'a' * 12}"
+    (files_only / "files").mkdir(parents=True)
+    (files_only / "files" / "model.txt").write_text("uploaded before its journal")
+    temporary_only = run_folder / f"000003-{'b' * 12}"
+    temporary_only.mkdir()
+    torn = '{"op": "tags", "tags": {"clsr.status": "finished"}}\n{"op": "termi'
+    (temporary_only / f"journal.jsonl.{'c' * 12}.tmp").write_text(torn)
+
+    assert replay_pending(uri, str(storage)) == (1, [])
+    assert history(client, run_id) == [(1, 1.0)]
+    assert client.get_run(run_id).info.status == "RUNNING"  # nothing of the unfinished hand-overs sent
+    assert sorted(p.name for p in run_folder.iterdir()) == [files_only.name, temporary_only.name]
+    assert (files_only / "files" / "model.txt").read_text() == "uploaded before its journal"
+    assert (temporary_only / f"journal.jsonl.{'c' * 12}.tmp").read_text() == torn
+    assert pending_runs(str(storage)) == []  # no complete journal is waiting
+
+
 # --- 10: the spool forgets what it sent and sweeps what killed trials left --------------------------------
 
 
