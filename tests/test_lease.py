@@ -5,6 +5,7 @@ processes against an ``mlflow server`` in the e2e test) never both hold a study.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -269,3 +270,29 @@ def test_heartbeats_do_not_race_the_fence(store):
         thread.join()
     lease.release()
     assert not errors and read_state(client, run_id).released
+
+
+def test_a_lost_lease_stops_the_running_experiment_and_the_driver_exits_75():
+    """The live half of fencing: ``lease.on_lost`` is ``Interrupts.lease_lost`` in the driver (runner). From
+    the heartbeat's thread it asks Tune to stop the way Tune stops gracefully (SIGUSR1), says so in one
+    line, and the process ends with exit 75 once its grace is over, having written no record itself."""
+    script = textwrap.dedent(
+        """
+        import os, signal, sys, threading, time
+        from clsr.study.interrupt import Interrupts
+        signal.signal(signal.SIGUSR1, lambda *_: print("tune asked to stop", flush=True))
+        Interrupts.GRACE_S = 0.5
+        with Interrupts() as interrupts:
+            with interrupts.experiment():
+                threading.Thread(target=interrupts.lease_lost, args=("taken over",)).start()
+                time.sleep(5)  # Tune's fit, until the grace ends the process
+        print("not reached")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "platform")},
+    )  # fmt: skip
+    assert done.returncode == 75, done.stderr
+    assert done.stdout == "tune asked to stop\n"
+    assert done.stderr.strip().splitlines()[0].startswith("lease_lost: stopping the study;")
