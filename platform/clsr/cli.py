@@ -76,6 +76,12 @@ def _parser() -> argparse.ArgumentParser:
         if action == "sync":
             continue
         p.add_argument("--yes", action="store_true", help="run a study of more than 2,000 trials")
+        p.add_argument(
+            "--verbose",
+            action="store_true",
+            help="show Ray's and Tune's own output (trial tables, worker logs) instead of writing it to "
+            "<storage>/driver.log and showing a compact progress table",
+        )
         if action == "run":
             p.add_argument(
                 "--new",
@@ -370,12 +376,13 @@ def cmd_study(args: argparse.Namespace) -> int:
             resume=resume,
             allow_changes=resume and args.allow_changes,
             new=not resume and args.new,
+            verbose=args.verbose,
         )
     except NoEarlierRun:
         if not (resume and args.or_run):
             raise
         print(f"no earlier run of study {study.name!r} to resume: starting it (--or-run)")
-        outcome = run_study(study, study_text)
+        outcome = run_study(study, study_text, verbose=args.verbose)
     rows = outcome.rows
     print(f"\nstudy {study.name!r}: {len(rows)} trial(s) in {time.perf_counter() - started:.0f} s\n")
     print(format_rows(rows))

@@ -62,6 +62,8 @@ QUIET_ENV = {
     # short in-process trials checkpoint often; Tune's "snapshotting may become a bottleneck" is noise here
     "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
 }
+# Without --verbose: where Ray's and Tune's output goes instead of the terminal (clsr.study.progress)
+_quiet = None
 
 
 def plan_points(study: Study) -> tuple[list[dict[str, Any]], list[str]]:
@@ -259,6 +261,48 @@ def build_tuner(
     restore: bool,
     name: str | None = None,
 ):
+    tuner = _build_tuner(study, ctx, ablation, restore, name)
+    if _quiet is not None:
+        quiet_tuner(tuner, study, name or ablation or "grid")
+    return tuner
+
+
+def quiet_tuner(tuner, study: Study, experiment: str) -> None:
+    """No Tune tables on the terminal: the platform's progress table instead. A restored Tuner takes
+    its run config from the experiment's saved state, so it is set here, for new and restored alike."""
+    from clsr.study.progress import Progress
+
+    internal = getattr(tuner, "_local_tuner", None)
+    if internal is None:  # Ray client: Tune's own output stays
+        return
+    run_config = internal.get_run_config()
+    run_config.verbose = 0
+    run_config.progress_reporter = None
+    run_config.callbacks = [
+        *[c for c in run_config.callbacks or [] if not isinstance(c, Progress)],
+        Progress(experiment, study.metric, max_steps(study)),
+    ]
+
+
+def max_steps(study: Study) -> dict[str, int | None]:
+    """Each ablation's trainer.max_steps (None: epochs end its trials), for the progress table."""
+    steps = {}
+    for name in study.ablations:
+        try:
+            doc = trial_document(study, name, {}, study.seeds_of(name)[0])
+            steps[name] = doc.get("trainer", {}).get("max_steps")
+        except Exception:  # an ablation that needs upstream outputs to resolve: no total shown
+            steps[name] = None
+    return steps
+
+
+def _build_tuner(
+    study: Study,
+    ctx: StudyContext,
+    ablation: str | None,
+    restore: bool,
+    name: str | None = None,
+):
     from ray import tune
 
     # a failed trial's report carries no metric, and test metrics come only with a trial's last result:
@@ -336,9 +380,11 @@ def init_ray() -> str | None:
     context = ray.init(
         address=address or "local",  # "local": a new Ray, even where a dead cluster's pointer file is left
         runtime_env={"env_vars": QUIET_ENV | _forwarded_env()},
-        log_to_driver=True,
+        log_to_driver=True,  # without --verbose, to the driver's log (clsr.study.progress)
         **local,
     )
+    if _quiet is not None:
+        _quiet.route_workers()
     return context.dashboard_url
 
 
@@ -417,10 +463,33 @@ def _forwarded_env() -> dict[str, str]:
 
 
 def run_study(
-    study: Study, study_text: str, resume: bool = False, allow_changes: bool = False, new: bool = False
+    study: Study,
+    study_text: str,
+    resume: bool = False,
+    allow_changes: bool = False,
+    new: bool = False,
+    verbose: bool = True,
 ) -> StudyOutcome:
     """Run (or resume) a study: one driver holds the study's lease; SIGINT/SIGTERM stop it with a
-    truthful record (``StudyOutcome.stopped_by``)."""
+    truthful record (``StudyOutcome.stopped_by``). ``verbose=False`` (the command's default): Ray's and
+    Tune's output to ``<storage>/driver.log``, a progress table of the platform's on the terminal."""
+    global _quiet
+
+    if not verbose and _quiet is None:
+        from clsr.study.progress import DriverLog
+
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's new output prints its folder at any verbosity
+        _quiet = DriverLog()
+        _quiet.start()
+    try:
+        return _run_study(study, study_text, resume, allow_changes, new)
+    finally:
+        if _quiet is not None and _quiet.path is None:  # ended before its storage: the logs to stderr
+            _quiet.close()
+            _quiet = None
+
+
+def _run_study(study: Study, study_text: str, resume: bool, allow_changes: bool, new: bool) -> StudyOutcome:
     uri = resolve_tracking_uri(study.tracking_uri)
     check_reachable(uri)
     points = runnable_points(study)  # refuse points that cannot run before anything is recorded
@@ -435,6 +504,10 @@ def run_study(
         else:
             parent_run_id, storage, lease = start_record(client, uri, study, study_text, current, new)
             skip = frozenset()
+        if _quiet is not None:
+            from clsr.study.progress import log_path
+
+            _quiet.open(log_path(storage))
         lease.start()
         tell(  # the supervisor closes the record if this process dies without closing it
             uri=uri,
