@@ -2,8 +2,9 @@
 
 ``platform study report <study.yaml>`` reads the child runs of the study's latest parent run and, per
 ablation, puts each point's mean over seeds (std, Student-t 95 % CI, n) beside the number the paper
-published, tests every point against a reference point with a paired t-test over the seeds both ran,
-and shows every planned trial that did not finish instead of averaging it away.
+published with a reproduction verdict (an equivalence test within ``report.tolerance``, see
+``clsr.study.verdict``), tests every point against a reference point with a paired t-test over the
+seeds both ran, and shows every planned trial that did not finish instead of averaging it away.
 
 One ablation tests many rows against one reference, so its p-values are adjusted for multiple
 comparisons with Holm's step-down method (Holm 1979, "A simple sequentially rejective multiple test
@@ -49,6 +50,7 @@ from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
 from clsr.study.plan import find_point, grid_points, report_points, resolve_trial, trial_identity
 from clsr.study.schema import Ablation, Study
+from clsr.study.verdict import Verdict, legend, verdict
 from clsr.study.yaml_safe import YAMLSafetyError, read_yaml_file
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import (
@@ -102,6 +104,7 @@ class Trial:
     metrics: dict[str, float]
     tags: dict[str, str]
     start_time: int
+    params: dict[str, str] = field(default_factory=dict)  # the resolved trial config, flattened (strings)
 
     @classmethod
     def from_run(cls, run: Any) -> Trial:
@@ -116,6 +119,7 @@ class Trial:
             metrics=dict(run.data.metrics),
             tags=dict(tags),
             start_time=run.info.start_time or 0,
+            params=dict(run.data.params),
         )
 
     @property
@@ -320,6 +324,7 @@ class Row:
     planned_eval_only: bool = False  # the point sets trainer.max_steps: 0
     same_as: list[str] = field(default_factory=list)  # "<ablation>[<label>]" of identical rows elsewhere
     folds: list[Row] = field(default_factory=list)  # average_over: the points averaged into this row
+    verdicts: dict[str, Verdict] = field(default_factory=dict)  # metric -> against its paper number
 
     @property
     def eval_only(self) -> bool:
@@ -426,6 +431,7 @@ class AblationReport:
     rows: list[Row]
     cost: Cost
     notes: list[str] = field(default_factory=list)
+    tolerance: float = 0.5  # the study's report.tolerance: the verdicts' equivalence margin
 
     @property
     def reference(self) -> Row | None:
@@ -553,10 +559,12 @@ def ablation_report(study: Study, name: str, trials: list[Trial]) -> AblationRep
     cost = Cost()
     for trial in trials:
         cost.add(trial)
-    report = AblationReport(name, spec, main, metric_columns(present, main), rows, cost)
+    tolerance = study.report.tolerance
+    report = AblationReport(name, spec, main, metric_columns(present, main), rows, cost, tolerance=tolerance)
     mark_rows(report)
     for row in rows:
         row.stats = {m: seed_stats(list(row.values(m).values())) for m in report.metrics}
+        row.verdicts = verdicts(row, report.metrics, tolerance)
     reference = report.reference
     for row in rows:
         if reference is not None and row is not reference:
@@ -565,6 +573,17 @@ def ablation_report(study: Study, name: str, trials: list[Trial]) -> AblationRep
     for row, p in zip(tested, holm([r.test.p_value for r in tested]), strict=True):
         row.test = replace(row.test, p_adjusted=p)
     return report
+
+
+def verdicts(row: Row, metrics: list[str], tolerance: float) -> dict[str, Verdict]:
+    """The reproduction verdict of every metric with a paper number and a finished seed
+    (``clsr.study.verdict``)."""
+    out = {}
+    for metric in metrics:
+        paper, values = row.paper_value(metric), list(row.values(metric).values())
+        if paper is not None and values:
+            out[metric] = verdict(values, paper, tolerance)
+    return out
 
 
 def mark_rows(report: AblationReport) -> None:
@@ -630,8 +649,8 @@ def not_comparable(study: Study) -> list[str]:
     if not reasons:
         return []
     return [
-        f"NOT COMPARABLE WITH THE PAPERS ({'; '.join(reasons)}): the paper and ours − paper columns are "
-        f"for orientation only"
+        f"NOT COMPARABLE WITH THE PAPERS ({'; '.join(reasons)}): the paper, ours − paper and verdict "
+        f"columns are for orientation only"
     ]
 
 
@@ -692,7 +711,7 @@ def row_class(row: Row) -> str:
 def summary_table(ab: AblationReport) -> Table:
     """The ablation at a glance: the main metric, the paper, and the test against the reference."""
     m = ab.main_metric
-    header = ["point", "row", "trials", f"{m} mean ± std", "95% CI", "n", "paper", "ours − paper"]
+    header = ["point", "row", "trials", f"{m} mean ± std", "95% CI", "n", "paper", "ours − paper", "verdict"]
     header += ["ours − ref", "p (paired t)", "p (Holm)", "sig."]
     rows = []
     for row in ab.rows:
@@ -700,7 +719,8 @@ def summary_table(ab: AblationReport) -> Table:
         diff = s.mean - paper if s is not None and s.n and paper is not None else None
         test = row.test
         cells = [row.display_label, "", row.trials_text(), mean_std(s), ci_text(s)]
-        cells += [str(s.n if s else 0), fmt(paper), fmt(diff, "+.2f")]
+        judged = row.verdicts.get(m)
+        cells += [str(s.n if s else 0), fmt(paper), fmt(diff, "+.2f"), judged.short if judged else "-"]
         if test is None:
             cells += ["(reference)" if row.reference else "-", "", "", ""]
         else:
@@ -797,6 +817,8 @@ def ablation_notes(ab: AblationReport) -> list[str]:
         if ref is not None
         else "no rows: no point planned and no run found"
     )
+    if any(r.verdicts.get(ab.main_metric) for r in ab.rows):
+        lines.append(legend(ab.tolerance))
     if ab.spec.average_over:
         lines.append(
             f"each row is the mean over its {ab.spec.average_over} points ({len(ab.spec.grid[ab.spec.average_over])}) "
@@ -943,8 +965,8 @@ def render_html(report: StudyReport, images: dict[str, list[Path]]) -> str:
 
 CSV_FIELDS = (
     "ablation", "table", "point", "paper_choice", "reference", "eval_only", "same_as", "trials", "metric",
-    "main_metric", "mean", "std", "ci_low", "ci_high", "n", "paper", "diff", "p_value", "p_adjusted",
-    "test", "correction",
+    "main_metric", "mean", "std", "ci_low", "ci_high", "n", "paper", "diff", "verdict", "tost_p",
+    "tolerance", "seeds_needed", "p_value", "p_adjusted", "test", "correction",
 )  # fmt: skip
 
 
@@ -958,6 +980,7 @@ def csv_rows(report: StudyReport) -> list[dict[str, Any]]:
                 s, paper = row.stats[metric], row.paper_value(metric)
                 main = metric == ab.main_metric
                 test = row.test if main else None
+                judged = row.verdicts.get(metric)
                 out.append(
                     {
                         "ablation": ab.name, "table": ab.spec.table or "", "point": row.label,
@@ -967,6 +990,10 @@ def csv_rows(report: StudyReport) -> list[dict[str, Any]]:
                         "mean": _num(s.mean), "std": _num(s.std), "ci_low": _num(s.ci_low),
                         "ci_high": _num(s.ci_high), "n": s.n, "paper": _num(paper),
                         "diff": _num(s.mean - paper) if paper is not None and s.n else "",
+                        "verdict": judged.short if judged else "",
+                        "tost_p": _num(judged.p_value) if judged else "",
+                        "tolerance": judged.tolerance if judged else "",
+                        "seeds_needed": (judged.seeds_needed or "") if judged else "",
                         "p_value": _num(test.p_value) if test else "",
                         "p_adjusted": _num(test.p_adjusted) if test else "",
                         "test": TEST_NAME if test else "", "correction": CORRECTION if test else "",

@@ -240,6 +240,18 @@ class Scheduler(Strict):
     reduction_factor: float = Field(2.0, gt=1)
 
 
+class ReportOptions(Strict):
+    """How ``platform study report`` judges the rows against the papers' numbers."""
+
+    tolerance: float = Field(
+        0.5,
+        gt=0,
+        le=100,
+        description="equivalence margin, in points of the metric (scores x 100): a row is reproduced when "
+        "a two one-sided tests (TOST) p < 0.05 puts its mean over seeds within paper ± tolerance",
+    )
+
+
 class Study(Strict):
     """A study file: the trials of one or more ablation tables, and how they run and are recorded."""
 
@@ -260,6 +272,11 @@ class Study(Strict):
     metric: str = Field("best_dev_stsb", description="the trial result that ranks points and trials")
     mode: Literal["max", "min"] = Field("max", description="whether a higher metric is better")
     search: Search = Field(default_factory=Search)
+    report: ReportOptions = Field(
+        default_factory=ReportOptions,
+        description="how the report judges rows against the papers: `tolerance` (default 0.5, points of "
+        "the metric), the equivalence margin of each row's reproduction verdict",
+    )
     scheduler: Scheduler = Field(default_factory=Scheduler)
     resources: Resources = Field(default_factory=Resources)
     concurrency: int | None = Field(
