@@ -15,7 +15,7 @@ import yaml
 from scipy import stats
 
 from clsr.study.load import load_study
-from clsr.study.report import build_report, render_text, summary_table, write_report
+from clsr.study.report import build_report, detail_tables, render_text, summary_table, write_report
 from clsr.study.schema import StudyError
 from clsr.study.verdict import (
     INCONCLUSIVE,
@@ -174,6 +174,9 @@ def test_the_report_shows_a_verdict_per_row_with_a_paper_number(store, tmp_path,
     column = table.header.index("verdict")
     assert table.rows[0][column] == [rows[T05].verdicts["test_sts_avg"].short]
     assert "verdict: TOST (two one-sided t-tests" in render_text(report)
+    sts = next(t for t in detail_tables(temperature) if "test_sts_avg" in t.header)
+    cell = sts.rows[0][sts.header.index("test_sts_avg")]
+    assert cell[-1] == rows[T05].verdicts["test_sts_avg"].short and cell[-3] == "paper 76.00"
     # a wider margin in the study file: the same seeds reproduce the paper
     wide = study.model_copy(update={"report": study.report.model_copy(update={"tolerance": 2.0})})
     again = build_report(wide, store["client"], store["parent"], store["uri"])

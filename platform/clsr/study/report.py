@@ -741,17 +741,19 @@ def column_groups(ab: AblationReport) -> list[tuple[str, list[str]]]:
 
 
 def cell_lines(row: Row, metric: str) -> list[str]:
-    """mean ± std, then CI and n, then the paper's number and ours − paper when it has one."""
+    """mean ± std, then CI and n, then the paper's number, ours − paper and the verdict when it has one."""
     s, paper = row.stats.get(metric), row.paper_value(metric)
     lines = [mean_std(s), n_text(s)]
     if paper is not None:
         diff = fmt(s.mean - paper, "+.2f") if s is not None and s.n else "-"
         lines += [f"paper {paper:.2f}", f"Δ {diff}"]
+        if judged := row.verdicts.get(metric):
+            lines.append(judged.short)
     return lines
 
 
 def detail_tables(ab: AblationReport) -> list[Table]:
-    """Every metric column: mean ± std, 95% CI, n, paper and ours − paper per cell."""
+    """Every metric column: mean ± std, 95% CI, n, paper, ours − paper and the verdict per cell."""
     tables = []
     for title, cols in column_groups(ab):
         rows = []
