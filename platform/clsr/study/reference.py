@@ -15,7 +15,7 @@ from clsr.encoders.textcnn import TextCNNConfig
 from clsr.encoders.transformer import ModelConfig
 from clsr.eval.custom import CustomTask
 from clsr.methods import METHODS, get_method
-from clsr.study.schema import Ablation, Need, Point, Resources, Scheduler, Search, Study
+from clsr.study.schema import Ablation, Need, Point, ReportOptions, Resources, Scheduler, Search, Study
 from clsr.train.config import DataConfig, EvalConfig, TrainerConfig
 
 HEADER = """# Study file reference
@@ -32,6 +32,7 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("ablations.&lt;name&gt;.points[]", Point, ""),
     ("ablations.&lt;name&gt;.needs.&lt;key&gt;", Need, ""),
     ("search", Search, ""),
+    ("report", ReportOptions, ""),
     ("scheduler", Scheduler, ""),
     ("resources", Resources, ""),
     ("model (transformer)", ModelConfig, "model."),
