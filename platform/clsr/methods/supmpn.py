@@ -90,11 +90,25 @@ class SupMPN(Method):
     name = "supmpn"
     Config = SupMPNConfig
     paper = "SupMPN (Dehghan & Amasyali, 2022); SupMPNRL, Eq. 7"
-    # methods.md §4.4 "proposed defaults": the SimCSE-sup setup the paper names (§5.3).
+    # methods.md §4.4 "proposed defaults": the SimCSE-sup setup the paper names (§5.3). SupMPN's own:
+    # bert-base-uncased, avg_first_last, nli_supmpn rows (P = Q = 5, §5.1), batch 256 and 3 epochs.
+    # BORROWED from SimCSE-sup (SupMPN states none of them): lr 5e-5 (SimCSE Table A.1, BERT-base),
+    # max_seq_length 32 (SimCSE's run_sup_example.sh), STS-B dev every 125 steps with the best checkpoint
+    # kept (run_sup_example.sh; the SimCSE paper says 250) and weight decay 0 (SimCSE's trainer default).
     paper_defaults: ClassVar = {
-        "model": {"name": "bert-base-uncased", "pooling": "avg_first_last", "max_seq_length": 32},
+        "model": {
+            "name": "bert-base-uncased",
+            "pooling": "avg_first_last",
+            "max_seq_length": 32,  # borrowed: SimCSE-sup's length (SupMPN's README example uses 150)
+        },
         "data": {"train": "nli_supmpn"},
-        "trainer": {"batch_size": 256, "lr": 5e-5, "epochs": 3, "eval_steps": 125, "weight_decay": 0.0},
+        "trainer": {
+            "batch_size": 256,
+            "lr": 5e-5,  # borrowed: SimCSE-sup BERT-base (BERT-large: 1e-5, studies' bert_large row)
+            "epochs": 3,
+            "eval_steps": 125,  # borrowed: SimCSE-sup's STS-B dev interval (run_sup_example.sh)
+            "weight_decay": 0.0,  # borrowed: SimCSE-sup's (the transformers Trainer default)
+        },
     }
 
     def views(self) -> tuple[str, ...]:
