@@ -1,0 +1,99 @@
+"""Paper fidelity of the shipped studies (issue 37): the seeds, grids and rows the papers' captions and
+appendices name are in the study files, and their ``--smoke`` variants stay as small as they were."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clsr.study.load import load_study
+from clsr.study.plan import ablation_trials, count_trials, find_point, grid_points, resolve_trial
+
+STUDIES = Path(__file__).resolve().parents[1] / "studies"
+RCL, GCLSR, SUPMPN = (STUDIES / f"{n}_ablations.yaml" for n in ("rcl", "gclsr", "supmpn"))
+PHI_SETS = [
+    [0.01],
+    [0.01, 0.02],
+    [0.01, 0.02, 0.03],
+    [0.01, 0.02, 0.03, 0.04],
+    [0.01, 0.02, 0.03, 0.04, 0.05],
+]
+TABLE_4 = {"2": 81.47, "4": 81.98, "6": 82.29, "8": 82.40, "10": 82.42}  # RCL Table 4, Avg. STS, batch 64
+
+
+def test_rcl_runs_every_table_with_five_seeds():
+    """Every RCL caption: "average of 5 random runs"; no ablation overrides the study's seeds."""
+    study = load_study(RCL)
+    assert len(study.seeds) == 5
+    assert all(len(study.seeds_of(name)) == 5 for name in study.ablations)
+
+
+def test_rcl_table_4_is_the_appendix_grid_batch_32_and_64_by_five_phi_sets():
+    study = load_study(RCL)
+    points = {p["label"]: p for p in grid_points(study.ablations["regulators"])}
+    grid = {
+        (p["overrides"].get("trainer.batch_size"), tuple(p["overrides"]["method.phis"])): label
+        for label, p in points.items()
+        if p["overrides"].get("trainer.batch_size") in (32, 64)
+    }
+    assert set(grid) == {(batch, tuple(phis)) for batch in (32, 64) for phis in PHI_SETS}  # 10 cells
+    assert len(grid) * len(study.seeds_of("regulators")) == 10 * 5
+    # the published numbers sit on batch 64 (Table 4's columns); the paper prints none for batch 32
+    for regulators, value in TABLE_4.items():
+        label = grid[64, tuple(PHI_SETS[int(regulators) // 2 - 1])]
+        assert label == regulators and points[label]["paper"]["test_sts_avg"] == value
+    assert not any(points[grid[32, tuple(phis)]]["paper"] for phis in PHI_SETS)
+    # every cell resolves to its batch and φ set, with an entropy model per φ of its seed
+    for (batch, phis), label in grid.items():
+        trial = resolve_trial(study, "regulators", points[label]["overrides"], study.seeds[0])
+        assert trial.trainer.batch_size == batch and trial.method["phis"] == list(phis)
+        assert set(phis) <= set(trial.method["entropy_models"])
+    # the rows beside the grid stay: the evaluation-only first row, Eq. 1 alone, negative φ
+    assert {"SRoBERTa-base", "0", "8, φ < 0", "16, ±φ"} <= set(points)
+    assert study.ablations["regulators"].paper_choice == "8"
+
+
+def test_gclsr_table_2_runs_the_full_model_with_both_region_sizes():
+    study = load_study(GCLSR)
+    components = study.ablations["components"]
+    points = {p["label"]: p for p in grid_points(components)}
+    printed = points["+ PWVA + self-att. + GP (full, region sizes 1,1,1,1,1,1)"]
+    stated = points["+ PWVA + self-att. + GP (full, region sizes 1,1,1,6,15,20)"]
+    for point, sizes in ((printed, [1, 1, 1, 1, 1, 1]), (stated, [1, 1, 1, 6, 15, 20])):
+        trial = resolve_trial(study, "components", point["overrides"], study.seeds[0])
+        assert trial.model.region_sizes == sizes
+        assert (trial.method["augmentation"], trial.method["self_attention"], trial.method["group_size"]) == (
+            "pwva",
+            True,
+            16,
+        )
+    # Table 2's printed full row (66.75) is the (1,1,1,1,1,1) model: Table 9's row of those sizes
+    table_9 = {p["label"]: p["paper"] for p in grid_points(study.ablations["region_sizes"])}
+    assert printed["paper"]["test_sts_avg"] == 66.75
+    for task in ("test_sts12", "test_sts13", "test_sts14", "test_sts15"):
+        assert printed["paper"][task] == table_9["(1,1,1,1,1,1)"][task]
+        assert stated["paper"][task] == table_9["(1,1,1,6,15,20)"][task]  # the '(ours)' row of Tables 4-11
+    assert "test_sts_avg" not in stated["paper"]  # Table 2 prints no row for the stated sizes
+    assert find_point(list(points.values()), components.paper_choice) is stated
+    assert components.reference == "GCLSR_base" and len(points) == 9
+
+
+def test_supmpn_bert_large_row_is_a_point_with_the_borrowed_lr():
+    study = load_study(SUPMPN)
+    (point,) = grid_points(study.ablations["bert_large"])
+    trial = resolve_trial(study, "bert_large", point["overrides"], study.seeds[0])
+    assert trial.model.name == "bert-large-uncased" and trial.trainer.batch_size == 200
+    assert trial.trainer.lr == 1e-5  # SimCSE-sup's BERT-large LR: SupMPN gives none
+    assert point["paper"]["test_sts_avg"] == 83.15 and point["paper"]["test_transfer_avg"] == 87.75
+    assert "bert_large" not in load_study(SUPMPN, smoke=True).ablations
+
+
+@pytest.mark.parametrize(
+    ("path", "trials"), [(RCL, 8), (GCLSR, 49), (SUPMPN, 19)], ids=lambda v: getattr(v, "name", str(v))
+)
+def test_smoke_variants_keep_their_size(path, trials):
+    """CI runs the smoke variants end to end: the fuller grids must not make them bigger."""
+    smoke = load_study(path, smoke=True)
+    assert smoke.seeds == [1]
+    assert sum(ablation_trials(smoke, name) for name in smoke.ablations) == count_trials(smoke)[0] == trials
