@@ -44,7 +44,7 @@ def test_the_paper_configuration_written_six_ways_is_one_trial_per_seed():
     study = load_study(SUPMPN)
     trials = supmpn_trials(study)
     merged = merge_identical(study, trials)
-    assert (len(trials), len(merged)) == count_trials(study) == (129, 114)
+    assert (len(trials), len(merged)) == count_trials(study) == (132, 117)
     reference = [t for t in merged if t["ablation"] == "reference"]
     assert [t["seed"] for t in reference] == [42, 43, 44]
     for entry in reference:  # written out (P = 5) or inherited (batch 256's row): the same trial

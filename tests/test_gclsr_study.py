@@ -31,7 +31,7 @@ def test_full_study_validates_with_every_table():
     tables = {a.table for a in study.ablations.values()}
     assert {"GCLSR Tables 2-3", *(f"GCLSR Table {n}" for n in (4, 5, 6, 7, 8, 9, 10, 11))} <= tables
     points = {name: grid_points(a) for name, a in study.ablations.items()}
-    assert sum(len(p) for p in points.values()) == 49
+    assert sum(len(p) for p in points.values()) == 50
     ours = next(p for p in points["region_sizes"] if p["label"] == "(1,1,1,6,15,20)")
     assert ours["paper"]["test_sts12_15_avg"] == 67.66
 

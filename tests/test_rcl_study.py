@@ -18,7 +18,7 @@ STUDY = REPO_ROOT / "studies" / "rcl_ablations.yaml"
 
 def test_full_study_validates_with_stages_and_paper_numbers():
     study = load_study(STUDY)
-    assert study.seeds == [42, 43, 44] and study.method == "rcl"
+    assert study.seeds == [42, 43, 44, 45, 46] and study.method == "rcl"
     faq_stage1 = ["faq_eq1", "faq_attention_dropout", "faq_drophead", "faq_untouched"]
     assert stages(study) == [
         ["entropy_models", "attention_dropout", "drophead", *faq_stage1],
@@ -35,7 +35,11 @@ def test_full_study_validates_with_stages_and_paper_numbers():
         "6",
         "8",
         "10",
+        "2, batch 32",
+        "4, batch 32",
+        "6, batch 32",
         "8, batch 32",
+        "10, batch 32",
         "8, φ < 0",
         "16, ±φ",
     ]

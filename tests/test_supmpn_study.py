@@ -38,7 +38,7 @@ def test_full_study_validates_with_every_ablation():
     variants = study.ablations["loss_variant"]
     assert variants.reference == variants.paper_choice == "released code"
     assert all(a.reference for a in study.ablations.values())  # every table names its baseline row
-    assert sum(len(p) for p in points.values()) == 43
+    assert sum(len(p) for p in points.values()) == 44
 
 
 def distinct_trials(study, labels) -> int:

@@ -253,9 +253,16 @@ def test_a_million_point_grid_does_not_hang_the_command(tmp_path):
     assert done.returncode == 1 and "1,000,000 trials" in done.stderr and "Traceback" not in done.stderr
 
 
+ATTENTION_NOTE = (
+    "    note: ablations.temperature[method.temperature=0.05], ablations.temperature[method.temperature=0.1]: "
+    "model.attention auto: sdpa_packed on CPU trials (minilm: bert)"
+)  # what the default attention runs on the smoke study's CPU trials
+
+
 def test_validate_prints_trials_and_distinct_trials(tmp_path, capsys):
     code, out, err = validate(capsys, "studies/smoke.yaml")
-    assert code == 0 and out == "ok  studies/smoke.yaml: 2 trials (2 distinct)\n"
+    assert code == 0 and out.splitlines()[0] == "ok  studies/smoke.yaml: 2 trials (2 distinct)"
+    assert out.splitlines()[1:] == [ATTENTION_NOTE]
     twice = GOOD + "  again:\n    grid: {method.temperature: [0.1, 0.2]}\n"
     path = write(tmp_path, twice)
     assert count_trials(load_study(path)) == (4, 3)  # temperature 0.1 runs in both ablations
@@ -267,7 +274,7 @@ def test_validate_prints_trials_and_distinct_trials(tmp_path, capsys):
 def test_validate_accepts_set(capsys):
     smoke = str(REPO_ROOT / "studies" / "smoke.yaml")
     code, out, _ = validate(capsys, smoke, "--set", "seeds=[1, 2, 3]", "--set", "trainer.max_steps=4")
-    assert code == 0 and out == f"ok  {smoke}: 6 trials (6 distinct)\n"
+    assert code == 0 and out.splitlines() == [f"ok  {smoke}: 6 trials (6 distinct)", ATTENTION_NOTE]
     code, out, err = validate(capsys, smoke, "--set", "trainer.lr=.inf")
     assert code == 1 and "base.trainer.lr: Input should be a finite number" in err
 
