@@ -449,6 +449,9 @@ def cmd_study_plan(args: argparse.Namespace) -> int:
         print(err if isinstance(err, StudyError) else f"error: {err}", file=sys.stderr)
         return 2
     print(render(projection, args.gpu, args.gpus))
+    from clsr.study.plan import checkpoint_lines
+
+    print("\n".join(checkpoint_lines(study)))
     return 0
 
 

@@ -585,7 +585,19 @@ def _run_waves(
             outcome = close_study(client, uri, parent_run_id, storage, study, stop, status, lease)
             interrupts.record_written = True
             tell(settled=True)
+    if outcome.stopped_by is None and not outcome.pending_records:  # finished: resumable state not needed
+        print(_shrink_checkpoints(study, client, parent_run_id, storage))
     return outcome
+
+
+def _shrink_checkpoints(study: Study, client, parent_run_id: str, storage: str) -> str:
+    """Finished trials' checkpoints down to their weights (clsr.study.retention); never fails the study."""
+    from clsr.study.retention import shrink_finished_checkpoints
+
+    try:
+        return shrink_finished_checkpoints(study, client, parent_run_id, storage)
+    except Exception as err:  # MLflow or the storage not answering: the checkpoints stay whole
+        return f"checkpoints: kept whole ({type(err).__name__}: {str(err)[:200]})"
 
 
 def say_merged(trials: list[dict[str, Any]]) -> None:
