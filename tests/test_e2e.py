@@ -56,6 +56,18 @@ def runs_of(uri: str, experiment: str):
     return client, parents, children
 
 
+def test_a_finished_smoke_studys_checkpoints_hold_at_most_twice_the_model(smoke_study):
+    """Once the study finished, each trial's kept checkpoint is its last and best weights only (before:
+    weights, AdamW's two moments and the best weights, about 4x; issue 35)."""
+    folders = {p.parent for p in (smoke_study.folder / "runs").rglob("checkpoint_*/state.pt")}
+    assert len(folders) == 2  # one per trial
+    for folder in folders:
+        weights = (folder / "best_model.pt").stat().st_size
+        assert weights > 80e6  # MiniLM's 22.6 M fp32 parameters
+        assert sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) <= 2 * weights + 64 * 1024
+    assert "checkpoints: " in smoke_study.output  # the line that says what was shrunk
+
+
 def test_smoke_study_end_to_end(smoke_study):
     """One Ray Train worker per trial (the GCLSR and SupMPN smoke studies run trials in-process)."""
     uri, output = smoke_study.uri, smoke_study.output
