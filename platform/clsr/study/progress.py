@@ -375,12 +375,12 @@ class Progress(TrialProgressCallback):
         return [title, *lines] + ([f"  {ELLIPSIS} and {more} more trial(s)"] if more > 0 else [])
 
     def _maybe_print(self, trials: list[Any], force: bool = False) -> None:
+        now = self.clock()  # Tune ends a step many times a second: the rows only when a table may come
+        if not force and self._last_print is not None and now - self._last_print < self.every_s:
+            return
         rows = self.rows(trials)
         state = [tuple(sorted(r.items(), key=lambda kv: kv[0])) for r in rows]
         if state == self._shown or not state or all(r["status"] == "pending" for r in rows):
-            return
-        now = self.clock()
-        if not force and self._last_print is not None and now - self._last_print < self.every_s:
             return
         for line in self.table(trials):
             self._say(line)
