@@ -296,7 +296,7 @@ def test_resume_or_run_starts_a_study_with_no_earlier_run(monkeypatch, capsys):
 
     calls = []
 
-    def fake_run_study(study, text, resume=False, allow_changes=False, new=False):
+    def fake_run_study(study, text, resume=False, allow_changes=False, new=False, **_):
         calls.append(resume)
         if resume:
             raise record.NoEarlierRun("no earlier run of study 'smoke'")
