@@ -55,9 +55,10 @@ WEIGHT_FILES = (
 
 
 def offline() -> bool:
-    """The user asked for no hub traffic (read per call, as huggingface_hub reads it at import)."""
-    flags = (os.environ.get(k, "").upper() for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    return any(flag in ("1", "ON", "YES", "TRUE") for flag in flags)
+    """The user asked for no hub traffic, or this process switched itself to the cache (read per call)."""
+    from clsr.data.hub_reach import offline_requested
+
+    return offline_requested()
 
 
 def model_source_problem(name: str) -> tuple[str | None, str | None]:

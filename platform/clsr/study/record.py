@@ -47,6 +47,7 @@ from clsr.tracking.study_runs import (
     run_labels,
     start_parent_run,
 )
+from clsr.tracking.tags import last_error_line
 
 
 class NoEarlierRun(LookupError):
@@ -527,8 +528,8 @@ def _reason(tags: dict[str, str]) -> str:
     """Why a trial did not finish, in one line: the last line of its error (the exception)."""
     if tags.get("clsr.status") == "finished":
         return ""
-    lines = [line.strip() for line in tags.get("clsr.error", "").splitlines() if line.strip()]
-    return (lines[-1][:117] + "...") if lines and len(lines[-1]) > 120 else (lines[-1] if lines else "")
+    line = last_error_line(tags)
+    return line[:117] + "..." if len(line) > 120 else line
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:

@@ -63,6 +63,7 @@ from clsr.tracking.study_runs import (
     resolve_tracking_uri,
     run_labels,
 )
+from clsr.tracking.tags import last_error_line
 
 CONFIDENCE = 0.95
 ALPHA = 0.05  # rows whose Holm-adjusted p against the reference is below this are flagged
@@ -132,8 +133,7 @@ class Trial:
 
     def error_line(self) -> str:
         """The last line of the trial's error (the exception), short enough for a table."""
-        lines = [line.strip() for line in self.tags.get("clsr.error", "").splitlines() if line.strip()]
-        return lines[-1][:200] if lines else ""
+        return last_error_line(self.tags)[:200]
 
 
 def open_study_runs(study_name: str, uri: str, run_id: str | None = None) -> tuple[MlflowClient, Any]:

@@ -13,6 +13,12 @@ CHECKPOINT_TAG = "clsr.checkpoint"  # a finished trial's last checkpoint (local 
 ALSO_TAG = "clsr.also"  # the other [ablation, point] pairs a run of identical trials stands for (JSON)
 
 
+def last_error_line(tags: dict[str, str]) -> str:
+    """The last line of a run's ``clsr.error`` (the exception), or ''."""
+    lines = [line.strip() for line in tags.get("clsr.error", "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def run_labels(tags: dict[str, str]) -> list[tuple[str, str]]:
     """Every (ablation, point) a child run stands for: its own, then those in ``clsr.also``."""
     labels = [(tags["clsr.ablation"], tags.get("clsr.point", ""))] if "clsr.ablation" in tags else []
