@@ -27,7 +27,6 @@ against the manifest before it is rewritten: a changed file is never given a fre
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -37,7 +36,7 @@ from typing import Any
 
 import torch
 
-from clsr.train.checkpoint_files import MANIFEST, accepts
+from clsr.train.checkpoint_files import MANIFEST, accepts, sha256_of
 
 STATE = "state.pt"
 # what only a resume needs: the optimizer's moments, the learning-rate schedule, the random generators
@@ -115,7 +114,7 @@ def shrink_checkpoint(location: str, filesystem=None) -> tuple[int, int]:
         else:
             _download(fs, f"{folder}/{STATE}", local)
         with open(local, "rb") as f:
-            old_hash = _sha256(f)
+            old_hash = sha256_of(f)
             if not accepts(hashes[STATE], old_hash):
                 raise ValueError(
                     f"{folder}/{STATE} does not match its recorded SHA-256: it was changed after it was "
@@ -130,7 +129,7 @@ def shrink_checkpoint(location: str, filesystem=None) -> tuple[int, int]:
             torch.save({k: v for k, v in state.items() if k not in RESUME_ONLY}, slim)
             del state
             with open(slim, "rb") as f:
-                new_hash = _sha256(f)
+                new_hash = sha256_of(f)
             _upload(fs, slim, f"{folder}/{SWAP}")  # 1
             _write_manifest(fs, folder, content, {STATE: [old_hash, new_hash]})  # 2
             fs.move(f"{folder}/{SWAP}", f"{folder}/{STATE}")  # 3
@@ -203,15 +202,6 @@ def _folder_bytes(fs, folder: str) -> int:
 
     entries = fs.get_file_info(pyarrow.fs.FileSelector(folder))
     return sum(e.size for e in entries if e.type == pyarrow.fs.FileType.File)
-
-
-def _sha256(f: io.BufferedReader) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    while chunk := f.read(_CHUNK):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 def human_bytes(n: float) -> str:

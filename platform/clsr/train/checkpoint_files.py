@@ -39,10 +39,11 @@ class UntrustedCheckpoint(pickle.UnpicklingError):
 
 def sha256(path: Path) -> str:
     with open(path, "rb") as f:
-        return _sha256_of(f)
+        return sha256_of(f)
 
 
-def _sha256_of(f: BinaryIO) -> str:
+def sha256_of(f: BinaryIO) -> str:
+    """SHA-256 of an open binary file, read from where it is to its end."""
     digest = hashlib.sha256()
     while chunk := f.read(_CHUNK):
         digest.update(chunk)
@@ -119,7 +120,7 @@ def _listed(path: Path, required: bool) -> dict | None:
 def _check(path: Path, f: BinaryIO, recorded: dict) -> None:
     """Check the open file ``f`` of ``path`` against ``recorded``, the manifest read before ``f`` was
     opened; ``f`` is back at its start afterwards."""
-    digest = _sha256_of(f)
+    digest = sha256_of(f)
     f.seek(0)
     if accepts(recorded[path.name], digest):
         return
