@@ -108,7 +108,7 @@ def study_runs(client: MlflowClient, name: str):
     if experiment is None:
         return [], []
     runs = client.search_runs([experiment.experiment_id])
-    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags and "clsr.role" not in r.data.tags]
     return parents, [r for r in runs if "mlflow.parentRunId" in r.data.tags]
 
 

@@ -22,8 +22,10 @@ from clsr.study.lease import (
     GENERATION_PARAM,
     LEASE_TAG,
     Lease,
+    LeaseAmbiguous,
     LeaseHeld,
     LeaseLost,
+    leased,
     pid_namespace,
     read_state,
 )
@@ -51,12 +53,25 @@ def stop_beating(lease: Lease) -> None:
     lease._thread.join()
 
 
-def held_by_a_gone_driver(client: MlflowClient, run_id: str) -> None:
-    """Generation 1, beaten by a process of this machine that no longer exists."""
+def lease_run_of(client: MlflowClient, run_id: str) -> str:
+    """A lease run for the parent ``run_id``, as its creator's ``take_first`` makes it."""
+    parent = client.get_run(run_id)
+    tags = {"clsr.role": "lease", "clsr.lease_of": run_id}
+    made = client.create_run(parent.info.experiment_id, tags=tags).info.run_id
+    client.set_terminated(made, status="FINISHED")
+    return made
+
+
+def held_by_a_gone_driver(client: MlflowClient, run_id: str, in_parent: bool = False) -> str:
+    """Generation 1, beaten by a process of this machine that no longer exists; on the parent's lease run
+    (or, ``in_parent``, in the parent's own params, as records made before lease runs hold it). Returns
+    the run holding it."""
     import socket
 
-    client.log_param(run_id, GENERATION_PARAM.format(1), "gone")
-    client.set_tag(run_id, LEASE_TAG, f"gone {socket.gethostname()} {pid_namespace()} {dead_pid()} 7")
+    holder = run_id if in_parent else lease_run_of(client, run_id)
+    client.log_param(holder, GENERATION_PARAM.format(1), "gone")
+    client.set_tag(holder, LEASE_TAG, f"gone {socket.gethostname()} {pid_namespace()} {dead_pid()} 7")
+    return holder
 
 
 def test_the_lease_is_held_by_one_driver_and_taken_over_when_its_holder_is_gone(store):
@@ -71,23 +86,84 @@ def test_the_lease_is_held_by_one_driver_and_taken_over_when_its_holder_is_gone(
         Lease(uri, run_id, "record").acquire(watch_s=5)
     stop_beating(first)  # killed: it beats no more, and its process is gone
     beat = read_state(client, run_id).beat
-    client.set_tag(run_id, LEASE_TAG, f"{first.token} {beat.host} {beat.namespace} {dead_pid()} 9")
+    client.set_tag(first.record_id, LEASE_TAG, f"{first.token} {beat.host} {beat.namespace} {dead_pid()} 9")
     second = Lease(uri, run_id, "record")
     started = time.monotonic()
     assert second.acquire(watch_s=3600) == 2  # a gone process on this machine: no need to watch
     assert time.monotonic() - started < 5
-    assert client.get_run(run_id).data.params["clsr.lease.2"] == second.token
+    assert second.record_id == first.record_id  # one lease run per parent, whoever holds it
+    assert client.get_run(first.record_id).data.params["clsr.lease.2"] == second.token
     second.release()
     assert read_state(client, run_id).released
+
+
+def test_the_lease_is_kept_out_of_the_parents_params_and_tags(store):
+    """Issue 35: the parent run shows the study, not its bookkeeping. The generations and the heartbeat
+    are on a lease run of the study's experiment, closed (it is not a running study), named for it."""
+    uri, client, run_id = store
+    lease = Lease(uri, run_id, "record")
+    lease.take_first()
+    lease.release()
+    parent = client.get_run(run_id)
+    assert not [k for k in parent.data.params if k.startswith("clsr.lease")]
+    assert "clsr.lease" not in parent.data.tags
+    record_run = client.get_run(lease.record_id)
+    assert record_run.info.experiment_id == parent.info.experiment_id
+    assert record_run.info.status == "FINISHED" and record_run.info.run_name == "record lease"
+    assert record_run.data.tags["clsr.lease_of"] == run_id and record_run.data.tags["clsr.role"] == "lease"
+    assert record_run.data.params == {"clsr.lease.1": lease.token}
+    assert record_run.data.tags["clsr.lease"] == f"released {lease.token}"
+    assert leased(client, [parent]) == {run_id}
+
+
+def test_a_record_made_before_lease_runs_is_taken_over_in_its_own_params(store):
+    """Old parents keep being read the old way: generation 1 in the parent's params; the next driver
+    takes generation 2 there, and no lease run is made."""
+    uri, client, run_id = store
+    held_by_a_gone_driver(client, run_id, in_parent=True)
+    assert leased(client, [client.get_run(run_id)]) == {run_id}
+    lease = Lease(uri, run_id, "record")
+    assert lease.acquire(watch_s=3600) == 2 and lease.record_id == run_id
+    assert client.get_run(run_id).data.params["clsr.lease.2"] == lease.token
+    lease.release()
+    assert read_state(client, run_id).released
+    experiment = client.get_run(run_id).info.experiment_id
+    assert client.search_runs([experiment], "tags.`clsr.role` = 'lease'") == []
+
+
+def test_generations_in_the_parents_params_win_over_its_lease_run(store):
+    """A driver that took a parent over in its params (its lease run was not made yet when it looked) holds
+    it: the lease run's driver is fenced off at its next check."""
+    uri, client, run_id = store
+    creator = Lease(uri, run_id, "record")
+    creator.take_first()
+    client.log_param(run_id, GENERATION_PARAM.format(1), "the-other-driver")
+    with pytest.raises(LeaseLost, match="was taken over"):
+        creator.check()
+    creator.release()
+    assert read_state(client, run_id).holder == "the-other-driver"
+
+
+def test_a_second_lease_run_for_one_parent_is_refused_as_ambiguous(store):
+    """Only a parent's creator makes its lease run: a second one was written by someone else, and which
+    holds the study cannot be told."""
+    uri, client, run_id = store
+    held_by_a_gone_driver(client, run_id)
+    planted = lease_run_of(client, run_id)
+    with pytest.raises(
+        LeaseAmbiguous, match=rf"has 2 lease runs .*{planted}.*delete the ones you did not make"
+    ):
+        Lease(uri, run_id, "record").acquire(watch_s=1)
 
 
 def test_a_generation_taken_but_not_yet_beaten_counts_as_held(store, monkeypatch):
     """Finding 2a: driver A took generation 2 of a stale lease and has not beaten yet when driver B reads
     the lease. B must not take generation 3: it watches, and A's first heartbeat tells it A is alive."""
     uri, client, run_id = store
-    held_by_a_gone_driver(client, run_id)
+    holder = held_by_a_gone_driver(client, run_id)
     a = Lease(uri, run_id, "record")
-    client.log_param(run_id, GENERATION_PARAM.format(2), a.token)  # A's compare-and-set, and no beat yet
+    a.record_id = holder
+    client.log_param(holder, GENERATION_PARAM.format(2), a.token)  # A's compare-and-set, and no beat yet
 
     real_sleep = time.sleep
     monkeypatch.setattr(lease_module.time, "sleep", lambda s: (a._beat(client), real_sleep(s)))  # A beats
@@ -99,8 +175,8 @@ def test_a_generation_taken_but_not_yet_beaten_counts_as_held(store, monkeypatch
 def test_a_generation_whose_holder_never_beats_is_taken_after_the_watch(store):
     """The driver that took generation 2 died before its first heartbeat: watched unchanged, it goes."""
     uri, client, run_id = store
-    held_by_a_gone_driver(client, run_id)
-    client.log_param(run_id, GENERATION_PARAM.format(2), "died-before-beating")
+    holder = held_by_a_gone_driver(client, run_id)
+    client.log_param(holder, GENERATION_PARAM.format(2), "died-before-beating")
     assert Lease(uri, run_id, "record").acquire(watch_s=0.3) == 3
 
 
@@ -129,7 +205,7 @@ def test_a_paused_driver_that_lost_its_generation_is_fenced_off_the_record(store
     paused.take_first()
     stop_beating(paused)  # and then paused
     client.set_tag(
-        run_id, LEASE_TAG, f"{paused.token} another-machine 1 4242 1"
+        paused.record_id, LEASE_TAG, f"{paused.token} another-machine 1 4242 1"
     )  # its pid is not ours to check
     successor = Lease(uri, run_id, "record")
     assert successor.acquire(watch_s=0.3) == 2  # watched unchanged: taken over
@@ -172,7 +248,8 @@ def test_two_runs_that_start_at_once_never_both_proceed(store, tmp_path, monkeyp
         record.start_record(client, uri, study, "name: smoke", {"t": "x"})
     experiment = client.get_experiment_by_name(study.name).experiment_id
     alive = client.search_runs([experiment], "attributes.status = 'RUNNING'")
-    assert len(alive) == 1 and GENERATION_PARAM.format(1) not in alive[0].data.params  # A's alone: B deleted
+    assert len(alive) == 1 and read_state(client, alive[0].info.run_id).generation == 0  # A's alone
+    assert client.search_runs([experiment], "tags.`clsr.role` = 'lease'") == []  # B deleted its lease run too
 
 
 def test_a_running_parent_is_refused_while_its_driver_beats_and_called_unclosed_when_gone(store, tmp_path):
@@ -186,7 +263,7 @@ def test_a_running_parent_is_refused_while_its_driver_beats_and_called_unclosed_
         record.start_record(client, uri, study, "", {})
     stop_beating(holder)
     beat = read_state(client, parent).beat
-    client.set_tag(parent, LEASE_TAG, f"{holder.token} {beat.host} {beat.namespace} {dead_pid()} 3")
+    client.set_tag(holder.record_id, LEASE_TAG, f"{holder.token} {beat.host} {beat.namespace} {dead_pid()} 3")
     with pytest.raises(record.UnclosedRun, match="stopped without closing"):
         record.start_record(client, uri, study, "", {})
 

@@ -20,20 +20,27 @@ def store(tmp_path_factory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"  # one store: set-up costs seconds
 
 
-@pytest.fixture
+@pytest.fixture(params=["lease_run", "in_parent"])
 def study_record(store, request):
-    """A parent run held by lease token 'tok', one finished and one running trial run."""
+    """A parent run held by lease token 'tok', one finished and one running trial run. The lease is on
+    the parent's lease run (as drivers write it), or in the parent's own params (records made before)."""
     uri = store
     client = MlflowClient(uri)
     experiment = client.create_experiment(request.node.name)
-    parent = client.create_run(experiment, tags={"clsr.lease": "tok host 1 0"}).info.run_id
-    client.log_param(parent, "clsr.lease.1", "tok")  # lease generation 1 is this driver's
+    parent = client.create_run(experiment).info.run_id
+    holder = parent
+    if request.param == "lease_run":
+        tags = {"clsr.role": "lease", "clsr.lease_of": parent}
+        holder = client.create_run(experiment, tags=tags).info.run_id
+    client.set_tag(holder, "clsr.lease", "tok host 1 0")
+    client.log_param(holder, "clsr.lease.1", "tok")  # lease generation 1 is this driver's
     done, running = (
         client.create_run(experiment, tags={"mlflow.parentRunId": parent}).info.run_id for _ in range(2)
     )
     client.set_tag(done, "clsr.status", "finished")
     client.set_terminated(done, status="FINISHED")
-    return client, {"uri": uri, "parent_run_id": parent, "token": "tok", "generation": 1}, done, running
+    held = {"uri": uri, "parent_run_id": parent, "token": "tok", "generation": 1}
+    return client, held, done, running, holder
 
 
 def states(client, *run_ids):
@@ -41,7 +48,7 @@ def states(client, *run_ids):
 
 
 def test_a_driver_killed_after_sigterm_leaves_unfinished_trials_interrupted(study_record, capsys):
-    client, held, done, running = study_record
+    client, held, done, running, holder = study_record
     assert settle([held], 1, "SIGTERM") == 143  # Ray's exit status 1 becomes the signal's
     parent = held["parent_run_id"]
     assert states(client, parent, done, running) == [
@@ -49,12 +56,12 @@ def test_a_driver_killed_after_sigterm_leaves_unfinished_trials_interrupted(stud
         ("FINISHED", "finished"),  # a finished trial stays finished
         ("KILLED", "interrupted"),
     ]
-    assert client.get_run(parent).data.tags["clsr.lease"] == "released tok"  # said in words, free at once
+    assert client.get_run(holder).data.tags["clsr.lease"] == "released tok"  # said in words, free at once
     assert "before closing its record; closing it here" in capsys.readouterr().err
 
 
 def test_the_reason_the_driver_gave_wins_over_the_signal(study_record):
-    client, held, _, running = study_record
+    client, held, _, running, _ = study_record
     assert settle([held, {"stopping": "study_timeout"}], 1, None) == 124
     assert states(client, held["parent_run_id"], running) == [
         ("KILLED", "timed_out"),
@@ -63,7 +70,7 @@ def test_the_reason_the_driver_gave_wins_over_the_signal(study_record):
 
 
 def test_a_driver_that_died_by_itself_leaves_a_failed_study(study_record):
-    client, held, _, running = study_record
+    client, held, _, running, _ = study_record
     assert settle([held], -signal.SIGKILL, None) == 137
     parent = client.get_run(held["parent_run_id"])
     assert (parent.info.status, parent.data.tags["clsr.status"]) == ("FAILED", "failed")
@@ -72,11 +79,11 @@ def test_a_driver_that_died_by_itself_leaves_a_failed_study(study_record):
 
 
 def test_a_closed_or_taken_over_record_is_left_alone(study_record):
-    client, held, _, running = study_record
+    client, held, _, running, holder = study_record
     assert settle([held, {"settled": True}], 143, "SIGTERM") == 143
     assert settle([], 2, None) == 2  # refused before a record existed
     assert settle([{**held, "token": "another driver"}], 1, "SIGTERM") == 143
-    client.log_param(held["parent_run_id"], "clsr.lease.2", "resumed")  # a resume took the study over
+    client.log_param(holder, "clsr.lease.2", "resumed")  # a resume took the study over
     assert settle([held], 1, "SIGTERM") == 143
     assert states(client, held["parent_run_id"], running) == [("RUNNING", None), ("RUNNING", None)]
 

@@ -94,6 +94,7 @@ def _kill_when_checkpointed(cluster, client, name: str, proc: subprocess.Popen) 
     while proc.poll() is None:
         experiment = client.get_experiment_by_name(name)
         runs = client.search_runs([experiment.experiment_id]) if experiment else []
+        runs = [r for r in runs if r.data.tags.get("clsr.role") != "lease"]  # the parent's bookkeeping
         running = [r for r in runs if "mlflow.parentRunId" in r.data.tags and r.info.status == "RUNNING"]
         snapshots = [k for k in cluster.bucket_keys(f"{name}/") if k.endswith(SNAPSHOT)]
         nodes = [r.data.tags.get("clsr.node_id") for r in running]

@@ -25,7 +25,7 @@ import yaml
 from clsr.study.distinct import also_of
 from clsr.study.driver_link import LEASE_LOST_EXIT
 from clsr.study.fingerprint import compare, fingerprint, overall
-from clsr.study.lease import GENERATION_PARAM, HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, watch
+from clsr.study.lease import HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, leased, watch
 from clsr.study.plan import grid_points, point_label, stages, trial_document
 from clsr.study.schema import Study
 from clsr.tracking.patient import PatientClient
@@ -116,7 +116,8 @@ def study_parent(client, study: Study, current: dict[str, str]):
     fingerprint is the file's (a run someone tagged with the study's name without a lease is not one,
     unless no run has a lease: a record made before leases). Its storage is checked apart."""
     every = parent_runs(client, study.name)
-    parents = [r for r in every if GENERATION_PARAM.format(1) in r.data.params] or every
+    taken = leased(client, every)
+    parents = [r for r in every if r.info.run_id in taken] or every
     same = [r for r in parents if r.data.tags.get(FINGERPRINT_TAG) == overall(current)]
     return (same or parents or [None])[0]
 
@@ -129,11 +130,9 @@ def start_record(client, uri: str, study: Study, study_text: str, current: dict[
         refuse_open_parent(client, uri, study, run)
     # a closed record (a RUNNING one that appeared meanwhile is a rival: handled below)
     # (one no driver leased ran nothing: closed above by close_unleased, it is no record to keep)
-    closed = [
-        r
-        for r in parent_runs(client, study.name, max_results=5)
-        if r.info.status != "RUNNING" and GENERATION_PARAM.format(1) in r.data.params
-    ]
+    recent = parent_runs(client, study.name, max_results=5)
+    taken = leased(client, recent)
+    closed = [r for r in recent if r.info.status != "RUNNING" and r.info.run_id in taken]
     if closed and not new:
         raise EarlierRecord(earlier_record_message(study, closed[0]))
     storage = new_storage(study)
@@ -147,7 +146,7 @@ def start_record(client, uri: str, study: Study, study_text: str, current: dict[
         r.info.run_id for r in parent_runs(client, study.name, running=True) if r.info.run_id != parent_run_id
     ]
     if rivals:
-        lease.stop_beating()
+        lease.discard(client)
         client.delete_run(parent_run_id)
         raise LeaseHeld(
             f"study {study.name!r} was started by another driver at the same moment (MLflow run "

@@ -115,22 +115,19 @@ def close_abandoned(held: dict[str, Any], reason: str | None, ended: str) -> boo
     """What the driver's own close would have written, if the record is still this driver's: its writes
     kept in the study's storage sent first (a record with writes still pending stays open for
     ``platform study sync``). Returns whether it closed the record."""
-    from mlflow.entities import RunStatus
     from mlflow.tracking import MlflowClient
 
-    from clsr.study.lease import GENERATION_PARAM, LEASE_TAG, RELEASED, generation
+    from clsr.study.lease import LEASE_TAG, RELEASED, generation, read_state
     from clsr.study.record import close_unfinished, replay
 
     uri, run_id = held["uri"], held["parent_run_id"]
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # a server that is down: fail in seconds
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     client = MlflowClient(uri)
-    run = client.get_run(run_id)
-    ours = run.data.params.get(GENERATION_PARAM.format(held["generation"])) == held["token"]
-    if run.info.status != RunStatus.to_string(RunStatus.RUNNING) or not ours:
-        return False  # closed already
-    if generation(client, run_id) != held["generation"]:
-        return False  # another driver has taken the study over
+    state = read_state(client, run_id)
+    ours = (state.generation, state.holder) == (held["generation"], held["token"])
+    if not state.running or not ours:
+        return False  # closed already, or another driver has taken the study over
     if held.get("storage") and replay(uri, held["storage"]):
         print("trial writes are still pending: `platform study sync` sends them and closes the record")
         return False
@@ -139,5 +136,5 @@ def close_abandoned(held: dict[str, Any], reason: str | None, ended: str) -> boo
     close_unfinished(
         client, uri, run_id, reason, f"the study driver ended ({ended}) without closing its record"
     )
-    client.set_tag(run_id, LEASE_TAG, f"{RELEASED} {held['token']}")  # free: a resume need not wait
+    client.set_tag(state.record_id, LEASE_TAG, f"{RELEASED} {held['token']}")  # free: a resume need not wait
     return True
