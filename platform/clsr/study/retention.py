@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from clsr.train.checkpoint_files import MANIFEST, accepts, sha256_of
+from clsr.train.checkpoint_files import MANIFEST, accepts, read_all, sha256_of
 
 STATE = "state.pt"
 # what only a resume needs: the optimizer's moments, the learning-rate schedule, the random generators
@@ -101,7 +101,7 @@ def shrink_checkpoint(location: str, filesystem=None) -> tuple[int, int]:
     fs, folder = _reach(location, filesystem)
     _remove(fs, f"{folder}/{SWAP}")  # left by a shrink stopped after step 1: written again below
     before = _folder_bytes(fs, folder)
-    content = json.loads(_read(fs, f"{folder}/{MANIFEST}"))
+    content = json.loads(read_all(fs, f"{folder}/{MANIFEST}"))
     hashes = content.get("sha256") if isinstance(content, dict) else None
     if not isinstance(hashes, dict) or STATE not in hashes:
         raise ValueError(f"{folder} is not a trainer's checkpoint (no {MANIFEST} listing {STATE})")
@@ -190,11 +190,6 @@ def _remove(fs, path: str) -> None:
 
     if fs.get_file_info(path).type == pyarrow.fs.FileType.File:
         fs.delete_file(path)
-
-
-def _read(fs, path: str) -> bytes:
-    with fs.open_input_stream(path) as stream:
-        return stream.readall()
 
 
 def _folder_bytes(fs, folder: str) -> int:

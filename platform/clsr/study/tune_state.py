@@ -29,6 +29,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
+from clsr.train.checkpoint_files import MANIFEST, read_all
+
 # the files TuneController.resume reads, newest first by name (Tune's own choice: max() of the matches)
 EXPERIMENT_STATE = "experiment_state-*.json"
 SEARCHER_STATES = ("basic-variant-state-*.json", "search_gen_state-*.json", "searcher-state-*.pkl")
@@ -78,7 +80,7 @@ def repair_before_restore(path: str, grid: bool, staging_roots: list[Path] | Non
         if not matches:
             continue
         name = newest[pattern] = max(matches)
-        why = _unreadable(lambda fs_path=f"{root}/{name}": _read_fs(fs, fs_path), read)
+        why = _unreadable(lambda fs_path=f"{root}/{name}": read_all(fs, fs_path), read)
         if why is None:
             continue
         copy = _staging_copy(Path(path).name, name, trial_dirs, read, staging_roots)
@@ -116,7 +118,7 @@ def repair_missing_checkpoints(fs, state_path: str) -> list[str]:
     """
     from ray.tune.trainable.metadata import _TrainingRunMetadata
 
-    state = json.loads(_read_fs(fs, state_path))
+    state = json.loads(read_all(fs, state_path))
     repaired, forgotten = [], False
     for entry in state["trial_data"]:
         try:
@@ -198,19 +200,12 @@ def _move_folder(fs, source: str, target: str) -> None:
 def _complete(fs, folder: str) -> bool:
     import pyarrow.fs
 
-    from clsr.train.checkpoint_files import MANIFEST
-
     try:
-        listed = json.loads(_read_fs(fs, f"{folder}/{MANIFEST}"))["sha256"]
+        listed = json.loads(read_all(fs, f"{folder}/{MANIFEST}"))["sha256"]
         paths = [f"{folder}/{name}" for name in listed]
         return all(info.type == pyarrow.fs.FileType.File for info in fs.get_file_info(paths))
     except Exception:  # no manifest, or not the trainer's: not a checkpoint to continue from
         return False
-
-
-def _read_fs(fs, fs_path: str) -> bytes:
-    with fs.open_input_stream(fs_path) as stream:
-        return stream.readall()
 
 
 def _unreadable(load: Callable[[], bytes], read: Callable[[bytes], None]) -> str | None:

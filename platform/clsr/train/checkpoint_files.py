@@ -27,8 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import torch
-
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 
@@ -48,6 +46,12 @@ def sha256_of(f: BinaryIO) -> str:
     while chunk := f.read(_CHUNK):
         digest.update(chunk)
     return digest.hexdigest()
+
+
+def read_all(fs, path: str) -> bytes:
+    """A whole file of a pyarrow filesystem (local, S3, GCS) as bytes."""
+    with fs.open_input_stream(path) as stream:
+        return stream.readall()
 
 
 def accepts(entry: Any, digest: str) -> bool:
@@ -74,6 +78,8 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
 
 def save_tensors(obj: Any, path: Path) -> str:
     """``torch.save`` ``obj`` to ``path`` atomically; its SHA-256."""
+    import torch  # here: the record's modules read manifests without loading torch
+
     write_atomic(path, lambda tmp: torch.save(obj, tmp))
     return sha256(path)
 
@@ -149,6 +155,8 @@ def _recorded(manifest: Path) -> dict | None:
 
 def load_tensors(path: Path, manifest_required: bool = True) -> Any:
     """``torch.load`` of a checkpoint file on the CPU, tensors and plain data only, after ``verify``."""
+    import torch
+
     path = Path(path)
     recorded = _listed(path, manifest_required)  # before the file is opened (see the module doc)
     try:
