@@ -129,3 +129,20 @@ def test_the_benchmarked_trainer_needs_neither_ray_nor_mlflow():
         "assert not RunLogger(None).active and RunLogger(None).stop_system_metrics() == {}\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bench_study_prints_the_start_up_before_the_first_trial():
+    """The command's start-up is a user-facing figure (issue 36): validation, then until a trial's run opens."""
+    from clsr.bench.study import format_study
+
+    trial = {"run": "t", "status": "finished", "steps": 8, "batch": 8, "run_s": 30.0, "trial_wall_s": 25.0}
+    figures = {
+        "study": "smoke", "file": "studies/smoke.yaml", "smoke": False, "wall_s": 80.0, "trials": 1,
+        "trials_per_hour": 45.0, "trials_at_once": 1, "outside_steps_fraction": 0.5,
+        "outside_loop_fraction": 0.4, "validate_s": 1.24, "first_trial_s": 14.31,
+        "per_trial": [trial | {"loop_s": 10.0, "step_s": 8.0}],
+    }  # fmt: skip
+    line = next(x for x in format_study(figures).splitlines() if x.startswith("start-up"))
+    assert line.startswith(
+        "start-up: 1.2 s to load and validate the study, then 14.3 s until the first trial's"
+    )
