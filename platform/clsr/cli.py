@@ -135,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
         "--no-log", action="store_true", help="do not log the files on the study's parent run"
     )
 
+    _compare_and_promote_parsers(study)
     schema = study.add_parser(
         "schema",
         help="write the JSON Schema of a study file (for editors: # yaml-language-server: $schema=...)",
@@ -327,6 +328,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         if len(paths) > 1:
             print(_validate_summary(len(paths) - failed - len(needs_hub), needs_hub, failed))
         return 1 if failed or needs_hub else 0
+    if args.action in ("compare", "promote"):
+        return _cmd_compare_or_promote(args)
     if args.action == "report":
         return cmd_study_report(args)
     if args.action in ("schema", "reference"):
@@ -475,6 +478,83 @@ def _recorded(args: argparse.Namespace, study):
     except NoStudyRuns as err:
         raise NoMeasurements(str(err)) from err
     return measure(children(client, parent.info.run_id), measured_name)
+
+
+def _compare_and_promote_parsers(study) -> None:
+    """``study compare`` and ``study promote`` (docs/compare-and-promote.md)."""
+    compare = study.add_parser(
+        "compare",
+        help="pair the trials two study records share (configuration and seed): B - A of a metric per point, "
+        "95%% CI, paired t-test, Holm-adjusted p",
+    )
+    compare.add_argument(
+        "a", help="study file or name (A); the same study as B compares its two newest records"
+    )
+    compare.add_argument("b", help="study file or name (B)")
+    compare.add_argument("--run-a", default=None, help="A's parent run id (default: the newest record)")
+    compare.add_argument("--run-b", default=None, help="B's parent run id (default: the newest record)")
+    compare.add_argument(
+        "--tracking-uri", default=None, help="MLflow (default: the study file's, $MLFLOW_TRACKING_URI)"
+    )
+    compare.add_argument("--tracking-uri-b", default=None, help="B's MLflow, when not A's")
+    compare.add_argument(
+        "--metric", default="test_sts_avg", help="the metric compared (default test_sts_avg)"
+    )
+    compare.add_argument(
+        "--ignore", action="append", default=[], metavar="PARAM",
+        help="a parameter (or prefix, e.g. data.data_dir) that may differ between paired trials (repeatable)",
+    )  # fmt: skip
+    promote = study.add_parser(
+        "promote",
+        help="register the best finished trial's model in MLflow's Model Registry (models:/<name>/<v>)",
+    )
+    promote.add_argument("study", help="study file or name")
+    promote.add_argument("--ablation", default=None, help="only this ablation's trials")
+    promote.add_argument(
+        "--point", default=None, help="only this point's trials (its label, as the report shows it)"
+    )
+    promote.add_argument("--name", default=None, help="registered model name (default: the study's name)")
+    promote.add_argument(
+        "--run", dest="run_id", default=None, help="the study's parent run id (default: the newest)"
+    )
+    promote.add_argument(
+        "--tracking-uri", default=None, help="MLflow (default: the study file's, $MLFLOW_TRACKING_URI)"
+    )
+
+
+def _cmd_compare_or_promote(args: argparse.Namespace) -> int:
+    """``study compare`` / ``study promote``: 0 when done, 2 for a bad file, no runs, or a refusal."""
+    import tempfile
+
+    from clsr.results import study_name_and_uri
+    from clsr.study.report import NoStudyRuns, study_by_name
+    from clsr.study.schema import StudyError
+    from clsr.tracking.study_runs import resolve_tracking_uri
+
+    try:
+        if args.action == "compare":
+            from clsr.study.compare import compare_records, render
+
+            found = compare_records(
+                args.a, args.b, args.tracking_uri, args.tracking_uri_b, args.run_a, args.run_b,
+                args.metric, tuple(args.ignore),
+            )  # fmt: skip
+            print(render(*found))
+            return 0
+        from clsr.study.promote import promote
+
+        name, file_uri = study_name_and_uri(args.study)
+        uri = resolve_tracking_uri(args.tracking_uri or file_uri)
+        if Path(args.study).is_file():
+            study = _load(args.study, [])
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                study = study_by_name(name, uri, Path(tmp), args.run_id)
+        print(promote(study, uri, args.ablation, args.point, args.name, args.run_id).line())
+        return 0
+    except (StudyError, NoStudyRuns) as err:
+        print(f"error: {err}" if isinstance(err, NoStudyRuns) else err, file=sys.stderr)
+        return 2
 
 
 def cmd_study_report(args: argparse.Namespace) -> int:
