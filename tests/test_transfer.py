@@ -363,6 +363,9 @@ def test_cli_eval_transfer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
     assert main([*argv, "--transfer-mode", "fast", "--max-examples", "40", "--mlflow"]) == 0
     out = capsys.readouterr().out
     assert "MR |   TREC |   Avg." in out and "fast mode, at most 40 rows per split" in out
+    progress = [line.strip() for line in out.splitlines() if line.startswith("  [")]  # a line per task
+    assert [line.split(":")[0] for line in progress] == ["[1/2] mr", "[2/2] trec"]
+    assert "classifier fits" in progress[0] and "embedding" in progress[0]
 
     from mlflow.tracking import MlflowClient
 

@@ -292,6 +292,21 @@ def _validate_summary(valid: int, needs_hub: list[str], failed: int) -> str:
     return "; ".join(parts)
 
 
+def _transfer_progress(total: int):
+    """One line per finished transfer task: a 7-task evaluation takes minutes on a CPU."""
+    done = [0]
+
+    def say(score) -> None:
+        done[0] += 1
+        print(
+            f"  [{done[0]}/{total}] {score.task}: {score.acc:.2f} (embedding {score.embed_seconds:.0f} s, "
+            f"{score.fits} classifier fits {score.classify_seconds:.0f} s)",
+            flush=True,
+        )
+
+    return say
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     from clsr.study.schema import StudyError
 
@@ -605,6 +620,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from clsr.eval.sts import evaluate_sts, format_table, summary_metrics
     from clsr.eval.transfer import (
         evaluate_transfer,
+        expand_transfer_tasks,
         format_transfer_table,
         split_eval_tasks,
         transfer_summary_metrics,
@@ -657,6 +673,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             mode=args.transfer_mode,
             max_examples=args.max_examples,
             classifier=args.transfer_classifier,
+            on_task=_transfer_progress(len(expand_transfer_tasks(transfer_tasks))),
         )
         elapsed = time.perf_counter() - started
         tables["transfer_table.txt"] = format_transfer_table(transfer)
