@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 import numbers
+import os
 import re
 import shutil
 import tempfile
@@ -476,8 +477,12 @@ def _downloaded(uri: str) -> Iterator[Path]:
 
     target = tempfile.mkdtemp(prefix="clsr-model-")
     try:
+        tracking = resolve_tracking_uri(None)
+        # models:/ resolves in the registry: $MLFLOW_REGISTRY_URI, else the tracking store (MLflow's own
+        # default would not follow clsr's default tracking URI)
+        registry = os.environ.get("MLFLOW_REGISTRY_URI") or tracking
         path = mlflow.artifacts.download_artifacts(
-            artifact_uri=uri, dst_path=target, tracking_uri=resolve_tracking_uri(None)
+            artifact_uri=uri, dst_path=target, tracking_uri=tracking, registry_uri=registry
         )
     except Exception as err:  # MlflowException, OSError: no such run, model or artifact
         shutil.rmtree(target, ignore_errors=True)
