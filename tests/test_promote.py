@@ -69,7 +69,7 @@ def store(tmp_path, monkeypatch, tiny_bert):
     return {"uri": uri, "file": study_file, "runs": runs, "client": client, "expected": expected}
 
 
-def test_promotes_the_best_finished_trial_and_loads_it_through_models_uri(store, capsys):
+def test_promotes_the_best_finished_trial_and_loads_it_through_models_uri(store, capsys, data_dir):
     assert main(["study", "promote", str(store["file"])]) == 0
     assert f"registered models:/{NAME}/1: temperature[{T01}] seed 2" in capsys.readouterr().out
     registry = MlflowClient(store["uri"], registry_uri=store["uri"])
@@ -89,6 +89,9 @@ def test_promotes_the_best_finished_trial_and_loads_it_through_models_uri(store,
     }
     loaded, pipeline = load_model(f"models:/{NAME}/1")
     np.testing.assert_allclose(make_embedder(loaded, pipeline)(SENTENCES), store["expected"], atol=1e-6)
+    # SICK-R dev (500 pairs): the cheapest STS split
+    assert main(["eval", "--model", f"models:/{NAME}/1", "--tasks", "sickr", "--split", "dev"]) == 0
+    assert f"models:/{NAME}/1 (avg pooling)" in capsys.readouterr().out
 
 
 def test_a_point_of_one_ablation_becomes_a_second_version(store):
