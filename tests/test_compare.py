@@ -48,12 +48,13 @@ def params(ablation: str, label: str, seed: int, data_dir: str) -> dict:
     return p | {"study": {"ablation": ablation, "point": label, "seed": seed}}
 
 
-def record(uri: str, points: dict, data_dir: str, storage: str) -> str:
+def record(uri: str, points: dict, data_dir: str, storage: str, extra: dict | None = None) -> str:
+    extra = extra or {}
     client = MlflowClient(uri)
     parent = start_parent_run(client, NAME, storage, None)
     for (ablation, label), seeds in points.items():
         for seed, value in seeds.items():
-            p = params(ablation, label, seed, data_dir)
+            p = params(ablation, label, seed, data_dir) | extra
             child(client, uri, parent, ablation, label, seed, p, {"test_sts_avg": value})
     return parent
 
@@ -64,7 +65,8 @@ def stores(tmp_path, monkeypatch):
     uri_a = f"sqlite:///{tmp_path / 'a.db'}"
     uri_b = f"sqlite:///{tmp_path / 'b.db'}"  # another machine's store
     run_a = record(uri_a, A, "/data/cpu", str(tmp_path / "runs"))
-    run_b = record(uri_b, B, "/scratch/h100", str(tmp_path / "runs"))
+    # B ran a newer clsr, with a field A's runs never logged
+    run_b = record(uri_b, B, "/scratch/h100", str(tmp_path / "runs"), {"eval": {"new_field": True}})
     client = MlflowClient(uri_b)  # a failed trial on B: not compared
     failed = child(
         client, uri_b, run_b, "temperature", "0.1", 3, params("temperature", "0.1", 3, "/scratch/h100"), {}
@@ -99,6 +101,7 @@ def test_pairs_by_configuration_and_seed_with_holm_across_points(stores):
     holm = multipletests(ps, method="holm")[1]
     assert table["p_holm"].tolist() == pytest.approx(list(holm))
     assert comparison.only_a == ["pooling[avg]"] and comparison.only_b == ["pooling[cls_before_pooler]"]
+    assert comparison.params_only_a == [] and comparison.params_only_b == ["eval.new_field"]
 
 
 def test_a_parameter_that_differs_pairs_nothing_unless_ignored(stores):

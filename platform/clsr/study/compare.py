@@ -1,7 +1,7 @@
 """Two study records compared point by point: "did this commit change the results?", "does the H100 give
 the CPU's numbers?".
 
-``platform study compare A B`` reads each record's trials (``clsr.results.load``) and pairs the trials
+``platform study compare A B`` reads each record's trials (those the report counts) and pairs the trials
 the two share: the same resolved configuration, as each child run logged it in its parameters (less the
 ``study.*`` labels, the seed, and any ``--ignore`` prefixes, e.g. a data folder that differs between two
 machines), and the same seed. Per point it reports the paired differences B - A of the metric: their
@@ -16,16 +16,15 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
-from clsr.results import PARAM_PREFIX, load
+from clsr.results import study_name_and_uri
 from clsr.study.fingerprint import digest
-from clsr.study.report import NoStudyRuns, open_study_runs
+from clsr.study.report import NoStudyRuns, Trial, load_trials, open_study_runs, pick_trials
 from clsr.tracking.study_runs import parent_runs, resolve_tracking_uri
 
 CONFIDENCE = 0.95
@@ -36,15 +35,23 @@ COLUMNS = ("point", "seeds", "n", "mean_a", "mean_b", "diff", "ci_low", "ci_high
 
 @dataclass(frozen=True)
 class Record:
-    """One side of a comparison: a study record's trials, and how to name it."""
+    """One side of a comparison: the trials of a study record (those the report counts), and its name."""
 
-    frame: pd.DataFrame
+    trials: list[Trial]
     name: str
+    study: str
 
     @classmethod
     def read(cls, study: str, tracking_uri: str | None, run_id: str | None) -> Record:
-        frame = load(study, tracking_uri=tracking_uri, run_id=run_id)
-        return cls(frame, f"{frame.attrs['study']} (run {frame.attrs['parent_run_id']})")
+        name, file_uri = study_name_and_uri(study)
+        client, parent = open_study_runs(name, resolve_tracking_uri(tracking_uri or file_uri), run_id)
+        trials = load_trials(client, parent.info.run_id)
+        chosen = [  # one trial per (ablation, point, seed), as clsr.results.load and the report pick them
+            trial
+            for ablation in dict.fromkeys(t.ablation for t in trials)
+            for trial in pick_trials(t for t in trials if t.ablation == ablation).values()
+        ]
+        return cls(chosen, f"{name} (run {parent.info.run_id})", name)
 
 
 @dataclass
@@ -55,6 +62,8 @@ class Comparison:
     only_a: list[str] = field(default_factory=list)
     only_b: list[str] = field(default_factory=list)
     metric: str = DEFAULT_METRIC
+    params_only_a: list[str] = field(default_factory=list)  # logged by A's runs only: not compared
+    params_only_b: list[str] = field(default_factory=list)
 
 
 def previous_record(study_name: str, uri: str) -> str:
@@ -69,36 +78,27 @@ def previous_record(study_name: str, uri: str) -> str:
     return runs[1].info.run_id
 
 
-def config_key(row: pd.Series, ignore: tuple[str, ...]) -> str:
-    """The hash of a trial's resolved configuration: its logged parameters less labels, seed, ``ignore``."""
-    skip = tuple(PARAM_PREFIX + p for p in (*NOT_CONFIG, *ignore))
-    values = {
-        k: v
-        for k, v in row.items()
-        if k.startswith(PARAM_PREFIX) and not k.startswith(skip) and not _missing(v)
-    }
-    return digest(values)
+def config_key(trial: Trial, names: frozenset[str]) -> str:
+    """The hash of a trial's resolved configuration: its parameters ``names``, as logged (MLflow's
+    strings)."""
+    return digest({k: v for k, v in trial.params.items() if k in names})
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+def param_names(record: Record, ignore: tuple[str, ...]) -> set[str]:
+    """The parameters a record's runs logged, less the labels, the seed and ``ignore``."""
+    skip = (*NOT_CONFIG, *ignore)
+    return {k for t in record.trials for k in t.params if not k.startswith(skip)}
 
 
-def finished(
-    record: Record, metric: str, ignore: tuple[str, ...]
-) -> dict[tuple[str, int], tuple[str, float]]:
+def finished(record: Record, metric: str, names: frozenset[str]) -> dict[tuple[str, int], tuple[str, float]]:
     """(configuration, seed) -> (point label, metric) of each finished trial that logged the metric; a run
     that stands for identical points of several ablations counts once."""
-    df = record.frame.drop_duplicates("run_id")
-    if metric not in df.columns:
-        return {}
-    done = df[(df["status"] == "finished") & df[metric].notna() & df["seed"].notna()]
+    runs: dict[str, Trial] = {}
+    for trial in record.trials:
+        if trial.ok and metric in trial.metrics and trial.seed is not None:
+            runs.setdefault(trial.run_id, trial)
     return {
-        (config_key(row, ignore), int(row["seed"])): (
-            f"{row['ablation']}[{row['point']}]",
-            float(row[metric]),
-        )
-        for _, row in done.iterrows()
+        (config_key(t, names), t.seed): (f"{t.ablation}[{t.point}]", t.metrics[metric]) for t in runs.values()
     }
 
 
@@ -120,12 +120,16 @@ def paired(a: list[float], b: list[float]) -> dict[str, float]:
 
 def compare(a: Record, b: Record, metric: str = DEFAULT_METRIC, ignore: tuple[str, ...] = ()) -> Comparison:
     """Pair the finished trials of ``a`` and ``b`` by configuration and seed; one row per shared point."""
-    left, right = finished(a, metric, ignore), finished(b, metric, ignore)
+    # a parameter one record's runs have not logged at all (a field a newer clsr added) cannot tell
+    # points apart: only the parameters both logged pair trials
+    names_a, names_b = param_names(a, ignore), param_names(b, ignore)
+    names = frozenset(names_a & names_b)
+    left, right = finished(a, metric, names), finished(b, metric, names)
     if not left and not right:
-        known = sorted(c for c in (*a.frame.columns, *b.frame.columns) if c.startswith("test_"))
+        known = sorted({m for t in (*a.trials, *b.trials) for m in t.metrics if m.startswith("test_")})
         raise NoStudyRuns(
             f"--metric {metric}: no finished trial of either record logged it; logged: "
-            f"{', '.join(dict.fromkeys(known)) or 'no test_ metric'}"
+            f"{', '.join(known) or 'no test_ metric'}"
         )
     labels = {cfg: label for (cfg, _), (label, _) in left.items()}
     labels_b = {cfg: label for (cfg, _), (label, _) in right.items()}
@@ -141,7 +145,7 @@ def compare(a: Record, b: Record, metric: str = DEFAULT_METRIC, ignore: tuple[st
     table["p_holm"] = holm(table["p"].to_numpy(dtype=float))
     only_a = sorted({label for cfg, label in labels.items() if cfg not in shared})
     only_b = sorted({label for cfg, label in labels_b.items() if cfg not in shared})
-    return Comparison(table, only_a, only_b, metric)
+    return Comparison(table, only_a, only_b, metric, sorted(names_a - names), sorted(names_b - names))
 
 
 def holm(p: np.ndarray) -> np.ndarray:
@@ -171,6 +175,9 @@ def render(comparison: Comparison, a: Record, b: Record) -> str:
     for side, points in (("A", comparison.only_a), ("B", comparison.only_b)):
         if points:
             lines.append(f"\nonly in {side} ({len(points)}): " + ", ".join(points))
+    for side, names in (("A", comparison.params_only_a), ("B", comparison.params_only_b)):
+        if names:
+            lines.append(f"\nparameters only {side}'s runs logged (not used to pair): " + ", ".join(names))
     return "\n".join(lines)
 
 
@@ -193,18 +200,14 @@ def compare_records(
     b = Record.read(study_b, tracking_uri_b or tracking_uri, run_b)
     same_store = tracking_uri_b in (None, tracking_uri)
     if run_a is None and run_b is None and same_store and _same_study(study_a, study_b):
-        run_a = previous_record(b.frame.attrs["study"], resolve_tracking_uri(_uri_of(study_b, tracking_uri)))
+        run_a = previous_record(b.study, resolve_tracking_uri(_uri_of(study_b, tracking_uri)))
     a = Record.read(study_a, tracking_uri, run_a)
     return compare(a, b, metric, ignore), a, b
 
 
 def _same_study(study_a: str, study_b: str) -> bool:
-    from clsr.results import study_name_and_uri
-
     return study_name_and_uri(study_a)[0] == study_name_and_uri(study_b)[0]
 
 
 def _uri_of(study: str, tracking_uri: str | None) -> str | None:
-    from clsr.results import study_name_and_uri
-
     return tracking_uri or study_name_and_uri(study)[1]
