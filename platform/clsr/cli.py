@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     study = commands.add_parser(
-        "study", help="run, resume, sync, validate, report or plan a study"
+        "study", help="run, resume, sync, validate, report, plan, compare or promote a study"
     ).add_subparsers(dest="action", required=True)
     for action, text in (
         ("run", "run every trial of a study"),
