@@ -189,11 +189,14 @@ def test_version_help_and_folders(tmp_path, capfd):
         "    note: ablations.temperature[method.temperature=0.05], ablations.temperature[method.temperature=0.1]: "
         "model.attention auto: sdpa_packed on CPU trials (minilm: bert)"
     )  # what the default attention runs, said at validation
+    one_seed = "    note: ablations.temperature: 1 seed: no CI or verdict; give seeds: [42, 43, 44] (or more)"
     assert out.splitlines() == [
         f"ok  {folder / 'a.yaml'}: 2 trials (2 distinct)",
         chosen,
+        one_seed,
         f"ok  {folder / 'b.yml'}: 2 trials (2 distinct)",
         chosen,
+        one_seed,
         "2 valid",  # several files: one summary line
     ]
     assert main(["study", "run", str(folder)]) == 2

@@ -72,7 +72,7 @@ BAD_STUDIES = [
     (("mode", "maximum"), "mode", "'max' or 'min'"),
     (("search", {"algorithm": "bayes"}), "search.algorithm", "'grid', 'random' or 'optuna'"),
     (("search", {"algorithm": "optuna"}), "ablation 'temp'", "needs a 'space'"),
-    (("scheduler", {"type": "hyperband"}), "scheduler.type", "'fifo' or 'asha'"),
+    (("scheduler", {"type": "cosine"}), "scheduler.type", "'fifo', 'asha', 'hyperband', 'median' or 'pbt'"),
     (("resources", {"gpus_per_worker": 1.5}), "resources.gpus_per_worker", "whole number"),
     (
         ("resources", {"workers_per_trial": 2, "gpus_per_worker": 0.5}),

@@ -262,7 +262,8 @@ ATTENTION_NOTE = (
 def test_validate_prints_trials_and_distinct_trials(tmp_path, capsys):
     code, out, err = validate(capsys, "studies/smoke.yaml")
     assert code == 0 and out.splitlines()[0] == "ok  studies/smoke.yaml: 2 trials (2 distinct)"
-    assert out.splitlines()[1:] == [ATTENTION_NOTE]
+    one_seed = "    note: ablations.temperature: 1 seed: no CI or verdict; give seeds: [42, 43, 44] (or more)"
+    assert out.splitlines()[1:] == [ATTENTION_NOTE, one_seed]
     twice = GOOD + "  again:\n    grid: {method.temperature: [0.1, 0.2]}\n"
     path = write(tmp_path, twice)
     assert count_trials(load_study(path)) == (4, 3)  # temperature 0.1 runs in both ablations

@@ -313,7 +313,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.action == "validate":
         from clsr.study.dotted import parse_override
         from clsr.study.load import load_study
-        from clsr.study.plan import count_trials
+        from clsr.study.plan import count_trials, seed_notes
         from clsr.study.sources import NeedsHub, require_sources
 
         try:
@@ -339,6 +339,8 @@ def cmd_study(args: argparse.Namespace) -> int:
             for line in sources.lines("unavailable"):  # skip_unavailable: true
                 print(f"    skipped when run here: {line.splitlines()[0]}")
             for line in sources.lines("notes"):
+                print(f"    note: {line}")
+            for line in seed_notes(study):
                 print(f"    note: {line}")
         if len(paths) > 1:
             print(_validate_summary(len(paths) - failed - len(needs_hub), needs_hub, failed))

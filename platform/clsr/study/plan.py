@@ -233,12 +233,22 @@ def missing_upstream(
 
 def ablation_trials(study: Study, ablation: str) -> int:
     """Trials of one ablation, counted without expanding it: points (or the product of the grid's list
-    lengths) × seeds; a sampled ablation (space) runs ``search.num_samples``."""
+    lengths) × seeds; a sampled ablation (space) runs ``search.num_samples`` configurations × seeds."""
     spec = study.ablations[ablation]
     if spec.space:
-        return study.search.num_samples
+        return study.search.num_samples * len(study.seeds_of(ablation))
     points = len(spec.points) or math.prod(len(values) for values in spec.grid.values())
     return points * len(study.seeds_of(ablation))
+
+
+def seed_notes(study: Study) -> list[str]:
+    """``study validate``'s note per ablation with published numbers but one seed: its report rows
+    get no confidence interval and no reproduction verdict."""
+    return [
+        f"ablations.{name}: 1 seed: no CI or verdict; give seeds: [42, 43, 44] (or more)"
+        for name, spec in study.ablations.items()
+        if len(study.seeds_of(name)) == 1 and (spec.paper or any(p.paper is not None for p in spec.points))
+    ]
 
 
 def planned_trials(study: Study) -> int:
@@ -248,14 +258,14 @@ def planned_trials(study: Study) -> int:
 
 def count_trials(study: Study) -> tuple[int, int]:
     """(trials, distinct trials): a trial is (ablation, point, seed) of a grid/points ablation, plus
-    ``search.num_samples`` per sampled ablation; distinct counts the different ``trial_identity``s (the
+    ``search.num_samples`` × seeds per sampled ablation; distinct counts the different ``trial_identity``s (the
     same configuration in two ablations runs once). A staged trial counts with its upstream trials'
     placeholders, so two that would read the same checkpoint count twice. Resolves every point: call it
     on a validated study only (at most ``MAX_TRIALS`` trials)."""
     total, sampled, identities = 0, 0, set()
     for name, ablation in study.ablations.items():
         if ablation.space:
-            sampled += study.search.num_samples
+            sampled += ablation_trials(study, name)
             continue
         for point in grid_points(ablation):
             for seed in study.seeds_of(name):
@@ -289,7 +299,7 @@ def checkpoint_lines(study: Study) -> list[str]:
     total_after, unknown = 0, set()
     for name, ablation in study.ablations.items():
         points = [{"overrides": {}}] if ablation.space else grid_points(ablation)
-        per_point = study.search.num_samples if ablation.space else len(study.seeds_of(name))
+        per_point = ablation_trials(study, name) if ablation.space else len(study.seeds_of(name))
         for point in points:
             trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
             model = trial.model.name if trial.model.type == "transformer" else None

@@ -192,6 +192,8 @@ def param_space(
             points = [{"ablation": name, **p} for name, a in study.ablations.items() for p in grid_points(a)]
             trials = expand_trials(study, points)
         return {"point": tune.grid_search(trials)}
+    from clsr.study.search import seed_space
+
     space = {key: _distribution(d) for key, d in study.ablations[ablation].space.items()}
     return {
         "point": {
@@ -199,7 +201,7 @@ def param_space(
             "label": None,
             "overrides": space,
             "paper": {},
-            "seed": study.seeds_of(ablation)[0],
+            "seed": seed_space(study, ablation),  # random: a grid over the seeds; optuna: SeedRepeater's
         }
     }
 
@@ -216,25 +218,19 @@ def _distribution(dist) -> Any:
     return tune.choice(dist.choice)
 
 
-def _search_alg(study: Study):
-    if study.search.algorithm != "optuna":
-        return None
-    from ray.tune.search.optuna import OptunaSearch
+def _search_alg(study: Study, ablation: str | None = None):
+    from clsr.study.search import search_alg
 
-    return OptunaSearch(seed=study.seeds[0])
+    return search_alg(study, ablation)
 
 
 def _scheduler(study: Study, ablation: str | None):
-    if study.scheduler.type != "asha":
-        return None
-    from ray.tune.schedulers import ASHAScheduler
+    from clsr.study.search import scheduler
 
+    if study.scheduler.type == "fifo":
+        return None
     s = study.scheduler
-    max_t = s.max_t or max(resolved_max_steps(study, ablation), s.grace_period)
-    # Tune's training_iteration restarts on retries; the reported optimiser step does not.
-    return ASHAScheduler(
-        time_attr="step", max_t=max_t, grace_period=s.grace_period, reduction_factor=s.reduction_factor
-    )
+    return scheduler(study, s.max_t or max(resolved_max_steps(study, ablation), s.grace_period))
 
 
 def resolved_max_steps(study: Study, ablation: str | None) -> int:
@@ -305,6 +301,8 @@ def _build_tuner(
 ):
     from ray import tune
 
+    from clsr.study.search import tune_samples
+
     # a failed trial's report carries no metric, and test metrics come only with a trial's last result:
     # the study's metric is validated against the known metric names instead
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
@@ -326,9 +324,9 @@ def _build_tuner(
         tune_config=tune.TuneConfig(
             metric=study.metric,
             mode=study.mode,
-            search_alg=_search_alg(study),
+            search_alg=_search_alg(study, ablation),
             scheduler=_scheduler(study, ablation),
-            num_samples=study.search.num_samples if ablation else 1,
+            num_samples=tune_samples(study, ablation),  # optuna: configurations × seeds (Repeater)
             max_concurrent_trials=study.concurrency,
             # in-process trials: the next trial runs in the finished one's process, not a fresh one that
             # imports torch, transformers and MLflow again (~8 s of a CPU each); trials keep no state

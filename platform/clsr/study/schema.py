@@ -224,20 +224,110 @@ class Resources(Strict):
         return self
 
 
+SAMPLERS = ("tpe", "cmaes", "gp", "random")
+SCHEDULERS = ("fifo", "asha", "hyperband", "median", "pbt")
+GP_OPTUNA = (3, 6)  # optuna.samplers.GPSampler came with Optuna 3.6
+
+
 class Search(Strict):
-    algorithm: Literal["grid", "random", "optuna"] = "grid"
-    num_samples: int = Field(
-        1, ge=1, le=MAX_TRIALS, description="samples per ablation for random/optuna (at most 100,000)"
+    """How points are chosen: every grid point, or ``num_samples`` configurations of each sampled
+    ablation's space, each run once per seed (the searcher sees the mean over seeds)."""
+
+    algorithm: Literal["grid", "random", "optuna"] = Field(
+        "grid",
+        description="grid: every point x seeds. random: Tune's random sampling; each sampled "
+        "configuration runs with every seed (the same values). optuna: Optuna suggests a "
+        "configuration, Tune's Repeater runs it once per seed and tells Optuna the mean over the seeds "
+        "of the study's metric (a seed that reported none is left out of the mean)",
     )
+    num_samples: int = Field(
+        1,
+        ge=1,
+        le=MAX_TRIALS,
+        description="configurations sampled per ablation for random/optuna (at most 100,000); each runs "
+        "once per seed, so an ablation runs num_samples x seeds trials",
+    )
+    sampler: Literal["tpe", "cmaes", "gp", "random"] | None = Field(
+        None,
+        description="optuna: the Optuna sampler (tpe, cmaes, gp, random; default tpe), seeded with the "
+        "ablation's first seed",
+    )
+    n_startup_trials: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_TRIALS,
+        description="optuna tpe/cmaes/gp: configurations sampled at random before the model guides "
+        "(default: the sampler's own, 10)",
+    )
+    points_to_evaluate: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="configurations ({space key: value}) run first, before any sampled one; they count "
+        "towards num_samples",
+    )
+
+    @model_validator(mode="after")
+    def _fits_algorithm(self) -> Search:
+        if self.algorithm != "optuna" and self.sampler is not None:
+            raise ValueError(
+                f"search.sampler is for algorithm optuna (given algorithm: {self.algorithm}); allowed "
+                f"samplers: {', '.join(SAMPLERS)}"
+            )
+        if self.n_startup_trials is not None and (self.sampler or "tpe") == "random":
+            raise ValueError(
+                "search.n_startup_trials is for optuna samplers tpe, cmaes, gp (given: "
+                f"algorithm {self.algorithm}, sampler {self.sampler})"
+            )
+        if self.algorithm == "grid" and self.points_to_evaluate:
+            raise ValueError("search.points_to_evaluate is for algorithm random or optuna (given: grid)")
+        if self.sampler == "gp":
+            check_gp_sampler()
+        return self
+
+
+def check_gp_sampler() -> None:
+    """Optuna's GPSampler exists from 3.6 on; an older install is refused here, not in the first trial."""
+    import optuna
+
+    version = tuple(int(p) for p in re.findall(r"\d+", optuna.__version__)[:2])
+    if version < GP_OPTUNA:
+        raise ValueError(
+            f"search.sampler gp needs optuna>=3.6 (installed: {optuna.__version__}); use tpe, cmaes or random"
+        )
 
 
 class Scheduler(Strict):
-    type: Literal["fifo", "asha"] = "fifo"
-    max_t: int | None = Field(
-        None, ge=1, le=10**9, description="ASHA: most steps a trial may run (default: its max)"
+    """When trials are stopped early. fifo: never. asha, hyperband, median: on the study's metric at
+    each evaluation (``step`` is the time axis). pbt is refused (see its message)."""
+
+    type: Literal["fifo", "asha", "hyperband", "median", "pbt"] = Field(
+        "fifo",
+        description="fifo: none; asha: ASHAScheduler; hyperband: HyperBandScheduler; median: "
+        "MedianStoppingRule; pbt: refused (trials cannot take another trial's checkpoint with a new "
+        "config). Each stopped seed of a sampled configuration still counts in its mean",
     )
-    grace_period: int = Field(1, ge=1, le=10**9, description="ASHA: steps before a trial may be stopped")
-    reduction_factor: float = Field(2.0, gt=1)
+    max_t: int | None = Field(
+        None,
+        ge=1,
+        le=10**9,
+        description="asha, hyperband: most steps a trial may run (default: its trainer.max_steps)",
+    )
+    grace_period: int = Field(
+        1, ge=1, le=10**9, description="asha, median: steps before a trial may be stopped"
+    )
+    reduction_factor: float = Field(2.0, gt=1, description="asha, hyperband: the halving rate (eta)")
+    min_samples_required: int = Field(
+        3, ge=1, le=MAX_TRIALS, description="median: trials reporting at a step before any is stopped"
+    )
+
+    @model_validator(mode="after")
+    def _no_pbt(self) -> Scheduler:
+        if self.type == "pbt":
+            raise ValueError(
+                "scheduler.type pbt is refused: a trial cannot continue from another trial's checkpoint "
+                "with a new config (its MLflow run, parameters and Train checkpoint folder belong to one "
+                "configuration); allowed: fifo, asha, hyperband, median"
+            )
+        return self
 
 
 class ReportOptions(Strict):
@@ -267,7 +357,13 @@ class Study(Strict):
     )
     ablations: dict[str, Ablation] = Field(min_length=1, description="the tables, by name")
     seeds: list[Seed] = Field(
-        default_factory=lambda: [42], min_length=1, description="0 <= seed < 2**32, distinct"
+        default_factory=lambda: [42],
+        min_length=1,
+        description="0 <= seed < 2**32, distinct. Every grid point, and every sampled configuration of "
+        "random/optuna search, runs once per seed. The default stays one seed, [42], so a quick study "
+        "stays quick; the report needs at least 2 for a confidence interval and a verdict, and "
+        "`study validate` notes an ablation with published numbers and one seed: give 3 (e.g. "
+        "[42, 43, 44]) where a report is wanted",
     )
     metric: str = Field("best_dev_stsb", description="the trial result that ranks points and trials")
     mode: Literal["max", "min"] = Field("max", description="whether a higher metric is better")
@@ -376,14 +472,33 @@ class Study(Strict):
                 )
             if not sampling and ablation.space:
                 raise ValueError(f"ablation {name!r} has a 'space': set search.algorithm to random or optuna")
-        if sampling and len(self.seeds) > 1:
-            raise ValueError("random/optuna search samples one seed per trial: give a single seed")
-        if self.scheduler.type == "asha" and self.metric not in STEP_METRICS:
+        early = self.scheduler.type in ("asha", "hyperband", "median")
+        if early and self.metric not in STEP_METRICS:
             raise ValueError(
-                f"scheduler asha stops trials on the metric at each evaluation, but {self.metric!r} is only "
-                f"known when a trial ends: use one of {', '.join(STEP_METRICS)}, or scheduler fifo"
+                f"scheduler {self.scheduler.type} stops trials on the metric at each evaluation, but "
+                f"{self.metric!r} is only known when a trial ends: use one of {', '.join(STEP_METRICS)}, "
+                f"or scheduler fifo"
             )
+        if sampling:
+            self._check_space_fits_search()
         return self
+
+    def _check_space_fits_search(self) -> None:
+        for name, ablation in self.ablations.items():
+            keys = list(ablation.space)
+            for n, point in enumerate(self.search.points_to_evaluate):
+                unknown = [k for k in point if k not in ablation.space]
+                if unknown:
+                    raise ValueError(
+                        f"search.points_to_evaluate[{n}]: keys {unknown} are not in ablations.{name}.space "
+                        f"(allowed: {keys})"
+                    )
+            numeric = [k for k, d in ablation.space.items() if d.choice is None]
+            if self.search.sampler == "cmaes" and not numeric:
+                raise ValueError(
+                    f"search.sampler cmaes samples numbers, but ablations.{name}.space is all 'choice' "
+                    f"({keys}); use tpe, gp or random"
+                )
 
     def seeds_of(self, ablation: str) -> list[int]:
         return self.ablations[ablation].seeds or self.seeds

@@ -108,9 +108,10 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
             "run_id": run_id,
             "system_metrics_interval_s": study.system_metrics_interval_s,
             "pending_root": ctx.storage,
-            # ASHA ends a trial for good at an evaluation that may write no checkpoint: its points go out
-            # at every log window, as they are logged (a resumed ASHA trial may repeat a few steps)
-            "commit_at_checkpoints": study.scheduler.type != "asha",
+            # an early-stopping scheduler (asha, hyperband, median) ends a trial for good at an evaluation
+            # that may write no checkpoint: its points go out at every log window, as they are logged (a
+            # resumed trial may repeat a few steps)
+            "commit_at_checkpoints": study.scheduler.type == "fifo",
         },
         "shared": shared,
         "in_process": study.resources.workers_per_trial == 0,

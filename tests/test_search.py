@@ -1,0 +1,216 @@
+"""A study's search and scheduler sections as the Ray Tune and Optuna objects they build, the refusals
+of combinations that mean nothing, and Tune's Repeater telling Optuna the mean over a configuration's
+seeds (read back from the Optuna study itself)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+import yaml
+
+from clsr.study.load import load_study
+from clsr.study.plan import ablation_trials, count_trials, seed_notes
+from clsr.study.schema import StudyError
+from clsr.study.trial import StudyContext
+
+SAMPLED = {
+    "name": "s",
+    "method": "simcse_unsup",
+    "base": {"model": {"name": "minilm"}, "trainer": {"batch_size": 16, "max_steps": 20}},
+    "seeds": [1, 2, 3],
+    "search": {"algorithm": "optuna", "num_samples": 4},
+    "ablations": {
+        "lr": {
+            "space": {
+                "trainer.lr": {"loguniform": [1e-5, 1e-4]},
+                "trainer.batch_size": {"choice": [16, 32]},
+            }
+        }
+    },
+}
+
+
+def study_of(tmp_path: Path, **changes):
+    doc = copy.deepcopy(SAMPLED)
+    for key, value in changes.items():
+        doc[key] = value if not isinstance(value, dict) else {**doc.get(key, {}), **value}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_study(path)
+
+
+def tune_config(study, tmp_path: Path, ablation: str | None = "lr"):
+    from clsr.study.runner import build_tuner
+
+    ctx = StudyContext(study.model_dump(by_alias=True), "sqlite:///x.db", "parent", str(tmp_path))
+    return build_tuner(study, ctx, ablation, restore=False)._local_tuner._tune_config
+
+
+@pytest.mark.parametrize(
+    ("sampler", "kind"),
+    [
+        ("tpe", optuna.samplers.TPESampler),
+        ("cmaes", optuna.samplers.CmaEsSampler),
+        ("gp", optuna.samplers.GPSampler),
+        ("random", optuna.samplers.RandomSampler),
+    ],
+)
+def test_optuna_sampler_repeated_over_the_seeds(tmp_path, sampler, kind):
+    from ray.tune.search.optuna import OptunaSearch
+
+    from clsr.study.search import SeedRepeater
+
+    startup = {} if sampler == "random" else {"n_startup_trials": 3}
+    study = study_of(tmp_path, search={"sampler": sampler, **startup})
+    config = tune_config(study, tmp_path)
+    repeater = config.search_alg
+    assert isinstance(repeater, SeedRepeater) and repeater.repeat == 3 and repeater.seeds == [1, 2, 3]
+    assert isinstance(repeater.searcher, OptunaSearch) and type(repeater.searcher._sampler) is kind
+    assert config.num_samples == 4 * 3  # Repeater counts every repeat: configurations × seeds
+    if startup:
+        assert repeater.searcher._sampler._n_startup_trials == 3
+    assert ablation_trials(study, "lr") == 12 and count_trials(study) == (12, 12)
+
+
+def test_one_seed_keeps_plain_optuna_and_points_to_evaluate_are_enqueued(tmp_path):
+    from ray.tune.search.optuna import OptunaSearch
+
+    point = {"trainer.lr": 3e-5, "trainer.batch_size": 32}
+    study = study_of(tmp_path, seeds=[7], search={"points_to_evaluate": [point]})
+    config = tune_config(study, tmp_path)
+    assert isinstance(config.search_alg, OptunaSearch) and config.num_samples == 4
+    assert config.search_alg._points_to_evaluate == [
+        {"point/overrides/trainer.lr": 3e-5, "point/overrides/trainer.batch_size": 32}
+    ]
+
+
+def test_random_search_runs_each_sample_with_every_seed(tmp_path):
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    from clsr.study.runner import param_space
+
+    point = {"trainer.lr": 3e-5}
+    study = study_of(tmp_path, search={"algorithm": "random", "points_to_evaluate": [point]}, concurrency=2)
+    config = tune_config(study, tmp_path)
+    generator = config.search_alg
+    assert isinstance(generator, BasicVariantGenerator) and generator._constant_grid_search
+    assert generator._points_to_evaluate == [{"point": {"overrides": point}}]
+    assert generator.max_concurrent == 2 and config.num_samples == 4  # each sample × the seed grid
+    assert param_space(study, "lr")["point"]["seed"] == {"grid_search": [1, 2, 3]}
+
+
+def test_random_variants_share_sampled_values_across_seeds(tmp_path):
+    """Tune's own variant generation: each sample's seeds carry the same sampled values."""
+    from ray.tune.search.variant_generator import generate_variants
+
+    from clsr.study.runner import param_space
+
+    study = study_of(tmp_path, search={"algorithm": "random"})
+    spec = {"config": param_space(study, "lr")}
+    variants = [v["config"]["point"] for _, v in generate_variants(spec, constant_grid_search=True)]
+    assert [v["seed"] for v in variants] == [1, 2, 3]
+    assert len({repr(v["overrides"]) for v in variants}) == 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "cls", "attrs"),
+    [
+        ("asha", "AsyncHyperBandScheduler", {"_time_attr": "step", "_max_t": 20}),
+        ("hyperband", "HyperBandScheduler", {"_time_attr": "step", "_max_t_attr": 20, "_eta": 3.0}),
+        (
+            "median",
+            "MedianStoppingRule",
+            {"_time_attr": "step", "_grace_period": 2, "_min_samples_required": 4},
+        ),
+    ],
+)
+def test_schedulers_stop_on_the_optimiser_step(tmp_path, kind, cls, attrs):
+    scheduler = {"type": kind, "grace_period": 2, "reduction_factor": 3.0, "min_samples_required": 4}
+    study = study_of(tmp_path, scheduler=scheduler)
+    built = tune_config(study, tmp_path).scheduler
+    assert type(built).__name__ == cls
+    assert {a: getattr(built, a) for a in attrs} == attrs
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"search": {"algorithm": "random", "sampler": "tpe"}}, "search.sampler is for algorithm optuna"),
+        ({"search": {"sampler": "random", "n_startup_trials": 3}}, "n_startup_trials is for optuna samplers"),
+        ({"search": {"sampler": "annealing"}}, "'tpe', 'cmaes', 'gp' or 'random'"),
+        ({"search": {"points_to_evaluate": [{"trainer.epochs": 1}]}}, "keys ['trainer.epochs'] are not in"),
+        ({"scheduler": {"type": "pbt"}}, "pbt is refused"),
+        ({"scheduler": {"type": "median"}, "metric": "test_sts_avg"}, "scheduler median stops trials"),
+        ({"scheduler": {"type": "hyperband"}, "metric": "test_stsb"}, "scheduler hyperband stops trials"),
+        ({"scheduler": {"type": "cosine"}}, "'fifo', 'asha', 'hyperband', 'median' or 'pbt'"),
+    ],
+)
+def test_meaningless_combinations_are_refused_in_one_line(tmp_path, changes, fragment):
+    with pytest.raises(StudyError) as caught:
+        study_of(tmp_path, **changes)
+    assert len(caught.value.problems) == 1 and fragment in caught.value.problems[0]
+    assert "study.yaml" in str(caught.value)
+
+
+def test_cmaes_needs_a_numeric_dimension(tmp_path):
+    doc = copy.deepcopy(SAMPLED)
+    doc["ablations"]["lr"]["space"] = {"trainer.batch_size": {"choice": [16, 32]}}
+    doc["search"]["sampler"] = "cmaes"
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(StudyError, match="cmaes samples numbers.*use tpe, gp or random"):
+        load_study(path)
+
+
+def test_gp_refused_on_an_optuna_older_than_3_6(monkeypatch):
+    from clsr.study.schema import Search
+
+    monkeypatch.setattr(optuna, "__version__", "3.5.0")
+    with pytest.raises(ValueError, match=r"gp needs optuna>=3.6 \(installed: 3.5.0\)"):
+        Search(algorithm="optuna", sampler="gp")
+
+
+def test_one_seed_with_published_numbers_is_noted(tmp_path):
+    path = tmp_path / "grid.yaml"
+    doc = {
+        "name": "g",
+        "method": "simcse_unsup",
+        "base": {"model": {"name": "minilm"}},
+        "ablations": {
+            "temp": {"grid": {"method.temperature": [0.05]}, "paper": {"0.05": 82.5}},
+            "plain": {"grid": {"method.temperature": [0.1]}},
+            "seeded": {"grid": {"method.temperature": [0.2]}, "paper": {"0.2": 80.0}, "seeds": [1, 2, 3]},
+        },
+    }
+    path.write_text(yaml.safe_dump(doc))
+    assert seed_notes(load_study(path)) == [
+        "ablations.temp: 1 seed: no CI or verdict; give seeds: [42, 43, 44] (or more)"
+    ]
+
+
+def test_repeater_tells_optuna_the_mean_over_the_seeds():
+    """Tune's Repeater (through SeedRepeater) with a real OptunaSearch: each configuration's three
+    trials carry its seeds, and Optuna's own study records the mean of their metric."""
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    from clsr.study.search import SeedRepeater
+
+    space = {"point": {"overrides": {"trainer.lr": tune.loguniform(1e-5, 1e-4)}, "seed": 1}}
+    searcher = OptunaSearch(sampler=optuna.samplers.RandomSampler(seed=0))
+    repeater = SeedRepeater(searcher, [1, 2, 3])
+    assert repeater.set_search_properties("best_dev_stsb", "max", space)
+    scores = {0: [70.0, 72.5, 74.0], 1: [60.0, 61.0, 65.5]}
+    for config_no, values in scores.items():
+        configs = [repeater.suggest(f"t{config_no}_{i}") for i in range(3)]
+        assert [c["point"]["seed"] for c in configs] == [1, 2, 3]
+        assert len({c["point"]["overrides"]["trainer.lr"] for c in configs}) == 1
+        for i, value in enumerate(values):
+            repeater.on_trial_complete(f"t{config_no}_{i}", {"best_dev_stsb": value})
+    recorded = [t.value for t in searcher._ot_study.trials]
+    assert recorded == pytest.approx([np.mean(scores[0]), np.mean(scores[1])])
+    assert [t.state for t in searcher._ot_study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
