@@ -18,7 +18,7 @@ from clsr.study.plan import (
 )
 
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
-RCL, GCLSR, SUPMPN = (STUDIES / f"{n}_ablations.yaml" for n in ("rcl", "gclsr", "supmpn"))
+RCL, GCLSR, SUPMPN, SIMCSE = (STUDIES / f"{n}_ablations.yaml" for n in ("rcl", "gclsr", "supmpn", "simcse"))
 PHI_SETS = [
     [0.01],
     [0.01, 0.02],
@@ -106,6 +106,64 @@ def test_rcl_table_2_is_the_batch_by_phi_grid_per_faq_set_and_fold():
             assert ablation.paper_metric == "test_stackfaq_map" and "stand-in" in ablation.description
 
 
+def _simcse_rows(study, name):
+    """label -> (data.train, data.max_rows, method config, paper dev_stsb) of each point."""
+    rows = {}
+    for point in grid_points(study.ablations[name]):
+        trial = resolve_trial(study, name, point["overrides"], study.seeds[0])
+        rows[point["label"]] = (
+            trial.data.train,
+            trial.data.max_rows,
+            trial.method,
+            point["paper"].get("dev_stsb"),
+        )
+    return rows
+
+
+def test_simcse_table_7_rows_train_on_the_papers_data():
+    """§6.3 / Table 7: "N/A" on the 314k entailment pairs, the α rows on the 275k released triplets."""
+    rows = _simcse_rows(load_study(SIMCSE), "hard_negatives")
+    data = {label: (train, method.get("hard_negatives"), method.get("hard_negative_alpha"), paper)
+            for label, (train, _, method, paper) in rows.items()}  # fmt: skip
+    assert data == {
+        "N/A": ("nli_pairs", False, 1.0, 84.9),
+        "Contradiction α=0.5": ("nli_for_simcse", True, 0.5, 86.1),
+        "Contradiction α=1": ("nli_for_simcse", True, 1.0, 86.2),
+        "Contradiction α=2": ("nli_for_simcse", True, 2.0, 86.2),
+        "Contra.+Neutral α=1": ("nli_triplets_neutral", True, 1.0, 85.3),  # stand-in: no file has neutrals
+    }
+    assert rows["Contra.+Neutral α=1"][2]["hard_negative"] == "contradiction+neutral"
+
+
+def test_simcse_table_4_expresses_its_snli_mnli_rows():
+    rows = _simcse_rows(load_study(SIMCSE), "pair_sources")
+    assert {label: (train, max_rows, method["hard_negatives"], paper)
+            for label, (train, max_rows, method, paper) in rows.items()} == {
+        "SNLI+MNLI entailment, sample (134k)": ("nli_pairs", 134_000, False, 84.1),
+        "SNLI+MNLI entailment, full (314k)": ("nli_pairs", None, False, 84.9),
+        "SNLI+MNLI entailment + hard neg.": ("nli_for_simcse", None, True, 86.2),
+    }  # fmt: skip
+    header = SIMCSE.read_text()  # the rows it cannot express are listed with their reason
+    for excluded in ("Table 1 ", "Table 2 ", "QQP", "Flickr30k", "ParaNMT", "ANLI", "Table D.2"):
+        assert excluded in header
+
+
+def test_simcse_appendix_a_grid_is_exact():
+    """Appendix A: batch {64, 128, 256, 512} x lr {1e-5, 3e-5, 5e-5} on STS-B dev; Table A.1 picks 64, 3e-5."""
+    study = load_study(SIMCSE)
+    lr_batch = study.ablations["lr_batch"]
+    points = grid_points(lr_batch)
+    cells = set()
+    for point in points:
+        trial = resolve_trial(study, "lr_batch", point["overrides"], study.seeds[0])
+        assert trial.method["name"] == "simcse_unsup" and trial.data.train == "wiki1m" and not point["paper"]
+        cells.add((trial.trainer.batch_size, trial.trainer.lr))
+    assert cells == {(b, lr) for b in (64, 128, 256, 512) for lr in (1e-5, 3e-5, 5e-5)}
+    choice = find_point(points, lr_batch.paper_choice)["overrides"]
+    assert choice == {"trainer.batch_size": 64, "trainer.lr": 3e-5} and study.search.algorithm == "grid"
+    assert ablation_trials(study, "lr_batch") == 12 * len(study.seeds)
+
+
 def test_gclsr_table_2_runs_the_full_model_with_both_region_sizes():
     study = load_study(GCLSR)
     components = study.ablations["components"]
@@ -142,7 +200,9 @@ def test_supmpn_bert_large_row_is_a_point_with_the_borrowed_lr():
 
 
 @pytest.mark.parametrize(
-    ("path", "trials"), [(RCL, 8), (GCLSR, 49), (SUPMPN, 19)], ids=lambda v: getattr(v, "name", str(v))
+    ("path", "trials"),
+    [(RCL, 8), (GCLSR, 49), (SUPMPN, 19), (SIMCSE, 6)],
+    ids=lambda v: getattr(v, "name", str(v)),
 )
 def test_smoke_variants_keep_their_size(path, trials):
     """CI runs the smoke variants end to end: the fuller grids must not make them bigger."""
