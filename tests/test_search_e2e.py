@@ -1,0 +1,40 @@
+"""A sampled study with two seeds through the real ``platform`` command, Ray Tune (Optuna behind Tune's
+Repeater) and MLflow: each sampled configuration runs once per seed, and the report groups the seeds of
+a configuration into one row."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from clsr.study.load import load_study
+from clsr.study.report import build_report
+from test_e2e import platform_cmd, runs_of
+from test_resilience import tiny_study
+
+pytestmark = pytest.mark.e2e
+
+
+def test_two_configurations_times_two_seeds_read_back_from_mlflow(tmp_path):
+    space = {"lr": {"space": {"trainer.lr": {"loguniform": [1.0e-5, 1.0e-4]}}}}
+    trainer = {"max_steps": 2, "eval_steps": 2, "log_every": 1}
+    study_file, uri = tiny_study(
+        tmp_path, "sampled-seeds", trainer, space,
+        seeds=[1, 2], search={"algorithm": "optuna", "sampler": "random", "num_samples": 2},
+        resources={"workers_per_trial": 0, "cpus_per_worker": 1}, concurrency=2,
+        system_metrics_interval_s=None,
+    )  # fmt: skip
+    proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
+    output, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, output[-3000:]
+    client, (parent,), children = runs_of(uri, "sampled-seeds")
+    seeds_of = defaultdict(list)
+    for child in children:
+        assert child.data.tags["clsr.status"] == "finished"
+        seeds_of[child.data.tags["clsr.point"]].append(int(child.data.tags["clsr.seed"]))
+        assert child.data.params["trainer.seed"] == child.data.tags["clsr.seed"]
+    assert len(children) == 4 and sorted(map(sorted, seeds_of.values())) == [[1, 2], [1, 2]]
+    (lr,) = build_report(load_study(study_file), client, parent.info.run_id, uri).ablations
+    assert sorted(r.label for r in lr.rows) == sorted(seeds_of)  # a row per configuration
+    assert [r.trials_text() for r in lr.rows] == ["2/2 ok", "2/2 ok"]
