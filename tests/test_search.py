@@ -214,3 +214,27 @@ def test_repeater_tells_optuna_the_mean_over_the_seeds():
     recorded = [t.value for t in searcher._ot_study.trials]
     assert recorded == pytest.approx([np.mean(scores[0]), np.mean(scores[1])])
     assert [t.state for t in searcher._ot_study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+
+
+def test_points_to_evaluate_come_first_from_both_searchers(tmp_path):
+    """The configured points reach the trials' config (point.overrides) before any sampled one."""
+    from ray.tune.search.variant_generator import _get_preset_variants
+
+    from clsr.study.runner import _search_alg, param_space
+
+    point = {"trainer.lr": 3e-5, "trainer.batch_size": 32}
+    study = study_of(tmp_path, search={"points_to_evaluate": [point]})
+    repeater = _search_alg(study, "lr")
+    assert repeater.set_search_properties("best_dev_stsb", "max", param_space(study, "lr"))
+    first = [repeater.suggest(f"t{i}") for i in range(3)]
+    assert [c["point"]["overrides"] for c in first] == [point] * 3
+    assert [c["point"]["seed"] for c in first] == [1, 2, 3]
+    assert repeater.suggest("t3")["point"]["overrides"] != point  # then Optuna samples
+
+    study = study_of(tmp_path, search={"algorithm": "random", "points_to_evaluate": [point]})
+    spec = {"config": param_space(study, "lr")}
+    preset = _search_alg(study, "lr")._points_to_evaluate[0]
+    variants = [
+        v["config"]["point"] for _, v in _get_preset_variants(spec, preset, constant_grid_search=True)
+    ]
+    assert [v["overrides"] for v in variants] == [point] * 3 and [v["seed"] for v in variants] == [1, 2, 3]
