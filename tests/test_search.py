@@ -238,3 +238,31 @@ def test_points_to_evaluate_come_first_from_both_searchers(tmp_path):
         v["config"]["point"] for _, v in _get_preset_variants(spec, preset, constant_grid_search=True)
     ]
     assert [v["overrides"] for v in variants] == [point] * 3 and [v["seed"] for v in variants] == [1, 2, 3]
+
+
+def test_a_restored_repeater_still_averages_a_configuration_begun_before(tmp_path):
+    """Tune saves the searcher with the experiment; a resumed study's SeedRepeater knows which trials
+    form each configuration, so the seeds finished after the resume still enter Optuna's mean."""
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    from clsr.study.search import SeedRepeater
+
+    space = {"point": {"overrides": {"trainer.lr": tune.loguniform(1e-5, 1e-4)}, "seed": 1}}
+
+    def repeater() -> SeedRepeater:
+        built = SeedRepeater(OptunaSearch(sampler=optuna.samplers.RandomSampler(seed=0)), [1, 2])
+        assert built.set_search_properties("best_dev_stsb", "max", space)
+        return built
+
+    before = repeater()
+    first = [before.suggest("a"), before.suggest("b")]
+    before.on_trial_complete("a", {"best_dev_stsb": 70.0})
+    before.save(str(tmp_path / "searcher.pkl"))
+    after = repeater()
+    after.restore(str(tmp_path / "searcher.pkl"))
+    after.on_trial_complete("b", {"best_dev_stsb": 75.0})
+    after.on_trial_complete("never-suggested", {"best_dev_stsb": 1.0})  # ignored, not a KeyError
+    (trial,) = after.searcher._ot_study.trials
+    assert trial.value == pytest.approx(72.5)
+    assert trial.params["point/overrides/trainer.lr"] == first[0]["point"]["overrides"]["trainer.lr"]

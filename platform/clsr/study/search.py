@@ -12,6 +12,9 @@ the seed a grid over the sampled values, ``constant_grid_search``).
 
 from __future__ import annotations
 
+import os
+import pickle
+import tempfile
 from typing import Any
 
 from ray.tune.search import Repeater
@@ -35,6 +38,31 @@ class SeedRepeater(Repeater):
         point = dict(config.get("point", {}))
         point["seed"] = self.seeds[config[TRIAL_INDEX]]
         return {**config, "point": point}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, **kwargs) -> None:
+        if trial_id in self._trial_id_to_group:  # Repeater raises KeyError for a trial it never gave
+            super().on_trial_complete(trial_id, result, **kwargs)
+
+    # Repeater saves only its searcher: a resumed experiment would lose which trials form a
+    # configuration, and with it the seeds' mean. One file holds both (Tune renames it into place).
+    def save(self, checkpoint_path: str) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            inner = os.path.join(folder, "searcher.pkl")
+            self.searcher.save(inner)
+            with open(inner, "rb") as f:
+                searcher = f.read()
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump({"searcher": searcher, "repeater": self.get_state()}, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            saved = pickle.load(f)
+        with tempfile.TemporaryDirectory() as folder:
+            inner = os.path.join(folder, "searcher.pkl")
+            with open(inner, "wb") as f:
+                f.write(saved["searcher"])
+            self.searcher.restore(inner)
+        self.set_state(saved["repeater"])
 
 
 def sampled_points(study: Study, ablation: str) -> list[dict[str, Any]]:
