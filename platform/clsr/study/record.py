@@ -379,7 +379,7 @@ def close_study(
         lease.check(client)
     except LeaseLost:
         return StudyOutcome([], "lease_lost", LEASE_LOST_EXIT)
-    close_open_children(client, uri, parent_run_id, reason, study.scheduler.type == "asha")
+    close_open_children(client, uri, parent_run_id, reason, study.scheduler.type != "fifo")
     rows = summary_rows(children(client, parent_run_id), study)
     if status == "FINISHED" and reason is None and all_failed(rows):  # nothing to report: say so
         status = "FAILED"
@@ -415,8 +415,9 @@ def close_open_children(
     client, uri: str, parent_run_id: str, reason: str | None, early_stopping: bool = False
 ) -> None:
     """Runs still RUNNING once no trial runs: interrupted (or timed out with the study); when nothing
-    interrupted the study, stopped early by the scheduler (ASHA), or else failed: a trial whose driver ended
-    without recording how (its process or node lost past every retry) never counts as finished."""
+    interrupted the study, stopped early by the scheduler (ASHA, HyperBand, median), or else failed: a
+    trial whose driver ended without recording how (its process or node lost past every retry) never
+    counts as finished."""
     if reason:
         leftover = "timed_out" if reason == "study_timeout" else "interrupted"
         why = f"stopped by {reason}"
