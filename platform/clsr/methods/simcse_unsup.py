@@ -12,16 +12,29 @@ candidates, and the loss is not symmetrised.
 copies get the same mask. Identical masks give identical outputs, so each sentence is encoded once and
 its embedding serves as both ``h_i`` and ``h_i^+`` (the gradient is the same as for two copies).
 
+``positive`` (Table 1, §3 "Dropout noise as data augmentation"): the second view is an augmented copy
+of the sentence instead of a second dropout pass (both views still see dropout unless
+``model.dropout: 0``, the "w/o dropout" row): ``crop`` keeps a random contiguous ``1 - positive_ratio``
+of the words, ``word_deletion`` deletes ``positive_ratio`` of them, ``delete_one_word`` one, and
+``synonym_replacement`` swaps one word for a WordNet synonym (nlpaug's defaults, via
+``clsr.augment.positives``; needs nltk's WordNet). Each row gets one augmented copy per trial, drawn
+with ``trainer.seed`` (the paper trains one epoch, so per-epoch and per-trial copies are the same).
+The paper's "MLM 15 %" row (BERT replaces 15 % of the words) is not an option. The augmentations are
+hand-written because nlpaug is not a dependency (see ``clsr.augment.positives``).
+
 Input: rows with a ``text`` column (e.g. ``wiki1m``). Pooling: ``cls`` with the MLP in training only.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from random import Random
+from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from clsr.augment.positives import random_deletion, synonym_replacement, wordnet_synonym_source
+from clsr.data.sources import DataUnavailableError
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.losses import cos_sim, in_batch_cross_entropy
 
@@ -32,6 +45,44 @@ class SimCSEUnsupConfig(MethodConfig):
     same_dropout_mask: bool = Field(
         False, description="one dropout mask for both views: Table 3's 'Fixed 0.1' (paper); false: Eq. 4"
     )
+    positive: Literal["dropout", "crop", "word_deletion", "delete_one_word", "synonym_replacement"] = Field(
+        "dropout",
+        description="the second view (Table 1): a second dropout pass (paper, Eq. 4), or an augmented copy: "
+        "crop, word_deletion (positive_ratio of the words), delete_one_word, synonym_replacement (one "
+        "word, WordNet)",
+    )
+    positive_ratio: float = Field(
+        0.1, gt=0, lt=1, description="Table 1's k: the share of the words cropped away or deleted"
+    )
+
+    @model_validator(mode="after")
+    def _one_second_view(self) -> SimCSEUnsupConfig:
+        if self.same_dropout_mask and self.positive != "dropout":
+            raise ValueError(
+                f"same_dropout_mask (Table 3) shares one pass between the views; with positive "
+                f"{self.positive!r} the second view is another text: use one of them"
+            )
+        return self
+
+
+def crop(text: str, rng: Random, ratio: float) -> str:
+    """A random contiguous span of ``max(1, round((1 - ratio) · words))`` whitespace words."""
+    words = text.split()
+    keep = max(1, round((1 - ratio) * len(words)))
+    start = rng.randrange(len(words) - keep + 1) if words else 0
+    return " ".join(words[start : start + keep])
+
+
+def positive_view(kind: str, ratio: float) -> Any:
+    """``augment(text, rng) -> text`` for a Table 1 ``positive`` kind (WordNet loaded here)."""
+    if kind == "crop":
+        return lambda text, rng: crop(text, rng, ratio)
+    if kind == "word_deletion":
+        return lambda text, rng: random_deletion(text, rng, p=ratio, max_words=None)
+    if kind == "delete_one_word":
+        return lambda text, rng: random_deletion(text, rng, max_words=1)
+    synonyms = wordnet_synonym_source()
+    return lambda text, rng: synonym_replacement(text, rng, synonyms=synonyms, max_words=1)
 
 
 def simcse_unsup_loss(views: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -56,7 +107,30 @@ class SimCSEUnsup(Method):
     }
 
     def views(self) -> tuple[str, ...]:
+        if self.cfg.positive != "dropout":
+            return ("text", "positive")  # the column prepare_rows adds
         return ("text",) if self.cfg.same_dropout_mask else ("text", "text")
+
+    def required_columns(self) -> tuple[str, ...]:
+        return ("text",)
+
+    def unavailable(self, trial: Any) -> str | None:
+        if self.cfg.positive == "synonym_replacement":
+            try:
+                wordnet_synonym_source()
+            except DataUnavailableError as err:
+                return str(err)
+        return None
+
+    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> Any:
+        if self.cfg.positive != "dropout":
+            self.check_columns(rows)
+            augment, rng = (
+                positive_view(self.cfg.positive, self.cfg.positive_ratio),
+                Random(trial.trainer.seed),
+            )
+            rows = [{**row, "positive": augment(row["text"], rng)} for row in rows]
+        return super().prepare_rows(rows, pipeline, trial)
 
     def loss_from_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
         if self.cfg.same_dropout_mask:  # one pass, one mask: the embedding is both views
