@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 
 from clsr.cli import main
+from clsr.study.effects import grid_effects
 from clsr.study.load import load_study
 from clsr.study.record import resolved_summary
 from clsr.study.report import (
@@ -31,6 +32,7 @@ from clsr.study.report import (
     histories,
     holm,
     paired_test,
+    render_json,
     render_text,
     report_study,
     seed_stats,
@@ -332,7 +334,7 @@ def test_report_files_and_parent_run_artifacts(store, tmp_path, monkeypatch):
     report, files = report_study(study, out)
     names = {p.name for p in files}
     assert names == {
-        "report.md", "report.csv", "report.html", "temperature_main.png", "temperature_curves.png",
+        "report.md", "report.csv", "report.html", "report.json", "temperature_main.png", "temperature_curves.png",
         "pooling_main.png", "pooling_curves.png",
     }  # fmt: skip
     assert all((out / n).is_file() for n in names)
@@ -370,7 +372,7 @@ def test_cli_report_by_file_and_by_name(store, tmp_path, monkeypatch, capsys):
     assert main(["study", "report", str(store["study_file"]), "--out", str(out), "--no-log"]) == 0
     printed = capsys.readouterr().out
     assert "== temperature ==" in printed and "2/3 ok, 1 failed" in printed and "== cost ==" in printed
-    assert (out / "report.html").is_file() and f"wrote 7 file(s) to {out}" in printed
+    assert (out / "report.html").is_file() and f"wrote 8 file(s) to {out}" in printed
     args = ["study", "report", "--name", NAME, "--tracking-uri", store["uri"], "--out", str(tmp_path / "n")]
     assert main([*args, "--no-log"]) == 0
     assert "1/3 ok, 1 skipped, 1 missing" in capsys.readouterr().out
@@ -664,3 +666,90 @@ def test_a_later_record_does_not_hide_an_earlier_one(tmp_path, monkeypatch, caps
     assert main([*args, "--run", "0123456789abcdef"]) == 2
     err = capsys.readouterr().err
     assert "--run 0123456789abcdef: not a record of study 'report_t'; its records:" in err and good in err
+
+
+def test_cli_report_as_json_has_the_rows_cells_verdicts_and_tests(store, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(store["folder"])
+    out = tmp_path / "json"
+    args = ["study", "report", str(store["study_file"]), "--out", str(out), "--no-log", "--format", "json"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # stdout is the JSON alone; the file list goes to stderr
+    assert (
+        "wrote 8 file(s)" in captured.err and json.loads((out / "report.json").read_text())["study"] == NAME
+    )
+    assert doc["study"] == NAME and doc["parent_run_id"] == store["parent"] and doc["confidence"] == 0.95
+    temperature = next(a for a in doc["ablations"] if a["name"] == "temperature")
+    assert temperature["table"] == "SimCSE Table D.1" and temperature["main_metric"] == "test_sts_avg"
+    rows = {r["label"]: r for r in temperature["rows"]}
+    assert list(rows) == [T05, T01, T02, T03]
+    cell = rows[T01]["metrics"]["test_sts_avg"]
+    mean, std, low, high = scipy_cell(list(MAIN[("temperature", T01)].values()))
+    assert cell["mean"] == pytest.approx(mean) and cell["std"] == pytest.approx(std)
+    assert (cell["ci_low"], cell["ci_high"]) == pytest.approx((low, high)) and cell["n"] == 2
+    assert cell["paper"] == 75.0 and cell["diff"] == pytest.approx(mean - 75.0)
+    assert cell["seeds"] == {"1": 74.0, "2": 74.9} and cell["verdict"]["tolerance"] == 0.5
+    assert rows[T03]["metrics"]["test_sts_avg"]["std"] is None  # nan is null: one seed has no spread
+    reference = MAIN[("temperature", T05)]
+    expected = stats.ttest_rel(
+        [MAIN[("temperature", T01)][s] for s in (1, 2)], [reference[s] for s in (1, 2)]
+    )
+    assert rows[T01]["test"]["p_value"] == pytest.approx(expected.pvalue) and rows[T05]["test"] is None
+    assert rows[T05]["paper_choice"] and rows[T01]["trials"] == "2/3 ok, 1 failed"
+    assert {r["status"] for r in rows[T01]["runs"]} == {"finished", "failed"}
+    assert any("CUDA out of memory" in line for line in temperature["not_averaged"])
+    assert temperature["effects"]["kind"] == "skipped" and "1 key(s)" in temperature["effects"]["reason"]
+    assert doc["cost"]["runs"] == sum(a["cost"]["runs"] for a in doc["ablations"])
+
+
+GRID2 = {  # a 2 x 2 grid, two seeds per cell: an ANOVA with replicates
+    ("0.05", "cls"): {1: 76.1, 2: 75.5},
+    ("0.05", "avg"): {1: 74.0, 2: 74.9},
+    ("0.1", "cls"): {1: 75.0, 2: 74.1},
+    ("0.1", "avg"): {1: 71.0, 2: 72.3},
+}
+
+
+def test_a_grid_over_two_keys_gets_an_anova_with_partial_eta_squared(store, tmp_path):
+    doc = {
+        "name": "report_grid2",
+        "method": "simcse_unsup",
+        "base": {"model": {"name": "minilm"}},
+        "seeds": [1, 2],
+        "ablations": {
+            "tp": {
+                "paper_metric": "test_sts_avg",
+                "grid": {"method.temperature": [0.05, 0.1], "model.pooling": ["cls", "avg"]},
+            }
+        },
+    }
+    path = tmp_path / "grid2.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    client, uri = store["client"], store["uri"]
+    parent = start_parent_run(client, "report_grid2", "x", None)
+    for (t, pool), seeds in GRID2.items():
+        for seed, value in seeds.items():
+            label = f"method.temperature={t}, model.pooling={pool}"
+            add_trial(client, uri, parent, "tp", label, seed, metrics={"test_sts_avg": value})
+    report = build_report(load_study(path), client, parent, uri)
+    (tp,) = report.ablations
+    cells = [
+        ({"method.temperature": float(t), "model.pooling": p}, list(s.values()))
+        for (t, p), s in GRID2.items()
+    ]
+    expected = grid_effects(cells)
+    assert tp.effects.kind == "anova" and tp.effects.residual_df == 4
+    assert [t.term for t in tp.effects.terms] == ["method.temperature", "model.pooling",
+                                                  "method.temperature x model.pooling"]  # fmt: skip
+    for got, want in zip(tp.effects.terms, expected.terms, strict=True):
+        assert (got.partial_eta_sq, got.ci_low, got.ci_high) == pytest.approx(
+            (want.partial_eta_sq, want.ci_low, want.ci_high)
+        )
+        assert got.partial_eta_sq == pytest.approx(
+            got.sum_sq / (got.sum_sq + got.sum_sq / got.f * 4 / got.df)
+        )
+    text = render_text(report)
+    assert "effects: statsmodels ols + anova_lm(typ=2)" in text and "partial η²" in text
+    terms = json.loads(render_json(report))["ablations"][0]["effects"]["terms"]
+    assert terms[1]["term"] == "model.pooling"
+    assert terms[1]["partial_eta_sq"] == pytest.approx(tp.effects.terms[1].partial_eta_sq)

@@ -134,6 +134,13 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--no-log", action="store_true", help="do not log the files on the study's parent run"
     )
+    report.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="what goes to stdout: the tables (text) or the report as JSON (json; messages go to stderr); "
+        "report.json is written to the output folder either way",
+    )
 
     _compare_and_promote_parsers(study)
     schema = study.add_parser(
@@ -580,7 +587,14 @@ def cmd_study_report(args: argparse.Namespace) -> int:
 
     from mlflow.tracking import MlflowClient
 
-    from clsr.study.report import NoStudyRuns, record_lines, render_text, report_study, study_by_name
+    from clsr.study.report import (
+        NoStudyRuns,
+        record_lines,
+        render_json,
+        render_text,
+        report_study,
+        study_by_name,
+    )
     from clsr.study.schema import StudyError
     from clsr.tracking.study_runs import resolve_tracking_uri
 
@@ -601,17 +615,20 @@ def cmd_study_report(args: argparse.Namespace) -> int:
     except (StudyError, NoStudyRuns) as err:
         print(f"error: {err}" if isinstance(err, NoStudyRuns) else err, file=sys.stderr)
         return 2
-    print(render_text(report))
+    as_json = args.format == "json"
+    print(render_json(report) if as_json else render_text(report), end="" if as_json else "\n")
+    say = sys.stderr if as_json else sys.stdout  # JSON on stdout stays parseable
     where = "" if args.no_log else f"; logged on run {report.parent_run_id} under report/"
-    print(f"\nwrote {len(files)} file(s) to {files[0].parent}{where}")
+    print(f"\nwrote {len(files)} file(s) to {files[0].parent}{where}", file=say)
     client = MlflowClient(resolve_tracking_uri(uri or study.tracking_uri))  # the report's own store
     if len(records := record_lines(client, study.name)) > 1:
-        print(f"\nrecords of study {study.name!r}, newest first (--run <id> reports another):")
+        print(f"\nrecords of study {study.name!r}, newest first (--run <id> reports another):", file=say)
         print(
             "\n".join(
                 f"  {line}{'  <- this report' if line.startswith(report.parent_run_id) else ''}"
                 for line in records
-            )
+            ),
+            file=say,
         )
     return 0
 

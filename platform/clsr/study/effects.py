@@ -211,6 +211,13 @@ def optuna_distribution(spec: Any) -> Any:
     return CategoricalDistribution(spec.choice)
 
 
+def coerce(spec: Any, text: str) -> Any:
+    """A parameter as MLflow logged it (a string) back to a value of its distribution."""
+    if spec.choice is not None:
+        return next((c for c in spec.choice if str(c) == text), text)
+    return int(text) if spec.randint else float(text)
+
+
 def importance_study(space: dict[str, Any], trials: Sequence[tuple[dict[str, Any], float]]):
     """An in-memory Optuna study of the finished trials (parameters, value); maximised, as scores are."""
     import optuna

@@ -19,7 +19,7 @@ tau 0.05 all resolve to the paper's defaults): a study runs such trials once, an
 row (``clsr.also``); each such row says ``same as <ablation>[<row>]``, so a reader sees that they are one
 run, not independent replications. A row whose trials only scored
 their starting model (``trainer.max_steps: 0``, tag ``clsr.eval_only``) is marked evaluation only. The same tables go to
-the terminal, Markdown, CSV and a self-contained HTML page, with plots; the files are also logged on
+the terminal, Markdown, CSV, JSON and a self-contained HTML page, with plots; the files are also logged on
 the parent run under ``report/``, so the report travels with the runs it was built from. The Markdown,
 HTML and CSV tables are written by pandas (``to_markdown``, ``Styler.to_html``, ``to_csv``); only the
 terminal table is drawn here, because pandas' ``to_string`` cannot hold a cell of several lines and
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import math
 import time
 import warnings
@@ -48,6 +49,7 @@ from scipy import stats as sps
 from clsr.data.faq import FAQ_TASKS
 from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
+from clsr.study.effects import Effects, coerce, grid_effects, sampled_effects
 from clsr.study.plan import find_point, grid_points, report_points, resolve_trial, trial_identity
 from clsr.study.schema import Ablation, Study
 from clsr.study.verdict import Verdict, legend, verdict
@@ -432,6 +434,7 @@ class AblationReport:
     cost: Cost
     notes: list[str] = field(default_factory=list)
     tolerance: float = 0.5  # the study's report.tolerance: the verdicts' equivalence margin
+    effects: Effects | None = None  # ANOVA of a grid over 2+ keys, or a sampled ablation's importance
 
     @property
     def reference(self) -> Row | None:
@@ -572,7 +575,24 @@ def ablation_report(study: Study, name: str, trials: list[Trial]) -> AblationRep
     tested = [r for r in rows if r.test is not None]
     for row, p in zip(tested, holm([r.test.p_value for r in tested]), strict=True):
         row.test = replace(row.test, p_adjusted=p)
+    report.effects = ablation_effects(report)
     return report
+
+
+def ablation_effects(ab: AblationReport) -> Effects:
+    """The effects of the ablated keys on the main metric (``clsr.study.effects``): an ANOVA over a
+    grid's rows with seeds as replicates, Optuna's importance over a sampled ablation's trials."""
+    m, space = ab.main_metric, ab.spec.space
+    if space:
+        sampled = [
+            ({k: coerce(space[k], t.params[k]) for k in space}, t.metrics[m])
+            for r in ab.rows
+            for t in r.trials.values()
+            if t.ok and m in t.metrics and all(k in t.params for k in space)
+        ]
+        return sampled_effects(space, sampled)
+    cells = [(r.overrides, list(r.values(m).values())) for r in ab.rows if r.in_study and r.values(m)]
+    return grid_effects(cells)
 
 
 def verdicts(row: Row, metrics: list[str], tolerance: float) -> dict[str, Verdict]:
@@ -766,6 +786,45 @@ def detail_tables(ab: AblationReport) -> list[Table]:
     return tables
 
 
+def effects_table(ab: AblationReport) -> Table | None:
+    """The ANOVA terms (partial η² with its bootstrap CI) or the importances; None when skipped."""
+    e = ab.effects
+    if e is None or e.kind == "skipped":
+        return None
+    if e.kind == "importance":
+        rows = [[[k], [f"{v:.3f}"]] for k, v in e.importances.items()]
+        return Table(f"{ab.name}: effects on {ab.main_metric}", ["parameter", "importance (fANOVA)"], rows)
+    header = ["term", "SS", "df", "F", "p", "partial η²", f"{CONFIDENCE:.0%} CI (bootstrap)"]
+    rows = [
+        [
+            [t.term],
+            [fmt(t.sum_sq, ".3f")],
+            [fmt(t.df, ".0f")],
+            [fmt(t.f)],
+            [fmt_p(t.p_value)],
+            [fmt(t.partial_eta_sq, ".3f")],
+            ["-" if math.isnan(t.ci_low) else f"[{t.ci_low:.3f}, {t.ci_high:.3f}]"],
+        ]  # fmt: skip
+        for t in e.terms
+    ]
+    return Table(f"{ab.name}: effects on {ab.main_metric}", header, rows)
+
+
+def effects_note(ab: AblationReport) -> str:
+    """What the effects table is, or why there is none (one line)."""
+    e = ab.effects
+    if e is None:
+        return ""
+    if e.kind == "skipped":
+        return f"effects: {e.reason}"
+    if e.kind == "importance":
+        return f"effects: share of the main metric's variance each sampled key explains ({e.method})"
+    return (
+        f"effects: {e.method}; residual df {e.residual_df:.0f}; partial η² = SS_term / (SS_term + "
+        f"SS_residual), the share of the variance left after the other terms that the term explains"
+    )
+
+
 def problems(ab: AblationReport) -> list[str]:
     """Every planned trial without a finished run, with why, so nothing disappears from the means."""
     lines = []
@@ -869,6 +928,10 @@ def render_text(report: StudyReport) -> str:
         out += ["", f"== {ab.name} ==", *ablation_notes(ab), "", text_table(summary_table(ab))]
         for table in detail_tables(ab):
             out += ["", table.title, text_table(table)]
+        if note := effects_note(ab):
+            out += ["", note]
+        if table := effects_table(ab):
+            out += [table.title, text_table(table)]
         if lines := problems(ab):
             out += ["", "not averaged:", *(f"  {p}" for p in lines)]
     out += ["", "== cost ==", text_table(cost_table(report))]
@@ -909,6 +972,10 @@ def render_markdown(report: StudyReport, images: dict[str, list[Path]]) -> str:
         ]
         for table in detail_tables(ab):
             out += ["", f"### {table.title}", "", markdown_table(table)]
+        if note := effects_note(ab):
+            out += ["", f"### {ab.name}: effects", "", md_escape(note)]
+        if table := effects_table(ab):
+            out += ["", markdown_table(table)]
         if lines := problems(ab):
             out += ["", "Not averaged:", "", *(f"* {md_escape(p)}" for p in lines)]
         out += ["", *(f"![{p.stem}]({p.name})" for p in images.get(ab.name, []))]
@@ -952,6 +1019,10 @@ def render_html(report: StudyReport, images: dict[str, list[Path]]) -> str:
         parts.append(html_table(summary_table(ab)))
         for table in detail_tables(ab):
             parts += [f"<h3>{esc(table.title)}</h3>", html_table(table)]
+        if note := effects_note(ab):
+            parts += [f"<h3>{esc(ab.name)}: effects</h3>", f'<p class="notes">{esc(note)}</p>']
+        if table := effects_table(ab):
+            parts.append(html_table(table))
         if lines := problems(ab):
             parts.append("<p>Not averaged:</p><ul>" + "".join(f"<li>{esc(p)}</li>" for p in lines) + "</ul>")
         for png in images.get(ab.name, []):
@@ -1006,6 +1077,106 @@ def csv_rows(report: StudyReport) -> list[dict[str, Any]]:
 
 def _num(value: float | None) -> float | str:
     return "" if value is None or math.isnan(value) else value
+
+
+JSON_VERSION = 1  # bumped when a key changes meaning or goes away (added keys do not bump it)
+
+
+def _clean(value: Any) -> Any:
+    """nan and inf as null (JSON has neither), recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def json_cell(row: Row, metric: str) -> dict[str, Any]:
+    s, paper, judged = row.stats[metric], row.paper_value(metric), row.verdicts.get(metric)
+    return {
+        "mean": s.mean if s.n else None, "std": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high, "n": s.n,
+        "seeds": {str(k): v for k, v in row.values(metric).items()},
+        "paper": paper, "diff": s.mean - paper if paper is not None and s.n else None,
+        "verdict": None if judged is None else {
+            "kind": judged.kind, "direction": judged.direction, "text": judged.short,
+            "tost_p": judged.p_value, "tolerance": judged.tolerance, "seeds_needed": judged.seeds_needed,
+        },
+    }  # fmt: skip
+
+
+def json_row(row: Row, metrics: list[str]) -> dict[str, Any]:
+    test = row.test
+    return {
+        "label": row.label, "overrides": row.overrides, "paper_choice": row.paper_choice,
+        "reference": row.reference, "eval_only": row.eval_only, "in_study": row.in_study,
+        "same_as": row.same_as, "trials": row.trials_text(),
+        "runs": [{"seed": t.seed, "status": t.status, "run_id": t.run_id} for t in row.runs()],
+        "metrics": {m: json_cell(row, m) for m in metrics},
+        "test": None if test is None else {
+            "name": TEST_NAME, "correction": CORRECTION, "n": test.n, "mean_diff": test.mean_diff,
+            "p_value": test.p_value, "p_adjusted": test.p_adjusted, "significant": test.significant,
+        },
+    }  # fmt: skip
+
+
+def json_effects(ab: AblationReport) -> dict[str, Any] | None:
+    e = ab.effects
+    if e is None:
+        return None
+    return {
+        "kind": e.kind, "method": e.method, "reason": e.reason, "residual_df": e.residual_df,
+        "metric": ab.main_metric, "importances": e.importances,
+        "terms": [vars(t) for t in e.terms],
+    }  # fmt: skip
+
+
+def json_cost(c: Cost) -> dict[str, Any]:
+    return {
+        "runs": c.runs, "with_cost": c.measured, "wall_s": c.wall_s, "cpu_s": c.cpu_s, "gpu_s": c.gpu_s,
+        "gpu_utilization": c.gpu_utilization, "devices": dict(c.devices),
+    }  # fmt: skip
+
+
+def json_report(report: StudyReport) -> dict[str, Any]:
+    """The report's content as plain data (``--format json``): what the Markdown shows, as numbers."""
+    ablations = [
+        {
+            "name": ab.name,
+            "table": ab.spec.table,
+            "description": ab.spec.description,
+            "main_metric": ab.main_metric,
+            "metrics": ab.metrics,
+            "tolerance": ab.tolerance,
+            "notes": ablation_notes(ab),
+            "rows": [json_row(r, ab.metrics) for r in ab.rows],
+            "effects": json_effects(ab),
+            "not_averaged": problems(ab),
+            "cost": json_cost(ab.cost),
+        }  # fmt: skip
+        for ab in report.ablations
+    ]
+    return _clean(
+        {
+            "version": JSON_VERSION,
+            "study": report.study.name,
+            "parent_run_id": report.parent_run_id,
+            "tracking_uri": report.tracking_uri,
+            "created": report.created,
+            "notes": report.notes,
+            "confidence": CONFIDENCE,
+            "alpha": ALPHA,
+            "wall_s": report.wall_s,
+            "ablations": ablations,
+            "cost": json_cost(report.cost),
+        }  # fmt: skip
+    )
+
+
+def render_json(report: StudyReport) -> str:
+    """``json_report`` as text; values that are no JSON type (a path in an override) as strings."""
+    return json.dumps(json_report(report), indent=2, default=str, allow_nan=False) + "\n"
 
 
 # --- plots -------------------------------------------------------------------------------------------
@@ -1159,7 +1330,8 @@ def plot_curves(ab: AblationReport, study: Study, client: MlflowClient, path: Pa
 
 
 def write_report(report: StudyReport, client: MlflowClient, out: Path) -> list[Path]:
-    """report.md, report.csv, report.html and the PNGs under ``out``; returns the files written."""
+    """report.md, report.csv, report.html, report.json and the PNGs under ``out``; returns the files
+    written."""
     out.mkdir(parents=True, exist_ok=True)
     images: dict[str, list[Path]] = {}
     for ab in report.ablations:
@@ -1169,10 +1341,12 @@ def write_report(report: StudyReport, client: MlflowClient, out: Path) -> list[P
         ]
         images[ab.name] = [p for p in made if p is not None]
     md, html_path, csv_path = out / "report.md", out / "report.html", out / "report.csv"
+    json_path = out / "report.json"
     md.write_text(render_markdown(report, images))
     html_path.write_text(render_html(report, images))
     pd.DataFrame(csv_rows(report), columns=list(CSV_FIELDS)).to_csv(csv_path, index=False)
-    return [md, csv_path, html_path, *(p for paths in images.values() for p in paths)]
+    json_path.write_text(render_json(report))
+    return [md, csv_path, html_path, json_path, *(p for paths in images.values() for p in paths)]
 
 
 def log_report(client: MlflowClient, parent_run_id: str, files: list[Path]) -> None:
