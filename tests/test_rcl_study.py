@@ -83,7 +83,7 @@ def test_full_study_validates_with_stages_and_paper_numbers():
         "faq_drophead": "faq:stackfaq",
         "faq_untouched": "faq:stackfaq",
         "faq_entropy_models": "data.train=faq:stackfaq, method.phi=0.01",
-        "faq_rcl": "faq:stackfaq",
+        "faq_rcl": "data.train=faq:stackfaq, trainer.batch_size=64, method.phis=[0.01, 0.02, 0.03, 0.04]",
     }
     # Table 2's protocol: every FAQ set's 5 folds, Eq. 1 alone, selected on the fold's dev MAP; a report
     # row per set (the mean of its folds) with the paper's FAQIR and COUGH numbers
@@ -100,7 +100,7 @@ def test_full_study_validates_with_stages_and_paper_numbers():
     ] == {}
     assert rows["data.train=faq:faqir"]["paper"]["test_faqir_map"] == 29.90
     rcl_rows = {p["label"]: p["paper"] for p in report_points(study.ablations["faq_rcl"])}
-    assert rcl_rows["data.train=faq:cough"] == {
+    assert rcl_rows["data.train=faq:cough, trainer.batch_size=64, method.phis=[0.01, 0.02, 0.03, 0.04]"] == {
         "test_cough_top1": 6.35, "test_cough_top3": 13.31, "test_cough_top5": 18.49, "test_cough_map": 13.41
     }  # fmt: skip
     # the RCL row's chain stays in its set and fold: the Eq. 1 model -> entropy models -> regulators
@@ -109,10 +109,10 @@ def test_full_study_validates_with_stages_and_paper_numbers():
     assert (
         entropy.model.init_checkpoint == "<checkpoint of faq_eq1[data.train=faq:cough, data.fold=3] seed 43>"
     )
-    rcl = resolve_trial(study, "faq_rcl", fold, 43)
+    rcl = resolve_trial(study, "faq_rcl", fold | {"method.phis": [0.01, 0.02, 0.03, 0.04]}, 43)
     assert rcl.method["phis"] == [0.01, 0.02, 0.03, 0.04] and rcl.method["entropy_models"] == {
         phi: f"<checkpoint of faq_entropy_models[data.train=faq:cough, data.fold=3, method.phi={phi}] seed 43>"
-        for phi in (0.01, 0.02, 0.03, 0.04)
+        for phi in (0.01, 0.02, 0.03, 0.04, 0.05)  # every entropy model of the fold; the trial uses its phis
     }
     smoke = load_study(STUDY, smoke=True)
     assert all(a.reference for a in smoke.ablations.values())

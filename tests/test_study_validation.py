@@ -195,7 +195,10 @@ def test_resolution_order_and_paper_numbers(tmp_path):
     points = grid_points(study.ablations["temp"])
     assert [p["paper"] for p in points] == [{"dev_stsb": 82.5}, {}]
     trial = resolve_trial(study, "temp", points[1]["overrides"], 8)
-    assert trial.method == {"name": "simcse_unsup", "temperature": 0.1, "same_dropout_mask": False}
+    assert trial.method == {
+        "name": "simcse_unsup", "temperature": 0.1, "same_dropout_mask": False, "positive": "dropout",
+        "positive_ratio": 0.1,
+    }  # fmt: skip
     assert trial.trainer.lr == 1e-4 and trial.trainer.seed == 8 and trial.trainer.batch_size == 16
     assert trial.model.mlp_only_train  # the method's paper default survives the study base
     assert study.seeds == [7, 8]
