@@ -12,6 +12,7 @@ import json
 import math
 import re
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,7 +29,11 @@ from clsr.study.report import (
     CORRECTION,
     TEST_NAME,
     NoStudyRuns,
+    ablation_notes,
+    ablation_report,
     build_report,
+    declared_fidelity,
+    fidelity_lines,
     histories,
     holm,
     paired_test,
@@ -753,3 +758,35 @@ def test_a_grid_over_two_keys_gets_an_anova_with_partial_eta_squared(store, tmp_
     terms = json.loads(render_json(report))["ablations"][0]["effects"]["terms"]
     assert terms[1]["term"] == "model.pooling"
     assert terms[1]["partial_eta_sq"] == pytest.approx(tp.effects.terms[1].partial_eta_sq)
+
+
+def test_fidelity_lines_say_which_rows_have_no_published_number(report):
+    temperature = ablation_of(report, "temperature")
+    assert fidelity_lines(temperature) == [
+        f"rows without a published test_sts_avg (not compared with the paper): {T03}"
+    ]  # 0.2's number comes from its trials' clsr.paper tag
+    assert "fidelity: rows without a published test_sts_avg" in "\n".join(ablation_notes(temperature))
+
+
+def test_rcl_table_2_says_its_stackfaq_headline_has_no_published_numbers():
+    study = load_study("studies/rcl_ablations.yaml")
+    faq = ablation_report(study, "faq_rcl", [])
+    faq.main_metric = "test_stackfaq_map"  # what the trials' metrics make it (none ran here)
+    (line,) = fidelity_lines(faq)
+    assert line.startswith("no published number for the main metric test_stackfaq_map in any row")
+    assert "test_faqir_map" in line and "test_cough_top1" in line  # where the paper's numbers are
+    assert "offline stand-in with no published numbers" in line  # the study file's own words
+
+
+def test_declared_fidelity_renders_one_line_per_row():
+    fidelity = SimpleNamespace(
+        exact=["0.05", "0.1"],
+        stand_in={"faq:stackfaq": "StackFAQ stands in for the paper's unreleased set"},
+        not_expressible={"BERT-large row": "needs a checkpoint the study cannot load"},
+    )
+    assert declared_fidelity(fidelity) == [
+        "exact reproductions: 0.05; 0.1",
+        "stand-in data: faq:stackfaq: StackFAQ stands in for the paper's unreleased set",
+        "not expressible: BERT-large row: needs a checkpoint the study cannot load",
+    ]
+    assert declared_fidelity(None) == []

@@ -885,7 +885,43 @@ def ablation_notes(ab: AblationReport) -> list[str]:
             f"each row is the mean over its {ab.spec.average_over} points ({len(ab.spec.grid[ab.spec.average_over])}) "
             f"per seed; a seed counts once all of them finished (the runs of each are in MLflow)"
         )
+    lines += [f"fidelity: {line}" for line in fidelity_lines(ab)]
     return lines + ab.notes
+
+
+def fidelity_lines(ab: AblationReport) -> list[str]:
+    """How faithful the table is, one line each: from the study file's ``fidelity:`` where the schema
+    has it (exact rows, rows on stand-in data, the paper's rows not expressible, each with why), and
+    always what the paper numbers show: the rows with none on the main metric, or that no row has one
+    (a stand-in metric: the description says why)."""
+    lines = declared_fidelity(getattr(ab.spec, "fidelity", None))
+    m = ab.main_metric
+    rows = [r for r in ab.rows if r.in_study]
+    without = [r.label for r in rows if r.paper_value(m) is None]
+    others = sorted({k for r in rows for k in r.paper} - {m, m.removeprefix("best_")})
+    if rows and len(without) == len(rows):
+        elsewhere = f"; the paper's numbers are on {', '.join(others)}" if others else ""
+        lines.append(
+            f"no published number for the main metric {m} in any row: nothing here is compared with the "
+            f"paper on it{elsewhere}" + (f" ({ab.spec.description})" if ab.spec.description else "")
+        )
+    elif without:
+        lines.append(f"rows without a published {m} (not compared with the paper): {'; '.join(without)}")
+    return lines
+
+
+def declared_fidelity(fidelity: Any) -> list[str]:
+    """``fidelity: {exact: [labels], stand_in: {label: why}, not_expressible: {paper row: why}}``."""
+    if fidelity is None:
+        return []
+    lines = []
+    if exact := list(getattr(fidelity, "exact", None) or []):
+        lines.append(f"exact reproductions: {'; '.join(exact)}")
+    for label, why in (getattr(fidelity, "stand_in", None) or {}).items():
+        lines.append(f"stand-in data: {label}: {why}")
+    for label, why in (getattr(fidelity, "not_expressible", None) or {}).items():
+        lines.append(f"not expressible: {label}: {why}")
+    return lines
 
 
 def tested(ab: AblationReport) -> int:
@@ -1150,11 +1186,12 @@ def json_report(report: StudyReport) -> dict[str, Any]:
             "metrics": ab.metrics,
             "tolerance": ab.tolerance,
             "notes": ablation_notes(ab),
+            "fidelity": fidelity_lines(ab),
             "rows": [json_row(r, ab.metrics) for r in ab.rows],
             "effects": json_effects(ab),
             "not_averaged": problems(ab),
             "cost": json_cost(ab.cost),
-        }  # fmt: skip
+        }
         for ab in report.ablations
     ]
     return _clean(
