@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 
 from clsr.cli import main
-from clsr.study.effects import grid_effects
+from clsr.study.effects import grid_effects, sampled_effects
 from clsr.study.load import load_study
 from clsr.study.record import resolved_summary
 from clsr.study.report import (
@@ -113,7 +113,8 @@ def add_trial(client: MlflowClient, uri: str, parent: str, ablation: str, label:
     tags |= kw.get("tags", {})
     status = kw.get("status", "finished")
     trial_id = f"{ablation}:{label}:{seed}:{status}"
-    run_id = open_child_run(uri, parent, trial_id, f"{ablation}/{label}/seed={seed}", tags, {"x": 1})
+    params = kw.get("params", {"x": 1})
+    run_id = open_child_run(uri, parent, trial_id, f"{ablation}/{label}/seed={seed}", tags, params)
     now = int(time.time() * 1000)
     steps = kw.get("steps", 4)
     metrics = [Metric("loss", 2.0 / s + 0.01 * seed, now, s) for s in range(1, steps + 1)]
@@ -790,3 +791,31 @@ def test_declared_fidelity_renders_one_line_per_row():
         "not expressible: BERT-large row: needs a checkpoint the study cannot load",
     ]
     assert declared_fidelity(None) == []
+
+
+def test_a_sampled_ablation_gets_optunas_parameter_importance(store, tmp_path):
+    space = {"trainer.lr": {"loguniform": [1e-5, 1e-4]}, "trainer.batch_size": {"choice": [64, 128]}}
+    doc = {
+        "name": "report_importance",
+        "method": "simcse_unsup",
+        "base": {"model": {"name": "minilm"}},
+        "search": {"algorithm": "random", "num_samples": 6},
+        "ablations": {"lr_bs": {"space": space}},
+    }
+    path = tmp_path / "importance.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    client, uri = store["client"], store["uri"]
+    parent = start_parent_run(client, "report_importance", "x", None)
+    sampled = [(2e-5, 64, 74.0), (8e-5, 128, 76.5), (3e-5, 128, 74.9), (6e-5, 64, 75.8), (1e-5, 64, 73.1)]
+    for lr, bs, value in sampled:
+        params = {"trainer": {"lr": lr, "batch_size": bs}}
+        add_trial(client, uri, parent, "lr_bs", f"lr={lr}, bs={bs}", 42, params=params,
+                  metrics={"best_dev_stsb": value})  # fmt: skip
+    (ab,) = build_report(load_study(path), client, parent, uri).ablations
+    study = load_study(path)
+    expected = sampled_effects(
+        study.ablations["lr_bs"].space,
+        [({"trainer.lr": lr, "trainer.batch_size": bs}, v) for lr, bs, v in sampled],
+    )
+    assert ab.effects.kind == "importance" and set(ab.effects.importances) == set(space)
+    assert ab.effects.importances == pytest.approx(expected.importances)
