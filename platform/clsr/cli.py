@@ -117,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     report = study.add_parser(
         "report",
         help="the study's tables from MLflow: mean ± std, 95%% CI and n over seeds beside the paper's numbers, "
-        "paired t-tests against a reference row, plots; terminal, Markdown, CSV, HTML",
+        "paired t-tests against a reference row, effects (ANOVA, importance), plots; terminal, Markdown, CSV, HTML, JSON",
     )
     report.add_argument("study", nargs="?", help="study YAML file (or give --name)")
     report.add_argument(

@@ -4,7 +4,9 @@
 ablation, puts each point's mean over seeds (std, Student-t 95 % CI, n) beside the number the paper
 published with a reproduction verdict (an equivalence test within ``report.tolerance``, see
 ``clsr.study.verdict``), tests every point against a reference point with a paired t-test over the
-seeds both ran, and shows every planned trial that did not finish instead of averaging it away.
+seeds both ran, shows every planned trial that did not finish instead of averaging it away, and
+says which ablated keys matter (``clsr.study.effects``: an ANOVA with partial eta² for grids over two
+or more keys, Optuna's parameter importance for sampled ablations).
 
 One ablation tests many rows against one reference, so its p-values are adjusted for multiple
 comparisons with Holm's step-down method (Holm 1979, "A simple sequentially rejective multiple test
