@@ -101,7 +101,7 @@ def test_grid_effects_are_skipped_with_a_reason():
     assert "no replicates" in grid_effects(one_seed).reason
     one_key = [({"a": a}, ys) for (a, _), ys in Y.items()]
     assert "needs 2 or more" in grid_effects(one_key).reason
-    assert "cells of the grid have no finished trial" in grid_effects(CELLS[:3]).reason
+    assert "have no finished trial" in grid_effects(CELLS[:3]).reason
 
 
 def test_sampled_importance_matches_optuna():
@@ -128,3 +128,8 @@ def test_sampled_importance_matches_optuna():
     assert list(effects.importances) == list(expected)
     assert math.isclose(sum(effects.importances.values()), 1.0)
     assert "1 finished" in sampled_effects(space, trials[:1]).reason
+
+
+def test_rows_that_differ_in_another_key_are_not_pooled_as_replicates():
+    cells = [*CELLS, ({"method.temperature": 0.05, "model.pooling": "cls", "trainer.lr": 1e-5}, [70.0, 71.0])]
+    assert "not a grid" in grid_effects(cells).reason

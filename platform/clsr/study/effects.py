@@ -87,7 +87,10 @@ def why_not_anova(df: pd.DataFrame, factors: list[str]) -> str:
     sizes = df.groupby(factors).size()
     full = math.prod(df[f].nunique() for f in factors)
     if len(sizes) < full:
-        return f"no ANOVA: {full - len(sizes)} of {full} cells of the grid have no finished trial"
+        return (
+            f"no ANOVA: {full - len(sizes)} of the {full} combinations of {', '.join(factors)} have no "
+            f"finished trial (not planned, or not finished)"
+        )
     if (sizes < 2).all():
         return "no ANOVA: no replicates (one seed per cell), so no residual to test against"
     return ""
@@ -170,9 +173,19 @@ def bootstrap_eta(df: pd.DataFrame, factors: list[str], seed: int = 0) -> dict[s
 def grid_effects(cells: Sequence[tuple[dict[str, Any], Sequence[float]]], seed: int = 0) -> Effects:
     """The ANOVA of a grid's cells (key values, the seeds' values), or why there is none."""
     factors = factors_of(cells)
+    if len({tuple(repr(keys[f]) for f in factors) for keys, _ in cells}) < len(cells):
+        return skipped(f"no ANOVA: rows differ in keys besides {', '.join(factors) or 'none'} (not a grid)")
     df = grid_frame(cells) if factors else pd.DataFrame()
     if reason := why_not_anova(df, factors):
         return skipped(reason)
+    try:
+        return anova_effects(df, factors, seed)
+    except (ValueError, np.linalg.LinAlgError) as err:  # a design statsmodels cannot fit: say so, go on
+        return skipped(f"no ANOVA: {type(err).__name__}: {err}"[:200])
+
+
+def anova_effects(df: pd.DataFrame, factors: list[str], seed: int) -> Effects:
+    """The ANOVA table, partial eta squared and their bootstrap intervals of an analysable grid."""
     table = anova_table(df, factors)
     eta = partial_eta_squared(table)
     # scipy.stats.bootstrap needs two or more replicates in every sample (cell)
