@@ -173,7 +173,8 @@ def bootstrap_eta(df: pd.DataFrame, factors: list[str], seed: int = 0) -> dict[s
 def grid_effects(cells: Sequence[tuple[dict[str, Any], Sequence[float]]], seed: int = 0) -> Effects:
     """The ANOVA of a grid's cells (key values, the seeds' values), or why there is none."""
     factors = factors_of(cells)
-    if len({tuple(repr(keys[f]) for f in factors) for keys, _ in cells}) < len(cells):
+    distinct = {tuple(repr(keys[f]) for f in factors) for keys, _ in cells}
+    if len(factors) >= 2 and len(distinct) < len(cells):
         return skipped(f"no ANOVA: rows differ in keys besides {', '.join(factors) or 'none'} (not a grid)")
     df = grid_frame(cells) if factors else pd.DataFrame()
     if reason := why_not_anova(df, factors):
