@@ -133,3 +133,10 @@ def test_sampled_importance_matches_optuna():
 def test_rows_that_differ_in_another_key_are_not_pooled_as_replicates():
     cells = [*CELLS, ({"method.temperature": 0.05, "model.pooling": "cls", "trainer.lr": 1e-5}, [70.0, 71.0])]
     assert "not a grid" in grid_effects(cells).reason
+
+
+def test_a_logged_value_outside_the_space_skips_the_importance():
+    space = {"a": Distribution(uniform=(0.0, 1.0)), "b": Distribution(choice=[1, 2])}
+    trials = [({"a": 0.5, "b": 1}, 1.0), ({"a": 2.0, "b": 2}, 2.0)]  # a = 2.0: the space was edited
+    effects = sampled_effects(space, trials)
+    assert effects.kind == "skipped" and effects.reason.startswith("no parameter importance:")

@@ -257,6 +257,9 @@ def sampled_effects(
     if len(trials) < 2:
         return skipped(f"no parameter importance: {len(trials)} finished trial(s), it needs 2 or more")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = importance_study(space, trials)
+    try:  # a logged value outside the file's distribution (the space was edited since): say so, go on
+        study = importance_study(space, trials)
+    except ValueError as err:
+        return skipped(f"no parameter importance: {err}"[:200])
     importances = get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=seed))
     return Effects("importance", IMPORTANCE, importances={k: float(v) for k, v in importances.items()})
