@@ -141,7 +141,7 @@ def test_schedulers_stop_on_the_optimiser_step(tmp_path, kind, cls, attrs):
     [
         ({"search": {"algorithm": "random", "sampler": "tpe"}}, "search.sampler is for algorithm optuna"),
         ({"search": {"sampler": "random", "n_startup_trials": 3}}, "n_startup_trials is for optuna samplers"),
-        ({"search": {"sampler": "annealing"}}, "'tpe', 'cmaes', 'gp' or 'random'"),
+        ({"search": {"sampler": "annealing"}}, "'tpe', 'cmaes', 'gp', 'nsga2' or 'random'"),
         ({"search": {"points_to_evaluate": [{"trainer.epochs": 1}]}}, "keys ['trainer.epochs'] are not in"),
         ({"scheduler": {"type": "pbt"}}, "pbt is refused"),
         ({"scheduler": {"type": "median"}, "metric": "test_sts_avg"}, "scheduler median stops trials"),
@@ -266,3 +266,100 @@ def test_a_restored_repeater_still_averages_a_configuration_begun_before(tmp_pat
     (trial,) = after.searcher._ot_study.trials
     assert trial.value == pytest.approx(72.5)
     assert trial.params["point/overrides/trainer.lr"] == first[0]["point"]["overrides"]["trainer.lr"]
+
+
+# --- several objectives (issue 38 item 4) ------------------------------------------------------------
+
+
+def test_several_objectives_reach_optunas_multi_objective_study(tmp_path):
+    """``metric`` and ``mode`` as lists: Optuna's study has one direction per objective, Tune's config
+    none (it takes one metric), and the first objective is what single-number uses read."""
+    study = study_of(
+        tmp_path,
+        base=copy.deepcopy(SAMPLED["base"]) | {"eval": {"tasks": ["sts", "transfer"]}},
+        metric=["best_dev_stsb", "test_transfer_avg"],
+        mode=["max", "max"],
+        search={"sampler": "nsga2"},
+    )
+    assert study.objectives == [("best_dev_stsb", "max"), ("test_transfer_avg", "max")]
+    assert (study.metric, study.mode) == ("best_dev_stsb", "max")
+    config = tune_config(study, tmp_path)
+    assert config.metric is None and config.mode is None
+    repeater = config.search_alg
+    from clsr.study.runner import param_space
+
+    assert repeater.set_search_properties(None, None, param_space(study, "lr"))
+    ot_study = repeater.searcher._ot_study
+    assert ot_study.directions == [optuna.study.StudyDirection.MAXIMIZE] * 2
+    assert isinstance(ot_study.sampler, optuna.samplers.NSGAIISampler)
+    assert load_study_again(study).objectives == [("best_dev_stsb", "max")]  # trials get the first
+
+
+def load_study_again(study):
+    from clsr.study.schema import Study
+
+    return Study.model_validate(study.model_dump(by_alias=True))
+
+
+def test_each_objective_is_averaged_over_the_seeds_apart():
+    """Repeater averages one metric; with several, each objective's mean over a configuration's seeds
+    reaches Optuna (read back from its study), and its Pareto front is Optuna's own ``best_trials``."""
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    from clsr.study.search import SeedRepeater
+
+    metrics = ["best_dev_stsb", "test_transfer_avg"]
+    space = {"point": {"overrides": {"trainer.lr": tune.loguniform(1e-5, 1e-4)}, "seed": 1}}
+    searcher = OptunaSearch(
+        sampler=optuna.samplers.RandomSampler(seed=0), metric=metrics, mode=["max", "max"]
+    )
+    repeater = SeedRepeater(searcher, [1, 2])
+    assert repeater.set_search_properties(None, None, space)
+    scores = {
+        0: [(80.0, 84.0), (82.0, 85.0)],
+        1: [(83.0, 80.0), (85.0, 81.0)],
+        2: [(79.0, 82.0), (np.nan, 83.0)],
+    }
+    for config_no, values in scores.items():
+        for i in range(len(values)):
+            repeater.suggest(f"t{config_no}_{i}")
+        for i, (sts, transfer) in enumerate(values):
+            result = {"test_transfer_avg": transfer} | ({} if np.isnan(sts) else {"best_dev_stsb": sts})
+            repeater.on_trial_complete(f"t{config_no}_{i}", result)
+    recorded = [t.values for t in searcher._ot_study.trials]
+    assert recorded == [pytest.approx([81.0, 84.5]), pytest.approx([84.0, 80.5]), pytest.approx([79.0, 82.5])]
+    front = sorted(t.number for t in searcher._ot_study.best_trials)
+    assert front == [0, 1]  # the third is dominated by the first on both
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"metric": ["best_dev_stsb", "test_sts_avg"], "mode": ["max"]}, "one mode, or one per metric"),
+        ({"metric": ["best_dev_stsb", "best_dev_stsb"]}, "each objective once"),
+        (
+            {"metric": ["best_dev_stsb", "test_sts_avg"], "search": {"algorithm": "random"}},
+            "need search.algorithm optuna",
+        ),
+        ({"metric": ["best_dev_stsb", "test_sts_avg"], "scheduler": {"type": "asha"}}, "need scheduler fifo"),
+        (
+            {"metric": ["best_dev_stsb", "test_sts_avg"], "search": {"sampler": "cmaes"}},
+            "cmaes optimises one objective",
+        ),
+        ({"metric": ["best_dev_stsb", "test_nope"]}, "unknown metric 'test_nope'"),
+        ({"search": {"sampler": "nsga2", "n_startup_trials": 3}}, "n_startup_trials is for optuna samplers"),
+    ],
+)
+def test_several_objectives_refuse_what_cannot_hold_them(tmp_path, changes, fragment):
+    with pytest.raises(StudyError, match=fragment):
+        study_of(tmp_path, **changes)
+
+
+def test_an_objective_the_trials_do_not_report_is_refused(tmp_path):
+    """test_transfer_avg is only reported by trials whose final evaluation has the transfer tasks."""
+    metric = ["best_dev_stsb", "test_transfer_avg"]
+    with pytest.raises(StudyError, match="'test_transfer_avg' needs eval.tasks to include 'transfer'"):
+        study_of(tmp_path, metric=metric)
+    base = copy.deepcopy(SAMPLED["base"]) | {"eval": {"tasks": ["sts", "transfer"]}}
+    assert study_of(tmp_path, metric=metric, base=base).objectives[1] == ("test_transfer_avg", "max")

@@ -240,15 +240,30 @@ def _device_problems(study: Study, trial: TrialConfig) -> list[str]:
 
 
 def _metric_problems(study: Study, trial: TrialConfig) -> list[str]:
-    """A dev-set study metric needs that dev set scored by the trial (else no result carries it)."""
-    dev_task = study.metric.removeprefix("best_").removeprefix("dev_")
-    if not study.metric.removeprefix("best_").startswith("dev_"):
+    """Each objective must be a result the trial reports: a dev-set metric needs that dev set scored,
+    ``test_transfer_avg`` the transfer tasks in the final evaluation."""
+    return [line for metric, _ in study.objectives for line in _one_metric_problems(metric, trial)]
+
+
+def _one_metric_problems(metric: str, trial: TrialConfig) -> list[str]:
+    if metric == "test_transfer_avg":
+        from clsr.data.transfer import TRANSFER_TASKS
+
+        tasks = trial.eval.tasks
+        if "transfer" in tasks or len(set(tasks) & set(TRANSFER_TASKS)) > 1:
+            return []
+        return [
+            f": metric {metric!r} needs eval.tasks to include 'transfer' (or two transfer tasks; the trial "
+            f"evaluates {tasks}); add it, or choose a metric the trial reports"
+        ]
+    dev_task = metric.removeprefix("best_").removeprefix("dev_")
+    if not metric.removeprefix("best_").startswith("dev_"):
         return []
     dev_tasks = trial.eval.dev_tasks
     if dev_task in dev_tasks:
         return []
     return [
-        f": metric {study.metric!r} needs eval.dev_tasks to include {dev_task!r} (the trial scores "
+        f": metric {metric!r} needs eval.dev_tasks to include {dev_task!r} (the trial scores "
         f"{dev_tasks or 'no dev set'}); add it, or set the study's metric to one the trial reports"
     ]
 

@@ -322,8 +322,9 @@ def _build_tuner(
         trainable,
         param_space=param_space(study, ablation, ctx.trials),
         tune_config=tune.TuneConfig(
-            metric=study.metric,
-            mode=study.mode,
+            # several objectives: the searcher holds them (Tune's TuneConfig takes one)
+            metric=study.metric if len(study.objectives) == 1 else None,
+            mode=study.mode if len(study.objectives) == 1 else None,
             search_alg=_search_alg(study, ablation),
             scheduler=_scheduler(study, ablation),
             num_samples=tune_samples(study, ablation),  # optuna: configurations × seeds (Repeater)

@@ -9,7 +9,7 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from clsr.methods import get_method
 from clsr.study.paths import absolute_in_sections
@@ -20,7 +20,7 @@ SECTIONS = ("model", "data", "trainer", "method", "eval")
 KNOWN_METRICS = (
     "best_dev_stsb", "best_dev_sickr", "dev_stsb", "dev_sickr", "loss_avg",
     "test_sts12", "test_sts13", "test_sts14", "test_sts15", "test_sts16", "test_stsb", "test_sickr",
-    "test_sts_avg", "test_sts12_15_avg", "align", "uniform",
+    "test_sts_avg", "test_sts12_15_avg", "test_transfer_avg", "align", "uniform",
 )  # fmt: skip
 # reported at every evaluation (what ASHA compares); the others only when a trial ends
 STEP_METRICS = ("best_dev_stsb", "best_dev_sickr", "dev_stsb", "dev_sickr", "loss_avg")
@@ -224,7 +224,8 @@ class Resources(Strict):
         return self
 
 
-SAMPLERS = ("tpe", "cmaes", "gp", "random")
+SAMPLERS = ("tpe", "cmaes", "gp", "nsga2", "random")
+MULTI_OBJECTIVE_SAMPLERS = ("tpe", "gp", "nsga2", "random")  # CmaEsSampler optimises one objective
 SCHEDULERS = ("fifo", "asha", "hyperband", "median", "pbt")
 GP_OPTUNA = (3, 6)  # optuna.samplers.GPSampler came with Optuna 3.6
 
@@ -247,10 +248,10 @@ class Search(Strict):
         description="configurations sampled per ablation for random/optuna (at most 100,000); each runs "
         "once per seed, so an ablation runs num_samples x seeds trials",
     )
-    sampler: Literal["tpe", "cmaes", "gp", "random"] | None = Field(
+    sampler: Literal["tpe", "cmaes", "gp", "nsga2", "random"] | None = Field(
         None,
-        description="optuna: the Optuna sampler (tpe, cmaes, gp, random; default tpe), seeded with the "
-        "ablation's first seed",
+        description="optuna: the Optuna sampler (tpe, cmaes, gp, nsga2, random; default tpe), seeded with "
+        "the ablation's first seed; several objectives: tpe, gp, nsga2 or random",
     )
     n_startup_trials: int | None = Field(
         None,
@@ -272,7 +273,7 @@ class Search(Strict):
                 f"search.sampler is for algorithm optuna (given algorithm: {self.algorithm}); allowed "
                 f"samplers: {', '.join(SAMPLERS)}"
             )
-        if self.n_startup_trials is not None and (self.sampler or "tpe") == "random":
+        if self.n_startup_trials is not None and (self.sampler or "tpe") in ("random", "nsga2"):
             raise ValueError(
                 "search.n_startup_trials is for optuna samplers tpe, cmaes, gp (given: "
                 f"algorithm {self.algorithm}, sampler {self.sampler})"
@@ -365,8 +366,17 @@ class Study(Strict):
         "`study validate` notes an ablation with published numbers and one seed: give 3 (e.g. "
         "[42, 43, 44]) where a report is wanted",
     )
-    metric: str = Field("best_dev_stsb", description="the trial result that ranks points and trials")
-    mode: Literal["max", "min"] = Field("max", description="whether a higher metric is better")
+    metric: str | list[str] = Field(
+        "best_dev_stsb",
+        description="the trial result that ranks points and trials; a list, e.g. [best_dev_stsb, "
+        "test_transfer_avg], searches several objectives at once (optuna, scheduler fifo): Optuna's "
+        "multi-objective sampler is told each, the report draws their Pareto front, and the first ranks "
+        "trials where one number is needed",
+    )
+    mode: Literal["max", "min"] | list[Literal["max", "min"]] = Field(
+        "max", description="whether a higher metric is better; with several metrics one mode, or one each"
+    )
+    _several: list[tuple[str, str]] | None = PrivateAttr(None)  # (metric, mode) when several
     search: Search = Field(default_factory=Search)
     report: ReportOptions = Field(
         default_factory=ReportOptions,
@@ -430,12 +440,64 @@ class Study(Strict):
         get_method(method)
         return method
 
-    @field_validator("metric")
+    @field_validator("metric", mode="before")
     @classmethod
-    def _known_metric(cls, metric: str) -> str:
-        if metric not in KNOWN_METRICS:
-            raise ValueError(f"unknown metric {metric!r}; allowed: {', '.join(KNOWN_METRICS)}")
+    def _known_metric(cls, metric: Any) -> Any:
+        for name in metric if isinstance(metric, list) else [metric]:
+            if name not in KNOWN_METRICS:
+                raise ValueError(f"unknown metric {name!r}; allowed: {', '.join(KNOWN_METRICS)}")
         return metric
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _known_mode(cls, mode: Any) -> Any:  # one line for a bad mode, not one per form it may take
+        for name in mode if isinstance(mode, list) else [mode]:
+            if name not in ("max", "min"):
+                raise ValueError("should be 'max' or 'min', or a list of them (one per metric)")
+        return mode
+
+    @model_validator(mode="after")
+    def _objectives(self) -> Study:
+        """A list of metrics: several objectives, kept apart; ``metric``/``mode`` become the first, the
+        one every single-number use (ranking, progress, promote) reads."""
+        if isinstance(self.metric, str) and isinstance(self.mode, str):
+            return self
+        metrics = [self.metric] if isinstance(self.metric, str) else list(self.metric)
+        modes = [self.mode] * len(metrics) if isinstance(self.mode, str) else list(self.mode)
+        if len(modes) != len(metrics):
+            raise ValueError(
+                f"mode: give one mode, or one per metric ({len(metrics)} metrics, {len(modes)} modes)"
+            )
+        if len(set(metrics)) != len(metrics):
+            raise ValueError(f"metric: each objective once (given: {metrics})")
+        self._several = list(zip(metrics, modes, strict=True))
+        self.metric, self.mode = metrics[0], modes[0]
+        if len(metrics) > 1:
+            self._check_several()
+        return self
+
+    def _check_several(self) -> None:
+        names = ", ".join(m for m, _ in self._several)
+        if self.search.algorithm != "optuna":
+            raise ValueError(
+                f"metric [{names}]: several objectives need search.algorithm optuna (its multi-objective "
+                f"samplers; given: {self.search.algorithm})"
+            )
+        if self.scheduler.type != "fifo":
+            raise ValueError(
+                f"metric [{names}]: scheduler {self.scheduler.type} stops trials on one metric; several "
+                f"objectives need scheduler fifo"
+            )
+        if (self.search.sampler or "tpe") not in MULTI_OBJECTIVE_SAMPLERS:
+            raise ValueError(
+                f"metric [{names}]: search.sampler {self.search.sampler} optimises one objective; allowed "
+                f"with several: {', '.join(MULTI_OBJECTIVE_SAMPLERS)}"
+            )
+
+    @property
+    def objectives(self) -> list[tuple[str, str]]:
+        """(metric, mode) of each objective: one, unless ``metric`` was given as a list."""
+        return self._several or [(self.metric, self.mode)]
 
     @field_validator("seeds")
     @classmethod

@@ -17,6 +17,7 @@ import pickle
 import tempfile
 from typing import Any
 
+import numpy as np
 from ray.tune.search import Repeater
 from ray.tune.search.repeater import TRIAL_INDEX
 
@@ -40,8 +41,20 @@ class SeedRepeater(Repeater):
         return {**config, "point": point}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, **kwargs) -> None:
-        if trial_id in self._trial_id_to_group:  # Repeater raises KeyError for a trial it never gave
+        if trial_id not in self._trial_id_to_group:  # Repeater raises KeyError for a trial it never gave
+            return
+        metric = self.searcher.metric
+        if isinstance(metric, str):
             super().on_trial_complete(trial_id, result, **kwargs)
+            return
+        # several objectives: Repeater averages one metric; each objective's mean over the seeds here
+        group = self._trial_id_to_group[trial_id]
+        group.report(trial_id, [(result or {}).get(m, np.nan) for m in metric])
+        if group.finished_reporting():
+            means = np.nanmean(np.asarray(group.scores(), dtype=float), axis=0)
+            self.searcher.on_trial_complete(
+                group.primary_trial_id, result=dict(zip(metric, means.tolist(), strict=True)), **kwargs
+            )
 
     # Repeater saves only its searcher: a resumed experiment would lose which trials form a
     # configuration, and with it the seeds' mean. One file holds both (Tune renames it into place).
@@ -82,6 +95,8 @@ def optuna_sampler(study: Study, seed: int):
         return optuna.samplers.CmaEsSampler(seed=seed, **startup)
     if kind == "gp":
         return optuna.samplers.GPSampler(seed=seed, **startup)
+    if kind == "nsga2":  # a genetic algorithm: its first generation is its random start
+        return optuna.samplers.NSGAIISampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, **startup)
 
 
@@ -102,7 +117,11 @@ def search_alg(study: Study, ablation: str | None):
     from ray.tune.search.optuna import OptunaSearch
 
     points = [flat(p) for p in sampled_points(study, ablation)]
-    searcher = OptunaSearch(sampler=optuna_sampler(study, seeds[0]), points_to_evaluate=points or None)
+    several = study.objectives if len(study.objectives) > 1 else None
+    objectives = {"metric": [m for m, _ in several], "mode": [d for _, d in several]} if several else {}
+    searcher = OptunaSearch(
+        sampler=optuna_sampler(study, seeds[0]), points_to_evaluate=points or None, **objectives
+    )  # several objectives: Optuna's multi-objective study, each told to it (Tune's TuneConfig has none)
     return SeedRepeater(searcher, seeds) if len(seeds) > 1 else searcher
 
 
