@@ -37,6 +37,7 @@ from clsr.study.report import (
     histories,
     holm,
     paired_test,
+    pareto_table,
     render_json,
     render_text,
     report_study,
@@ -819,3 +820,43 @@ def test_a_sampled_ablation_gets_optunas_parameter_importance(store, tmp_path):
     )
     assert ab.effects.kind == "importance" and set(ab.effects.importances) == set(space)
     assert ab.effects.importances == pytest.approx(expected.importances)
+
+
+def test_several_objectives_get_their_pareto_front_in_every_format(store, tmp_path):
+    """A study searched on two objectives: each configuration's means over its seeds, the front (checked
+    by hand: b beats a on transfer, c is beaten by a on both), its table, plot and JSON."""
+    doc = {
+        "name": "report_pareto",
+        "method": "simcse_unsup",
+        "base": {"model": {"name": "minilm"}, "eval": {"tasks": ["sts", "transfer"]}},
+        "seeds": [1, 2],
+        "metric": ["best_dev_stsb", "test_transfer_avg"],
+        "search": {"algorithm": "optuna", "num_samples": 3},
+        "ablations": {"lr": {"space": {"trainer.lr": {"loguniform": [1e-5, 1e-4]}}}},
+    }
+    path = tmp_path / "pareto.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    client, uri = store["client"], store["uri"]
+    parent = start_parent_run(client, "report_pareto", "x", None)
+    scores = {
+        "a": [(82.0, 84.0), (84.0, 85.0)],
+        "b": [(80.0, 86.0), (81.0, 87.0)],
+        "c": [(81.0, 83.0), (82.0, 84.0)],
+    }
+    for label, seeds in scores.items():
+        for seed, (sts, transfer) in zip((1, 2), seeds, strict=True):
+            add_trial(client, uri, parent, "lr", label, seed,
+                      metrics={"best_dev_stsb": sts, "test_transfer_avg": transfer})  # fmt: skip
+    report = build_report(load_study(path), client, parent, uri)
+    (ab,) = report.ablations
+    assert ab.pareto.values == {"a": [83.0, 84.5], "b": [80.5, 86.5], "c": [81.5, 83.5]}
+    assert ab.pareto.front == ["a", "b"] and ab.pareto.seeds == {"a": 2, "b": 2, "c": 2}
+    table = pareto_table(ab)
+    assert table.title.startswith("lr: Pareto front, 2 of 3 configurations")
+    assert [row[0][0] for row in table.rows] == ["a", "b"]  # best first on the first objective
+    assert "Pareto front, 2 of 3" in render_text(report)
+    files = write_report(report, client, tmp_path / "out")
+    assert (tmp_path / "out" / "lr_pareto.png") in files
+    pareto = json.loads((tmp_path / "out" / "report.json").read_text())["ablations"][0]["pareto"]
+    assert [c["label"] for c in pareto["configurations"] if c["on_front"]] == ["a", "b"]
+    assert pareto["objectives"][1] == {"metric": "test_transfer_avg", "mode": "max"}

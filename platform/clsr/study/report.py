@@ -52,6 +52,7 @@ from clsr.data.faq import FAQ_TASKS
 from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
 from clsr.study.effects import Effects, coerce, grid_effects, sampled_effects
+from clsr.study.pareto import ParetoFront, pareto_front
 from clsr.study.plan import find_point, grid_points, report_points, resolve_trial, trial_identity
 from clsr.study.schema import Ablation, Study
 from clsr.study.verdict import Verdict, legend, verdict
@@ -437,6 +438,7 @@ class AblationReport:
     notes: list[str] = field(default_factory=list)
     tolerance: float = 0.5  # the study's report.tolerance: the verdicts' equivalence margin
     effects: Effects | None = None  # ANOVA of a grid over 2+ keys, or a sampled ablation's importance
+    pareto: ParetoFront | None = None  # several objectives: the sampled configurations' front
 
     @property
     def reference(self) -> Row | None:
@@ -578,7 +580,24 @@ def ablation_report(study: Study, name: str, trials: list[Trial]) -> AblationRep
     for row, p in zip(tested, holm([r.test.p_value for r in tested]), strict=True):
         row.test = replace(row.test, p_adjusted=p)
     report.effects = ablation_effects(report)
+    report.pareto = ablation_pareto(report, study.objectives)
     return report
+
+
+def ablation_pareto(ab: AblationReport, objectives: list[tuple[str, str]]) -> ParetoFront | None:
+    """A sampled ablation of a study searched on several objectives: each configuration's mean over its
+    seeds of every objective, and Optuna's Pareto front of them (``clsr.study.pareto``)."""
+    if len(objectives) < 2 or not ab.spec.space:
+        return None
+    values, seeds = {}, {}
+    for row in ab.rows:
+        per_metric = [row.values(m) for m, _ in objectives]
+        finished = set.intersection(*(set(v) for v in per_metric))  # seeds that reported every objective
+        if finished:
+            values[row.label] = [float(np.mean([v[s] for s in finished])) for v in per_metric]
+            seeds[row.label] = len(finished)
+    front = pareto_front(values, [mode for _, mode in objectives]) if values else []
+    return ParetoFront(list(objectives), values, seeds, front)
 
 
 def ablation_effects(ab: AblationReport) -> Effects:
@@ -812,6 +831,24 @@ def effects_table(ab: AblationReport) -> Table | None:
     return Table(f"{ab.name}: effects on {ab.main_metric}", header, rows)
 
 
+def pareto_table(ab: AblationReport) -> Table | None:
+    """The configurations on the Pareto front of the study's objectives, best first on the first."""
+    front = ab.pareto
+    if front is None:
+        return None
+    names = [f"{m} ({'higher' if mode == 'max' else 'lower'} is better)" for m, mode in front.objectives]
+    first_mode = front.objectives[0][1]
+    ordered = sorted(front.front, key=lambda label: front.values[label][0], reverse=first_mode == "max")
+    rows = [
+        [[label], *([fmt(v)] for v in front.values[label]), [str(front.seeds[label])]] for label in ordered
+    ]
+    title = (
+        f"{ab.name}: Pareto front, {len(front.front)} of {len(front.values)} configurations (no other "
+        f"configuration is at least as good on every objective and better on one; means over seeds)"
+    )
+    return Table(title, ["configuration", *names, "seeds"], rows)
+
+
 def effects_note(ab: AblationReport) -> str:
     """What the effects table is, or why there is none (one line)."""
     e = ab.effects
@@ -970,6 +1007,8 @@ def render_text(report: StudyReport) -> str:
             out += ["", note]
         if table := effects_table(ab):
             out += [table.title, text_table(table)]
+        if table := pareto_table(ab):
+            out += ["", table.title, text_table(table)]
         if lines := problems(ab):
             out += ["", "not averaged:", *(f"  {p}" for p in lines)]
     out += ["", "== cost ==", text_table(cost_table(report))]
@@ -1014,6 +1053,8 @@ def render_markdown(report: StudyReport, images: dict[str, list[Path]]) -> str:
             out += ["", f"### {ab.name}: effects", "", md_escape(note)]
         if table := effects_table(ab):
             out += ["", markdown_table(table)]
+        if table := pareto_table(ab):
+            out += ["", f"### {md_escape(table.title)}", "", markdown_table(table)]
         if lines := problems(ab):
             out += ["", "Not averaged:", "", *(f"* {md_escape(p)}" for p in lines)]
         out += ["", *(f"![{p.stem}]({p.name})" for p in images.get(ab.name, []))]
@@ -1061,6 +1102,8 @@ def render_html(report: StudyReport, images: dict[str, list[Path]]) -> str:
             parts += [f"<h3>{esc(ab.name)}: effects</h3>", f'<p class="notes">{esc(note)}</p>']
         if table := effects_table(ab):
             parts.append(html_table(table))
+        if table := pareto_table(ab):
+            parts += [f"<h3>{esc(table.title)}</h3>", html_table(table)]
         if lines := problems(ab):
             parts.append("<p>Not averaged:</p><ul>" + "".join(f"<li>{esc(p)}</li>" for p in lines) + "</ul>")
         for png in images.get(ab.name, []):
@@ -1170,6 +1213,19 @@ def json_effects(ab: AblationReport) -> dict[str, Any] | None:
     }  # fmt: skip
 
 
+def json_pareto(ab: AblationReport) -> dict[str, Any] | None:
+    front = ab.pareto
+    if front is None:
+        return None
+    return {
+        "objectives": [{"metric": m, "mode": mode} for m, mode in front.objectives],
+        "configurations": [
+            {"label": label, "values": values, "seeds": front.seeds[label], "on_front": label in front.front}
+            for label, values in front.values.items()
+        ],
+    }
+
+
 def json_cost(c: Cost) -> dict[str, Any]:
     return {
         "runs": c.runs, "with_cost": c.measured, "wall_s": c.wall_s, "cpu_s": c.cpu_s, "gpu_s": c.gpu_s,
@@ -1191,6 +1247,7 @@ def json_report(report: StudyReport) -> dict[str, Any]:
             "fidelity": fidelity_lines(ab),
             "rows": [json_row(r, ab.metrics) for r in ab.rows],
             "effects": json_effects(ab),
+            "pareto": json_pareto(ab),
             "not_averaged": problems(ab),
             "cost": json_cost(ab.cost),
         }
@@ -1280,6 +1337,27 @@ def plot_main_metric(ab: AblationReport, path: Path) -> Path | None:
     if ax.get_legend_handles_labels()[0]:  # an ablation without finished trials has nothing to label
         ax.legend(fontsize=8)
     fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_pareto(ab: AblationReport, path: Path) -> Path | None:
+    """The configurations on the first two objectives (means over seeds), the Pareto front joined."""
+    front = ab.pareto
+    if front is None or not front.values:
+        return None
+    (mx, mode_x), (my, mode_y) = front.objectives[:2]
+    fig, (ax,) = _figure(6.0, 4.5)
+    points = np.array(list(front.values.values()))[:, :2]
+    ax.scatter(points[:, 0], points[:, 1], s=18, color="0.6", label="configurations", zorder=2)
+    on = np.array([front.values[label][:2] for label in front.front])
+    on = on[np.argsort(on[:, 0])]
+    ax.plot(on[:, 0], on[:, 1], "o-", color="tab:blue", label="Pareto front", zorder=3)
+    ax.set_xlabel(f"{mx} ({'higher' if mode_x == 'max' else 'lower'} is better)")
+    ax.set_ylabel(f"{my} ({'higher' if mode_y == 'max' else 'lower'} is better)")
+    ax.set_title(f"{ab.name}: configurations, means over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
 
 
@@ -1377,6 +1455,7 @@ def write_report(report: StudyReport, client: MlflowClient, out: Path) -> list[P
         made = [
             plot_main_metric(ab, out / f"{ab.name}_main.png"),
             plot_curves(ab, report.study, client, out / f"{ab.name}_curves.png"),
+            plot_pareto(ab, out / f"{ab.name}_pareto.png"),
         ]
         images[ab.name] = [p for p in made if p is not None]
     md, html_path, csv_path = out / "report.md", out / "report.html", out / "report.csv"
