@@ -269,22 +269,37 @@ def _one_metric_problems(metric: str, trial: TrialConfig) -> list[str]:
 
 
 def _check_references(study: Study) -> list[str]:
-    """Every ``reference`` names a point of its ablation, so the report's paired tests have a baseline."""
+    """Every ``reference`` names a point of its ablation, so the report's paired tests have a baseline;
+    every ``fidelity`` exact / stand_in label names a report row, so its line describes a row that runs."""
     problems = []
     for name, ablation in study.ablations.items():
-        if ablation.reference is None:
-            continue
-        where = f"ablations.{name}.reference"
-        if ablation.space:
-            problems.append(
-                f"{where}: a sampled ablation (space) has no points to name (given: {ablation.reference!r})"
-            )
-            continue
-        points = report_points(ablation)
-        if find_point(points, ablation.reference) is None:
-            labels = [p["label"] for p in points]
-            problems.append(f"{where}: no such point (given: {ablation.reference!r}; allowed: {labels})")
+        fidelity = ablation.fidelity
+        named = [("reference", ablation.reference)] if ablation.reference is not None else []
+        if fidelity is not None:
+            named += [("fidelity.exact", label) for label in fidelity.exact]
+            named += [("fidelity.stand_in", label) for label in fidelity.stand_in]
+        problems += _missing_points(name, ablation, named)
     return problems
+
+
+def _missing_points(name: str, ablation: Ablation, named: list[tuple[str, str]]) -> list[str]:
+    """``(field, label)`` pairs whose label is no report row of the ablation, one line per field."""
+    points = [] if ablation.space else report_points(ablation)
+    given: dict[str, list[str]] = {}
+    for field, label in named:
+        if ablation.space or find_point(points, label) is None:
+            given.setdefault(field, []).append(label)
+    # reference names one row; the fidelity fields list theirs
+    shown = {f: labels[0] if f == "reference" else labels for f, labels in given.items()}
+    if ablation.space:  # sampled: no fixed rows to name
+        return [
+            f"ablations.{name}.{f}: a sampled ablation (space) has no points to name (given: {v!r})"
+            for f, v in shown.items()
+        ]
+    allowed = [p["label"] for p in points]
+    return [
+        f"ablations.{name}.{f}: no such point (given: {v!r}; allowed: {allowed})" for f, v in shown.items()
+    ]
 
 
 def _check_raw_base(raw: dict[str, Any]) -> list[str]:
@@ -383,9 +398,19 @@ def apply_smoke(raw: dict[str, Any], source: str) -> dict[str, Any]:
     merged = deep_merge({k: v for k, v in raw.items() if k != "smoke"}, smoke)
     if isinstance(merged.get("ablations"), dict):  # `<ablation>: null` leaves it out of the smoke run
         merged["ablations"] = {k: v for k, v in merged["ablations"].items() if v is not None}
+        _drop_replaced_fidelity(merged["ablations"], smoke.get("ablations"))
     merged["name"] = f"{raw.get('name', 'study')}-smoke"
     merged.setdefault("skip_unavailable", True)
     return merged
+
+
+def _drop_replaced_fidelity(ablations: dict[str, Any], smoked: Any) -> None:
+    """An ablation whose rows the smoke section replaces (grid, points or space) is no longer the
+    paper's table: its ``fidelity`` (labels of the full rows) is dropped unless the smoke section sets one."""
+    for name, body in (smoked or {}).items() if isinstance(smoked, dict) else ():
+        replaced = isinstance(body, dict) and any(k in body for k in ("grid", "points", "space"))
+        if replaced and "fidelity" not in body and isinstance(ablations.get(name), dict):
+            ablations[name] = {**ablations[name], "fidelity": None}
 
 
 def study_from_dict(

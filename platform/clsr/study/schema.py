@@ -114,6 +114,19 @@ class Need(Strict):
         return self
 
 
+class Fidelity(Strict):
+    """How a table's rows relate to the paper's: one line each in the report."""
+
+    exact: list[str] = Field(default_factory=list, description="row labels run as the paper ran them")
+    stand_in: dict[str, str] = Field(
+        default_factory=dict,
+        description="row label -> what stands in for the paper's data or setting, and why",
+    )
+    not_expressible: dict[str, str] = Field(
+        default_factory=dict, description="paper row -> why it has no row here"
+    )
+
+
 class Ablation(Strict):
     """One table of a paper: a grid, an explicit list of points, or a search space."""
 
@@ -149,6 +162,12 @@ class Ablation(Strict):
         description="a grid key whose values are parts of one measurement (data.fold: the folds of a "
         "k-fold protocol): the report shows one row per value of the other keys, each seed's value the "
         "mean over this key's points; paper, reference and paper_choice name those rows",
+    )
+    fidelity: Fidelity | None = Field(
+        None,
+        description="which rows are exact reproductions (exact: labels), which run on stand-in data or "
+        "settings (stand_in: label -> why) and which paper rows have no row here (not_expressible: "
+        "paper row -> why); the report prints one line each",
     )
 
     @field_validator("seeds")
