@@ -1,6 +1,7 @@
-"""A sampled study with two seeds through the real ``platform`` command, Ray Tune (Optuna behind Tune's
-Repeater) and MLflow: each sampled configuration runs once per seed, and the report groups the seeds of
-a configuration into one row."""
+"""A sampled study with two seeds and two objectives through the real ``platform`` command, Ray Tune
+(Optuna's multi-objective study behind Tune's Repeater) and MLflow: each sampled configuration runs once
+per seed, Optuna is told each objective's mean over the seeds, and the report groups the seeds of a
+configuration into one row and draws the configurations' Pareto front."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def test_two_configurations_times_two_seeds_read_back_from_mlflow(tmp_path):
     study_file, uri = tiny_study(
         tmp_path, "sampled-seeds", trainer, space,
         seeds=[1, 2], search={"algorithm": "optuna", "sampler": "random", "num_samples": 2},
+        metric=["best_dev_stsb", "test_sts16"], mode="max",
         resources={"workers_per_trial": 0, "cpus_per_worker": 1}, concurrency=2,
         system_metrics_interval_s=None,
     )  # fmt: skip
@@ -38,3 +40,17 @@ def test_two_configurations_times_two_seeds_read_back_from_mlflow(tmp_path):
     (lr,) = build_report(load_study(study_file), client, parent.info.run_id, uri).ablations
     assert sorted(r.label for r in lr.rows) == sorted(seeds_of)  # a row per configuration
     assert [r.trials_text() for r in lr.rows] == ["2/2 ok", "2/2 ok"]
+    means = {  # each objective's mean over a configuration's seeds, from the runs themselves
+        point: [
+            sum(c.data.metrics[m] for c in children if c.data.tags["clsr.point"] == point) / 2
+            for m in ("best_dev_stsb", "test_sts16")
+        ]
+        for point in seeds_of
+    }
+    assert lr.pareto.seeds == dict.fromkeys(means, 2)
+    assert {k: pytest.approx(v) for k, v in means.items()} == lr.pareto.values
+    a, b = means.values()
+    one_beats_other = a != b and (
+        all(x <= y for x, y in zip(a, b, strict=True)) or all(x >= y for x, y in zip(a, b, strict=True))
+    )
+    assert len(lr.pareto.front) == (1 if one_beats_other else 2)
