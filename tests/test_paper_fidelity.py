@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from clsr.methods import get_method
 from clsr.study.load import load_study
@@ -17,6 +18,8 @@ from clsr.study.plan import (
     report_points,
     resolve_trial,
 )
+from clsr.study.report import ablation_report, fidelity_lines
+from clsr.study.schema import StudyError
 
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
 RCL, GCLSR, SUPMPN, SIMCSE, SELFCCL = (
@@ -276,3 +279,89 @@ def test_retrained_baselines_say_they_train_on_stand_in_data(path):
         assert resolve_trial(study, name, point["overrides"], study.seeds[0]).data.train == "nli_triplets"
         assert "stand-in" in study.ablations[name].description and point["paper"]["test_sts_avg"]
     assert "stand-in" in path.read_text().split("\nname:")[0]  # the study file's header says it too
+
+
+def report_fidelity(path: Path, name: str) -> list[str]:
+    """The report's fidelity lines of one ablation, from the study file alone (no runs, no MLflow)."""
+    return fidelity_lines(ablation_report(load_study(path), name, []))
+
+
+def test_simcse_table_7_report_names_exact_and_stand_in_rows():
+    lines = report_fidelity(SIMCSE, "hard_negatives")
+    assert lines[0] == ("exact reproductions: N/A; Contradiction α=0.5; Contradiction α=1; Contradiction α=2")
+    (stand_in,) = [line for line in lines if line.startswith("stand-in data: ")]
+    assert stand_in.startswith("stand-in data: Contra.+Neutral α=1: nli_triplets_neutral")
+
+
+def test_simcse_excluded_tables_are_listed_as_not_expressible():
+    """Table 1's MLM row, Tables 2 and D.2 (no ablation of their own) and Table 4's other sources."""
+    positives = report_fidelity(SIMCSE, "positives")
+    sources = report_fidelity(SIMCSE, "pair_sources")
+    for row in (
+        "MLM 15%",
+        "Table 2: two encoders",
+        "Table 2: next sentence",
+        "Table D.2: MLM auxiliary loss",
+    ):
+        assert any(line.startswith(f"not expressible: {row}") for line in positives), row
+    assert any(line.startswith("not expressible: QQP (134k), Flickr30k") for line in sources)
+
+
+def test_rcl_faq_report_says_stackfaq_map_is_a_stand_in():
+    for name in ("faq_eq1", "faq_attention_dropout", "faq_drophead", "faq_untouched", "faq_rcl"):
+        lines = report_fidelity(RCL, name)
+        assert any(
+            line.startswith("stand-in data: ") and "StackFAQ MAP" in line and "FAQIR and COUGH" in line
+            for line in lines
+        ), name
+
+
+@pytest.mark.parametrize("path", [RCL, GCLSR, SUPMPN, SIMCSE, SELFCCL], ids=lambda p: p.name)
+def test_every_table_of_the_shipped_studies_declares_its_fidelity(path):
+    """Each paper table's ablation says which rows are exact, stand-ins or missing (beyond-the-paper
+    ablations and stages may say nothing)."""
+    study = load_study(path)
+    declared = {n for n, ab in study.ablations.items() if ab.fidelity is not None}
+    beyond = {n for n, ab in study.ablations.items() if "beyond the paper" in (ab.table or "").lower()}
+    stages = {"faq_entropy_models", "scored_by_simcse"}
+    assert set(study.ablations) - declared - beyond - stages == set()
+
+
+def test_baselines_on_nli_triplets_are_stand_ins_in_the_report():
+    for path in (SUPMPN, SELFCCL):
+        for name in ("simcse_sup", "mnrl"):
+            assert any("nli_triplets" in line for line in report_fidelity(path, name) if "stand-in" in line)
+
+
+def test_smoke_rows_drop_the_full_tables_fidelity():
+    """A smoke section that replaces an ablation's rows leaves its fidelity (the full rows') out."""
+    smoke = load_study(SIMCSE, smoke=True)
+    assert smoke.ablations["dropout"].fidelity is None  # smoke points: 0.1 and Fixed 0.1 only
+    assert load_study(SIMCSE).ablations["dropout"].fidelity is not None
+
+
+def fidelity_problems(tmp_path: Path, **changes) -> list[str]:
+    """The fidelity lines of the refusal of SimCSE's study file with ``changes`` at its top level."""
+    doc = {k: v for k, v in yaml.safe_load(SIMCSE.read_text()).items() if k != "smoke"}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**doc, **changes}, allow_unicode=True))
+    with pytest.raises(StudyError) as err:
+        load_study(path)
+    return [p for p in err.value.problems if "fidelity" in p]
+
+
+def test_a_fidelity_label_that_is_no_row_is_refused_in_one_line(tmp_path):
+    dropout = {
+        "points": [
+            {"label": "0.1", "set": {"model.dropout": 0.1}},
+            {"label": "Fixed 0.1", "set": {"method.same_dropout_mask": True}},
+        ],
+        "fidelity": {"exact": ["0.1", "0.7", "0.9"], "stand_in": {"Fixed 0.1": "fine"}},
+    }
+    assert fidelity_problems(tmp_path, ablations={"dropout": dropout}) == [
+        "ablations.dropout.fidelity.exact: no such point (given: ['0.7', '0.9']; allowed: ['0.1', 'Fixed 0.1'])"
+    ]
+    sampled = {"space": {"trainer.lr": {"loguniform": [1e-5, 1e-4]}}, "fidelity": {"stand_in": {"x": "y"}}}
+    assert fidelity_problems(
+        tmp_path, ablations={"lr": sampled}, search={"algorithm": "random", "num_samples": 2}
+    ) == ["ablations.lr.fidelity.stand_in: a sampled ablation (space) has no points to name (given: ['x'])"]
