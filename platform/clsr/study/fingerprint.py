@@ -2,7 +2,9 @@
 
 Each trial is keyed by ``<ablation>[<point>] seed=<n>`` (a sampled ablation by its base and space) and
 hashed over its fully resolved configuration, plus one entry for what decides which trials stop early
-or how they are chosen (metric, mode, scheduler, search). Settings that do not change a trial's result
+or how they are chosen (metric, mode, scheduler, search). A confirm ablation is keyed by its spec and
+base per seed, and by its explicit points: the configurations it confirms are known only once its
+upstream ran, so they are not in the fingerprint (a resume picks the same ones from the same runs). Settings that do not change a trial's result
 (resources, concurrency, time limits, storage, tracking) are left out, so a resume may change them.
 """
 
@@ -46,6 +48,10 @@ def fingerprint(study: Study) -> dict[str, str]:
                 space = {k: d.model_dump() for k, d in ablation.space.items()}
                 entries[trial_key(name, "space", seed)] = digest({"base": doc, "space": space})
                 continue
+            if ablation.confirm is not None:
+                doc = trial_document(study, name, {}, seed)
+                confirm = ablation.confirm.model_dump()
+                entries[trial_key(name, "confirm", seed)] = digest({"base": doc, "confirm": confirm})
             for point in grid_points(ablation):
                 doc = trial_document(study, name, point["overrides"], seed)
                 entries[trial_key(name, point["label"], seed)] = digest(doc)

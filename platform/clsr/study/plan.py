@@ -28,8 +28,10 @@ def point_label(overrides: dict[str, Any]) -> str:
 
 
 def grid_points(ablation: Ablation) -> list[dict[str, Any]]:
-    """Each point: ``{"label", "overrides", "paper"}``; grids are the cartesian product of their keys."""
-    if ablation.points:
+    """Each point: ``{"label", "overrides", "paper"}``; grids are the cartesian product of their keys. A
+    confirm ablation's: its explicit points only (its best configurations are known once its upstream
+    ran: ``clsr.study.confirm``)."""
+    if ablation.points or ablation.confirm is not None:
         return [
             {
                 "label": p.label or point_label(p.set),
@@ -147,8 +149,12 @@ class UpstreamMissing(LookupError):
 
 
 def stages(study: Study) -> list[list[str]]:
-    """Ablation names in waves, each needing only earlier waves (a study without needs: one wave)."""
-    remaining = {name: {n.ablation for n in a.needs.values()} for name, a in study.ablations.items()}
+    """Ablation names in waves, each needing only earlier waves (a study without needs: one wave); a
+    confirm ablation comes after the sampled ablation it confirms."""
+    remaining = {
+        name: {n.ablation for n in a.needs.values()} | ({a.confirm.of} if a.confirm else set())
+        for name, a in study.ablations.items()
+    }
     done: set[str] = set()
     waves: list[list[str]] = []
     while remaining:
@@ -233,10 +239,13 @@ def missing_upstream(
 
 def ablation_trials(study: Study, ablation: str) -> int:
     """Trials of one ablation, counted without expanding it: points (or the product of the grid's list
-    lengths) × seeds; a sampled ablation (space) runs ``search.num_samples`` configurations × seeds."""
+    lengths) × seeds; a sampled ablation (space) runs ``search.num_samples`` configurations × seeds; a
+    confirm ablation (its upstream's ``top_k`` best + its explicit points) × seeds."""
     spec = study.ablations[ablation]
     if spec.space:
         return study.search.num_samples * len(study.seeds_of(ablation))
+    if spec.confirm is not None:
+        return (spec.confirm.top_k + len(spec.points)) * len(study.seeds_of(ablation))
     points = len(spec.points) or math.prod(len(values) for values in spec.grid.values())
     return points * len(study.seeds_of(ablation))
 
@@ -267,6 +276,8 @@ def count_trials(study: Study) -> tuple[int, int]:
         if ablation.space:
             sampled += ablation_trials(study, name)
             continue
+        if ablation.confirm is not None:  # its best configurations are not known yet: each counts
+            sampled += ablation.confirm.top_k * len(study.seeds_of(name))
         for point in grid_points(ablation):
             for seed in study.seeds_of(name):
                 total += 1
@@ -298,8 +309,9 @@ def checkpoint_lines(study: Study) -> list[str]:
     largest = (0, 0)  # bytes while training, after the study
     total_after, unknown = 0, set()
     for name, ablation in study.ablations.items():
-        points = [{"overrides": {}}] if ablation.space else grid_points(ablation)
-        per_point = ablation_trials(study, name) if ablation.space else len(study.seeds_of(name))
+        dynamic = bool(ablation.space) or ablation.confirm is not None  # its base stands for its trials
+        points = [{"overrides": {}}] if dynamic else grid_points(ablation)
+        per_point = ablation_trials(study, name) if dynamic else len(study.seeds_of(name))
         for point in points:
             trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
             model = trial.model.name if trial.model.type == "transformer" else None

@@ -251,11 +251,14 @@ def project(
     stage_of = {name: n for n, wave in enumerate(stages(study)) for name in wave}
     entries = []
     for name, ablation in study.ablations.items():
-        points = [{"label": "sample", "overrides": {}}] * study.search.num_samples if ablation.space else []
-        points = points or grid_points(ablation)
+        # a sampled ablation's configurations, and those a confirm ablation reruns: its base stands for each
+        samples = study.search.num_samples if ablation.space else 0
+        samples = ablation.confirm.top_k if ablation.confirm is not None else samples
+        points = [{"label": "sample", "overrides": {}, "sampled": True}] * samples
+        points += [] if ablation.space else grid_points(ablation)
         entries += [{"ablation": name, **p, "seed": seed} for p in points for seed in study.seeds_of(name)]
-    distinct = merge_identical(study, [e for e in entries if not study.ablations[e["ablation"]].space])
-    distinct += [e for e in entries if study.ablations[e["ablation"]].space]
+    distinct = merge_identical(study, [e for e in entries if not e.get("sampled")])
+    distinct += [e for e in entries if e.get("sampled")]
     progress(f"pricing {len(distinct)} distinct trials (of {len(entries)}); reading their training rows ...")
     rows_cache: dict[str, int | str] = {}
     plans = []

@@ -461,8 +461,10 @@ def plan_rows(study: Study, name: str, trials: list[Trial]) -> list[Row]:
     for row in rows.values():
         row.config, row.planned_eval_only = planned_config(study, name, row.overrides)
     for (label, seed), trial in sorted(pick_trials(trials).items(), key=lambda kv: kv[1].start_time):
-        if label not in rows:
-            rows[label] = Row(label, {}, {}, [], in_study=bool(spec.space))
+        if label not in rows:  # a confirm ablation's best upstream configurations: its planned seeds
+            rows[label] = Row(
+                label, {}, {}, list(seeds) if spec.confirm else [], in_study=bool(spec.space or spec.confirm)
+            )
         rows[label].trials[seed] = trial
     for row in rows.values():
         row.paper = row.paper or paper_from_tags(row.trials.values())

@@ -224,13 +224,18 @@ def _search_alg(study: Study, ablation: str | None = None):
     return search_alg(study, ablation)
 
 
-def _scheduler(study: Study, ablation: str | None):
+def _scheduler(study: Study, ablation: str | None, trials: list[dict[str, Any]] | None = None):
     from clsr.study.search import scheduler
 
-    if study.scheduler.type == "fifo":
+    if study.scheduler.type == "fifo" or confirming(study, trials):  # a confirmation runs every seed out
         return None
     s = study.scheduler
     return scheduler(study, s.max_t or max(resolved_max_steps(study, ablation), s.grace_period))
+
+
+def confirming(study: Study, trials: list[dict[str, Any]] | None) -> bool:
+    """Whether an experiment's trials are all a confirm ablation's."""
+    return bool(trials) and all(study.ablations[t["ablation"]].confirm is not None for t in trials)
 
 
 def resolved_max_steps(study: Study, ablation: str | None) -> int:
@@ -243,10 +248,12 @@ def experiments(study: Study) -> list[tuple[str, str | None, list[str]]]:
     """(Tune experiment name, sampled ablation or None, ablations it runs), in running order.
 
     A grid study is one experiment per stage (``grid``, then ``grid-stage2`` ... when ablations need
-    others' trials); a sampled study is one experiment per ablation.
+    others' trials); a sampled study is one experiment per sampled ablation, then one grid experiment
+    per confirm ablation (its points are known once the sampled ones ran: ``confirm_trials``).
     """
     if study.search.algorithm != "grid":
-        return [(name, name, [name]) for name in study.ablations]
+        sampled = [(name, name, [name]) for name, a in study.ablations.items() if a.space]
+        return sampled + [(name, None, [name]) for name, a in study.ablations.items() if a.confirm]
     return [("grid" if n == 0 else f"grid-stage{n + 1}", None, wave) for n, wave in enumerate(stages(study))]
 
 
@@ -326,7 +333,7 @@ def _build_tuner(
             metric=study.metric if len(study.objectives) == 1 else None,
             mode=study.mode if len(study.objectives) == 1 else None,
             search_alg=_search_alg(study, ablation),
-            scheduler=_scheduler(study, ablation),
+            scheduler=_scheduler(study, ablation, ctx.trials),
             num_samples=tune_samples(study, ablation),  # optuna: configurations × seeds (Repeater)
             max_concurrent_trials=study.concurrency,
             # in-process trials: the next trial runs in the finished one's process, not a fresh one that
@@ -521,6 +528,25 @@ def _run_study(study: Study, study_text: str, resume: bool, allow_changes: bool,
             lease.release()
 
 
+def confirm_trials(
+    study: Study, client, parent_run_id: str, wave: list[str], planned: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
+    """A wave's trials with its confirm ablations' best upstream configurations × their seeds added
+    (``clsr.study.confirm``), and (trial, why) for those of a confirm ablation with none to confirm."""
+    from clsr.study.confirm import wave_points
+
+    points, empty, lines = wave_points(study, client, parent_run_id, wave)
+    for line in lines:
+        print(line)
+    why = {n: f"{study.ablations[n].confirm.of} has no finished configuration to confirm" for n in empty}
+    for name, reason in why.items():
+        print(f"skipped: ablations.{name}: {reason}")
+    kept = [t for t in planned if t["ablation"] not in why]
+    return kept + expand_trials(study, points), [
+        (t, why[t["ablation"]]) for t in planned if t["ablation"] in why
+    ]
+
+
 def check_storage(study: Study) -> None:
     """Before anything is recorded: cloud storage answers (a probe object), and a local folder is not
     used by a cluster whose nodes are on several hosts."""
@@ -555,8 +581,9 @@ def _run_waves(
                 replay(uri, storage)
             outputs = finished_outputs(client, parent_run_id, storage_root=storage) if staged else {}
             planned = expand_trials(study, [p for p in points if p["ablation"] in wave])
+            planned, unconfirmed = confirm_trials(study, client, parent_run_id, wave, planned)
             trials, blocked = ready_trials(study, planned, outputs)
-            skip_blocked(uri, parent_run_id, blocked)
+            skip_blocked(uri, parent_run_id, unconfirmed + blocked)
             if ablation is None:
                 trials = merge_identical(study, trials, outputs)
                 say_merged(trials)

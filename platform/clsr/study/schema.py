@@ -127,8 +127,18 @@ class Fidelity(Strict):
     )
 
 
+class Confirm(Strict):
+    """Tune, then confirm: rerun a sampled ablation's best configurations over this ablation's seeds."""
+
+    of: str = Field(description="the sampled ablation (one with a space) of the same study")
+    top_k: int = Field(
+        3, ge=1, le=100, description="how many of its best configurations (mean over seeds of the metric)"
+    )
+
+
 class Ablation(Strict):
-    """One table of a paper: a grid, an explicit list of points, or a search space."""
+    """One table of a paper: a grid, an explicit list of points, a search space, or a confirmation of
+    a sampled ablation's best configurations (``confirm``; explicit ``points`` run beside them)."""
 
     table: str | None = Field(None, description="the paper table it reproduces, e.g. 'SimCSE Table 3'")
     description: str | None = None
@@ -169,6 +179,11 @@ class Ablation(Strict):
         "settings (stand_in: label -> why) and which paper rows have no row here (not_expressible: "
         "paper row -> why); the report prints one line each",
     )
+    confirm: Confirm | None = Field(
+        None,
+        description="rerun the top_k best configurations of the sampled ablation `of` (and this "
+        "ablation's points, e.g. the paper's) over this ablation's seeds; the report tests them",
+    )
 
     @field_validator("seeds")
     @classmethod
@@ -195,6 +210,14 @@ class Ablation(Strict):
     @model_validator(mode="after")
     def _one_kind(self) -> Ablation:
         kinds = [k for k in ("grid", "points", "space") if getattr(self, k)]
+        if self.confirm is not None:  # its points are optional: its rows come from the upstream's best
+            others = [k for k in kinds if k != "points"]
+            if others:
+                raise ValueError(
+                    f"confirm: a confirm ablation takes points only, not {', '.join(others)} (its "
+                    f"configurations come from ablation {self.confirm.of!r}'s best)"
+                )
+            return self
         if len(kinds) != 1:
             raise ValueError(
                 f"an ablation needs exactly one of grid, points, space (given: {kinds or 'none'})"
@@ -547,6 +570,9 @@ class Study(Strict):
     def _search_matches_ablations(self) -> Study:
         sampling = self.search.algorithm != "grid"
         for name, ablation in self.ablations.items():
+            if ablation.confirm is not None:
+                self._check_confirm(name, ablation.confirm)
+                continue
             if sampling and not ablation.space:
                 raise ValueError(
                     f"ablation {name!r}: search.algorithm {self.search.algorithm} needs a 'space'"
@@ -564,8 +590,30 @@ class Study(Strict):
             self._check_space_fits_search()
         return self
 
+    def _check_confirm(self, name: str, confirm: Confirm) -> None:
+        """A confirm ablation reruns a sampled ablation's best: only in a sampled study, of one of its
+        sampled ablations, and at most as many configurations as it samples."""
+        if self.search.algorithm == "grid":
+            raise ValueError(
+                f"ablations.{name}.confirm: confirms a sampled ablation's best configurations; needs "
+                f"search.algorithm random or optuna (given: grid)"
+            )
+        sampled = [n for n, a in self.ablations.items() if a.space]
+        if confirm.of not in sampled:
+            raise ValueError(
+                f"ablations.{name}.confirm.of: names a sampled ablation (one with a space) of this study "
+                f"(given: {confirm.of!r}; allowed: {sampled})"
+            )
+        if confirm.top_k > self.search.num_samples:
+            raise ValueError(
+                f"ablations.{name}.confirm.top_k: at most search.num_samples "
+                f"({self.search.num_samples}) configurations are sampled (given: {confirm.top_k})"
+            )
+
     def _check_space_fits_search(self) -> None:
         for name, ablation in self.ablations.items():
+            if ablation.confirm is not None:  # no space of its own
+                continue
             keys = list(ablation.space)
             for n, point in enumerate(self.search.points_to_evaluate):
                 unknown = [k for k in point if k not in ablation.space]

@@ -1,0 +1,229 @@
+"""Tune, then confirm: a confirm ablation's points are the best configurations of a sampled ablation,
+read back from a real MLflow store of hand-made child runs (ranked by the mean over seeds, ties by
+label, values typed by the space's distributions), its refusals, its trial counts, and one study run
+end to end through the ``platform`` command (search, confirmation, report)."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from clsr.study.confirm import confirm_points, rank_configurations, typed_value, wave_points
+from clsr.study.fingerprint import fingerprint
+from clsr.study.load import load_study
+from clsr.study.plan import ablation_trials, count_trials, point_label, stages
+from clsr.study.schema import Distribution, StudyError
+
+SPACE = {
+    "trainer.lr": {"loguniform": [1e-5, 1e-4]},
+    "trainer.batch_size": {"choice": [8, 16]},
+    "eval.alignment_uniformity": {"choice": [True, False]},
+}
+STUDY = {
+    "name": "tc",
+    "method": "simcse_unsup",
+    "base": {"model": {"name": "minilm"}, "trainer": {"batch_size": 16, "max_steps": 20}},
+    "seeds": [1, 2],
+    "search": {"algorithm": "optuna", "num_samples": 4},
+    "ablations": {
+        "lr": {"space": SPACE},
+        "confirm": {
+            "confirm": {"of": "lr", "top_k": 2},
+            "seeds": [7, 8, 9],
+            "points": [{"label": "paper", "set": {"trainer.lr": 3e-5}, "paper": 76.3}],
+            "reference": "paper",
+        },
+    },
+}
+
+
+def study_of(tmp_path: Path, doc: dict | None = None, **ablations):
+    doc = copy.deepcopy(doc or STUDY)
+    doc["ablations"] = {**doc["ablations"], **ablations}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return load_study(path)
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A real MLflow sqlite store with a parent run; ``add`` makes a child run of it."""
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parent = client.create_run(client.create_experiment("tc")).info.run_id
+
+    def add(ablation, seed, value, lr, bs, au, status="finished", **params):
+        config = {"trainer.lr": str(lr), "trainer.batch_size": str(bs), "eval.alignment_uniformity": str(au)}
+        tags = {
+            "mlflow.parentRunId": parent, "clsr.ablation": ablation, "clsr.status": status,
+            "clsr.seed": str(seed), "clsr.point": f"anything {seed}",  # a tag: never read as a value
+        }  # fmt: skip
+        run = client.create_run(client.get_run(parent).info.experiment_id, tags=tags).info.run_id
+        for key, text in {**config, **params}.items():
+            client.log_param(run, key, text)
+        if value is not None:
+            client.log_metric(run, "best_dev_stsb", value)
+        client.set_terminated(run)
+
+    return client, parent, add
+
+
+def fill(add):
+    """Three configurations x two seeds (a and c tie at 0.75), plus runs that must not count."""
+    a, b, c = (1e-05, 8, True), (2e-05, 16, False), (5e-05, 8, False)
+    for seed, va, vb, vc in ((1, 0.7, 0.9, 0.8), (2, 0.8, 0.5, 0.7)):
+        add("lr", seed, va, *a)
+        add("lr", seed, vb, *b)
+        add("lr", seed, vc, *c)
+    add("lr", 1, 0.99, 9e-05, 16, True, status="failed")  # not finished
+    add("other", 1, 0.99, 9e-05, 16, True)  # another ablation
+    add("lr", 2, 0.99, 9e-05, 32, True)  # 32 is no choice: left out with a note
+    return a, b, c
+
+
+def label(lr, bs, au):
+    return point_label({"trainer.lr": lr, "trainer.batch_size": bs, "eval.alignment_uniformity": au})
+
+
+def test_configurations_ranked_by_the_mean_over_seeds_ties_by_label(tmp_path, store):
+    client, parent, add = store
+    a, b, c = fill(add)
+    study = study_of(tmp_path)
+    ranked, notes = rank_configurations(
+        study, "lr", client.search_runs([client.get_run(parent).info.experiment_id])
+    )
+    means = {label(*a): statistics.fmean([0.7, 0.8]), label(*b): statistics.fmean([0.9, 0.5]),
+             label(*c): statistics.fmean([0.8, 0.7])}  # fmt: skip
+    tied = sorted([label(*a), label(*c)])
+    assert [r["label"] for r in ranked] == [*tied, label(*b)]
+    assert {r["label"]: r["mean"] for r in ranked} == pytest.approx(means)
+    assert [r["seeds"] for r in ranked] == [2, 2, 2]
+    assert len(notes) == 1 and "32" in notes[0] and "left out" in notes[0]
+    first = next(r for r in ranked if r["label"] == label(*a))["overrides"]
+    assert first == {"trainer.lr": 1e-05, "trainer.batch_size": 8, "eval.alignment_uniformity": True}
+    assert type(first["trainer.batch_size"]) is int and first["eval.alignment_uniformity"] is True
+
+
+def test_mode_min_reverses_the_ranking(tmp_path, store):
+    client, parent, add = store
+    a, b, c = fill(add)
+    doc = {**copy.deepcopy(STUDY), "mode": "min"}
+    ranked, _ = rank_configurations(study_of(tmp_path, doc), "lr", runs(client, parent))
+    assert [r["label"] for r in ranked][0] == label(*b)
+
+
+def runs(client, parent):
+    return client.search_runs([client.get_run(parent).info.experiment_id])
+
+
+def test_top_k_points_and_the_runner_adds_them_over_the_confirm_seeds(tmp_path, store):
+    from clsr.study.runner import confirm_trials, expand_trials, grid_points
+
+    client, parent, add = store
+    fill(add)
+    study = study_of(tmp_path)
+    points, lines = confirm_points(study, "confirm", runs(client, parent))
+    best = rank_configurations(study, "lr", runs(client, parent))[0][:2]
+    assert [p["label"] for p in points] == [f"top1: {best[0]['label']}", f"top2: {best[1]['label']}"]
+    assert [p["overrides"] for p in points] == [r["overrides"] for r in best]
+    assert all(p["paper"] == {} and p["ablation"] == "confirm" for p in points)
+    explicit = expand_trials(
+        study, [{"ablation": "confirm", **p} for p in grid_points(study.ablations["confirm"])]
+    )
+    trials, blocked = confirm_trials(study, client, parent, ["confirm"], explicit)
+    assert blocked == [] and len(trials) == (2 + 1) * 3
+    assert sorted({t["seed"] for t in trials}) == [7, 8, 9]
+    assert confirm_points(study, "confirm", runs(client, parent)) == (points, lines)  # deterministic
+
+
+def test_fewer_configurations_than_top_k_are_confirmed_with_a_line(tmp_path, store):
+    client, parent, add = store
+    add("lr", 1, 0.5, 1e-05, 8, True)
+    study = study_of(tmp_path)
+    points, lines = confirm_points(study, "confirm", runs(client, parent))
+    assert len(points) == 1 and lines == [
+        "ablations.confirm: lr has 1 finished configuration(s), fewer than top_k 2: confirming those"
+    ]
+
+
+def test_none_finished_skips_the_confirm_trials_with_a_reason(tmp_path, store, capsys):
+    from clsr.study.runner import confirm_trials, expand_trials, grid_points
+
+    client, parent, add = store
+    add("lr", 1, 0.5, 1e-05, 8, True, status="failed")
+    study = study_of(tmp_path)
+    assert wave_points(study, client, parent, ["confirm"]) == ([], ["confirm"], [])
+    explicit = expand_trials(
+        study, [{"ablation": "confirm", **p} for p in grid_points(study.ablations["confirm"])]
+    )
+    trials, blocked = confirm_trials(study, client, parent, ["confirm"], explicit)
+    assert trials == [] and [t["seed"] for t, _ in blocked] == [7, 8, 9]
+    assert {why for _, why in blocked} == {"lr has no finished configuration to confirm"}
+    assert (
+        "skipped: ablations.confirm: lr has no finished configuration to confirm" in capsys.readouterr().out
+    )
+
+
+def test_typed_values_are_exact():
+    assert typed_value(Distribution(choice=[1, 2]), "2") == 2
+    assert typed_value(Distribution(choice=[True, False]), "False") is False
+    assert typed_value(Distribution(randint=[1, 9]), "4") == 4
+    assert typed_value(Distribution(uniform=[0.0, 1.0]), "0.25") == 0.25
+    with pytest.raises(ValueError, match="none of the choices"):
+        typed_value(Distribution(choice=[1, 2]), "2.0")
+
+
+@pytest.mark.parametrize(
+    ("doc_change", "ablation", "fragment"),
+    [
+        ({}, {"confirm": {"of": "nope"}}, "ablations.c.confirm.of: names a sampled ablation"),
+        (
+            {},
+            {"confirm": {"of": "lr", "top_k": 5}},
+            "ablations.c.confirm.top_k: at most search.num_samples (4)",
+        ),
+        ({}, {"confirm": {"of": "lr"}, "grid": {"trainer.lr": [1e-5]}}, "confirm ablation takes points only"),
+        ({}, {"confirm": {"of": "lr"}, "space": SPACE}, "confirm ablation takes points only"),
+        ({}, {"confirm": {"of": "lr", "top_k": 0}}, "top_k"),
+        (
+            {"search": {"algorithm": "grid"}},
+            {"confirm": {"of": "lr"}},
+            "needs search.algorithm random or optuna",
+        ),
+    ],
+)
+def test_refusals_name_the_field(tmp_path, doc_change, ablation, fragment):
+    doc = {**copy.deepcopy(STUDY), **doc_change}
+    if doc_change:
+        doc["ablations"] = {"lr": {"grid": {"trainer.lr": [1e-5]}}}
+    with pytest.raises(StudyError, match="confirm|top_k") as err:
+        study_of(tmp_path, doc, c=ablation)
+    assert fragment in str(err.value)
+
+
+def test_counted_trials_stages_and_fingerprint(tmp_path):
+    study = study_of(tmp_path)
+    assert ablation_trials(study, "confirm") == (2 + 1) * 3  # (top_k + explicit points) x seeds
+    assert ablation_trials(study, "lr") == 4 * 2
+    assert count_trials(study) == (8 + 9, 8 + 9)
+    assert stages(study) == [["lr"], ["confirm"]]
+    keys = fingerprint(study)
+    assert {"confirm[confirm] seed=7", "confirm[paper] seed=7"} <= set(keys)
+    edited = study_of(
+        tmp_path, None, confirm={**STUDY["ablations"]["confirm"], "confirm": {"of": "lr", "top_k": 3}}
+    )
+    assert fingerprint(edited)["confirm[confirm] seed=7"] != keys["confirm[confirm] seed=7"]
+
+
+def test_confirm_runs_after_the_search_as_a_grid_without_early_stopping(tmp_path):
+    from clsr.study.runner import _scheduler, experiments
+
+    doc = {**copy.deepcopy(STUDY), "scheduler": {"type": "asha"}}
+    study = study_of(tmp_path, doc)
+    assert experiments(study) == [("lr", "lr", ["lr"]), ("confirm", None, ["confirm"])]
+    trials = [{"ablation": "confirm", "label": "paper", "overrides": {}, "seed": 7}]
+    assert _scheduler(study, None, trials) is None and _scheduler(study, "lr") is not None
