@@ -774,8 +774,10 @@ def test_rcl_table_2_says_its_stackfaq_headline_has_no_published_numbers():
     study = load_study("studies/rcl_ablations.yaml")
     faq = ablation_report(study, "faq_rcl", [])
     faq.main_metric = "test_stackfaq_map"  # what the trials' metrics make it (none ran here)
-    declared, line = fidelity_lines(faq)  # the study file's fidelity: first, then what the numbers show
-    assert declared.startswith("stand-in data: data.train=faq:stackfaq, ") and "StackFAQ MAP" in declared
+    *declared, line = fidelity_lines(faq)  # the study file's fidelity: first, then what the numbers show
+    assert (
+        declared[0].startswith("stand-in data: data.train=faq:stackfaq, ") and "StackFAQ MAP" in declared[0]
+    )
     assert line.startswith("no published number for the main metric test_stackfaq_map in any row")
     assert "test_faqir_map" in line and "test_cough_top1" in line  # where the paper's numbers are
     assert "offline stand-in with no published numbers" in line  # the study file's own words
