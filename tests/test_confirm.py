@@ -227,3 +227,76 @@ def test_confirm_runs_after_the_search_as_a_grid_without_early_stopping(tmp_path
     assert experiments(study) == [("lr", "lr", ["lr"]), ("confirm", None, ["confirm"])]
     trials = [{"ablation": "confirm", "label": "paper", "overrides": {}, "seed": 7}]
     assert _scheduler(study, None, trials) is None and _scheduler(study, "lr") is not None
+
+
+@pytest.mark.e2e
+def test_search_then_confirm_through_the_platform_command(tmp_path):
+    """Optuna samples 2 learning rates x 2 seeds; the confirm ablation reruns the best one and the
+    paper's configuration over 2 new seeds, and the report tests the best against the paper row."""
+    from scipy import stats
+
+    from clsr.study.report import build_report, fmt_p
+    from test_e2e import platform_cmd, runs_of
+    from test_resilience import tiny_study
+
+    ablations = {
+        "lr": {"space": {"trainer.lr": {"loguniform": [1.0e-5, 1.0e-3]}}},
+        "confirm": {
+            "confirm": {"of": "lr", "top_k": 1},
+            "seeds": [5, 6],
+            "points": [{"label": "paper", "set": {"trainer.lr": 3.0e-5}, "paper": 76.3}],
+            "reference": "paper",
+        },
+    }
+    trainer = {"max_steps": 2, "eval_steps": 2, "log_every": 1}
+    study_file, uri = tiny_study(
+        tmp_path, "confirmed", trainer, ablations,
+        seeds=[1, 2], search={"algorithm": "optuna", "sampler": "random", "num_samples": 2},
+        resources={"workers_per_trial": 0, "cpus_per_worker": 1}, concurrency=2,
+        system_metrics_interval_s=None,
+    )  # fmt: skip
+    proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
+    output, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, output[-3000:]
+    client, (parent,), children = runs_of(uri, "confirmed")
+    of = {"lr": [], "confirm": []}
+    for child in children:
+        assert child.data.tags["clsr.status"] == "finished"
+        of[child.data.tags["clsr.ablation"]].append(child)
+    means: dict[str, list[float]] = {}
+    for run in of["lr"]:
+        means.setdefault(run.data.params["trainer.lr"], []).append(run.data.metrics["best_dev_stsb"])
+    best = max(means, key=lambda lr: (statistics.fmean(means[lr]), lr))
+    assert len(of["lr"]) == 4 and len(of["confirm"]) == 4
+    points = {(r.data.tags["clsr.point"], int(r.data.tags["clsr.seed"])): r for r in of["confirm"]}
+    top = f"top1: trainer.lr={float(best)}"
+    assert sorted(points) == sorted([(top, 5), (top, 6), ("paper", 5), ("paper", 6)])
+    assert {points[(top, s)].data.params["trainer.lr"] for s in (5, 6)} == {best}
+    assert points[("paper", 5)].data.params["trainer.lr"] == "3e-05"
+    report = build_report(load_study(study_file), client, parent.info.run_id, uri)
+    confirm = next(a for a in report.ablations if a.name == "confirm")
+    rows = {r.label: r for r in confirm.rows}
+    assert set(rows) == {"paper", top} and rows["paper"].reference and rows["paper"].paper
+    assert rows[top].seeds == [5, 6] and rows[top].trials_text() == "2/2 ok"
+    metric = confirm.main_metric
+    expected = stats.ttest_rel(
+        [points[(top, s)].data.metrics[metric] for s in (5, 6)],
+        [points[("paper", s)].data.metrics[metric] for s in (5, 6)],
+    )
+    assert rows[top].test.n == 2
+    assert rows[top].test.p_value == pytest.approx(expected.pvalue, nan_ok=True)
+    shown = platform_cmd(
+        "study", "report", str(study_file), "--out", str(tmp_path / "r"), cwd=tmp_path, uri=uri
+    )
+    printed, _ = shown.communicate(timeout=300)
+    assert shown.returncode == 0, printed[-3000:]
+    markdown = (tmp_path / "r" / "report.md").read_text().splitlines()
+    start = next(n for n, line in enumerate(markdown) if "reference row 'paper'" in line)
+    cells: dict[str, list[str]] = {}  # the confirm ablation's main table: its first row per label
+    for line in markdown[start:]:
+        row = [x.strip() for x in line.split("|")]
+        if len(row) > 12 and row[1] in ("paper", top):
+            cells.setdefault(row[1], row)
+    assert cells["paper"][2] == "reference" and cells["paper"][10] == "(reference)"
+    assert cells["paper"][7] == "76.30" and cells[top][3] == "2/2 ok"
+    assert cells[top][11] == fmt_p(expected.pvalue)  # the paired test of the best against the paper row

@@ -15,7 +15,17 @@ from clsr.encoders.textcnn import TextCNNConfig
 from clsr.encoders.transformer import ModelConfig
 from clsr.eval.custom import CustomTask
 from clsr.methods import METHODS, get_method
-from clsr.study.schema import Ablation, Need, Point, ReportOptions, Resources, Scheduler, Search, Study
+from clsr.study.schema import (
+    Ablation,
+    Confirm,
+    Need,
+    Point,
+    ReportOptions,
+    Resources,
+    Scheduler,
+    Search,
+    Study,
+)
 from clsr.train.config import DataConfig, EvalConfig, TrainerConfig
 
 HEADER = """# Study file reference
@@ -31,6 +41,7 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("ablations.&lt;name&gt;", Ablation, ""),
     ("ablations.&lt;name&gt;.points[]", Point, ""),
     ("ablations.&lt;name&gt;.needs.&lt;key&gt;", Need, ""),
+    ("ablations.&lt;name&gt;.confirm", Confirm, ""),
     ("search", Search, ""),
     ("report", ReportOptions, ""),
     ("scheduler", Scheduler, ""),
