@@ -115,3 +115,20 @@ def test_refusals_are_one_line(store, capsys):
     assert main(["study", "promote", str(store["file"]), "--point", "0.3"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--point '0.3'" in err
+
+
+def test_models_uri_resolves_in_the_given_store_whatever_this_process_set_before(
+    store, tmp_path, monkeypatch
+):
+    """MLflow's own models:/ download asks the process-wide registry (the global tracking URI another part
+    of the process set: a test, a notebook, `eval --mlflow`), not the store this command was given."""
+    import mlflow
+
+    promote(load_study(store["file"]), store["uri"], ablation="temperature", point=T05, name="elsewhere")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'another.db'}")  # set earlier, elsewhere
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store["uri"])  # this command's store
+    try:
+        loaded, pipeline = load_model("models:/elsewhere/1")
+    finally:
+        mlflow.set_tracking_uri(None)  # no global left for the tests after this one
+    assert make_embedder(loaded, pipeline)(SENTENCES).shape == store["expected"].shape

@@ -478,11 +478,9 @@ def _downloaded(uri: str) -> Iterator[Path]:
     target = tempfile.mkdtemp(prefix="clsr-model-")
     try:
         tracking = resolve_tracking_uri(None)
-        # models:/ resolves in the registry: $MLFLOW_REGISTRY_URI, else the tracking store (MLflow's own
-        # default would not follow clsr's default tracking URI)
-        registry = os.environ.get("MLFLOW_REGISTRY_URI") or tracking
+        source = _registered_source(uri, tracking) if uri.startswith("models:/") else uri
         path = mlflow.artifacts.download_artifacts(
-            artifact_uri=uri, dst_path=target, tracking_uri=tracking, registry_uri=registry
+            artifact_uri=source, dst_path=target, tracking_uri=tracking
         )
     except Exception as err:  # MlflowException, OSError: no such run, model or artifact
         shutil.rmtree(target, ignore_errors=True)
@@ -495,6 +493,19 @@ def _downloaded(uri: str) -> Iterator[Path]:
         yield Path(path)
     finally:
         shutil.rmtree(target, ignore_errors=True)
+
+
+def _registered_source(uri: str, tracking: str) -> str:
+    """Where the registered model version ``models:/<name>/<version>`` (or ``@alias``, a stage,
+    ``latest``) keeps its files, looked up in the registry: ``$MLFLOW_REGISTRY_URI``, else the tracking
+    store. Asked here with an explicit client because MLflow's models:/ download asks the process-wide
+    registry URI, whatever tracking URI it is given (another part of a process may have set it)."""
+    from mlflow.store.artifact.utils.models import get_model_name_and_version
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking, registry_uri=os.environ.get("MLFLOW_REGISTRY_URI") or tracking)
+    name, version = get_model_name_and_version(client, uri)
+    return client.get_model_version_download_uri(name, version)
 
 
 def mlflow_uri(source: str) -> str | None:
