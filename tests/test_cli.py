@@ -16,19 +16,31 @@ from clsr.study.trial import StudyContext
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_optuna_asha_study_builds_its_searcher_and_scheduler(tmp_path):
-    from ray.tune.schedulers import ASHAScheduler
+def test_the_shipped_tune_then_confirm_study_builds_its_searcher(tmp_path):
+    """simcse_tuning: Optuna over 2 seeds (Repeater), the paper's configuration first, FIFO; then the
+    confirm ablation over 5 fresh seeds: 16 x 2 + (3 + 1) x 5 trials."""
+    from ray.tune.schedulers import FIFOScheduler
     from ray.tune.search.optuna import OptunaSearch
+
+    from clsr.study.plan import count_trials
+    from clsr.study.search import SeedRepeater
 
     study = load_study(REPO_ROOT / "studies" / "simcse_tuning.yaml")
     ctx = StudyContext(study.model_dump(by_alias=True), "sqlite:///x.db", "parent", str(tmp_path))
     tuner = build_tuner(study, ctx, "lr_batch", restore=False)
     tune_config = tuner._local_tuner._tune_config
-    assert isinstance(tune_config.search_alg, OptunaSearch)
-    assert isinstance(tune_config.scheduler, ASHAScheduler)
-    assert tune_config.scheduler._time_attr == "step" and tune_config.num_samples == 16
+    repeater = tune_config.search_alg
+    assert isinstance(repeater, SeedRepeater) and isinstance(repeater.searcher, OptunaSearch)
+    assert repeater.seeds == [42, 43] and tune_config.num_samples == 16 * 2
+    assert tune_config.scheduler is None or isinstance(tune_config.scheduler, FIFOScheduler)
+    assert repeater.searcher._points_to_evaluate[0]["point/overrides/trainer.lr"] == 3.0e-5
     space = param_space(study, "lr_batch")["point"]["overrides"]
     assert set(space) == {"trainer.lr", "trainer.batch_size"}
+    assert count_trials(study)[0] == 16 * 2 + (3 + 1) * 5
+    assert (
+        study.ablations["confirmed"].confirm.of == "lr_batch"
+        and study.ablations["confirmed"].reference == "paper"
+    )
 
 
 def test_points_that_cannot_run_offline_are_refused_or_skipped(monkeypatch, capsys):
