@@ -300,3 +300,22 @@ def test_search_then_confirm_through_the_platform_command(tmp_path):
     assert cells["paper"][2] == "reference" and cells["paper"][10] == "(reference)"
     assert cells["paper"][7] == "76.30" and cells[top][3] == "2/2 ok"
     assert cells[top][11] == fmt_p(expected.pvalue)  # the paired test of the best against the paper row
+
+
+def test_a_confirm_ablation_without_points_is_checked_and_probed_through_its_base(tmp_path, monkeypatch):
+    """Its points come from the search: validation checks its base trial's sources (a model that is not
+    here is named), and `study plan --probe-ablation` probes the base instead of failing."""
+    from clsr.study.probe import probe_trial
+    from clsr.study.runner import plan_points
+
+    doc = copy.deepcopy(STUDY)
+    doc["ablations"]["confirm"] = {"confirm": {"of": "lr", "top_k": 2}, "seeds": [7]}
+    study = study_of(tmp_path, doc)
+    points, unavailable = plan_points(study)
+    assert points == [] and unavailable == []
+    label, trial = probe_trial(study, "confirm", steps=2)
+    assert label == "confirm/base" and trial.trainer.max_steps == 2
+    doc["ablations"]["confirm"]["base"] = {"model": {"name": "no-such-org/no-such-model"}}
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _, unavailable = plan_points(study_of(tmp_path, doc))
+    assert len(unavailable) == 1 and unavailable[0].startswith("ablations.confirm[base]: ")

@@ -42,7 +42,8 @@ def probe_trial(
         raise ValueError(f"--probe-ablation {name!r}: study {study.name!r} has {', '.join(study.ablations)}")
     if study.ablations[name].space:
         raise ValueError(f"--probe-ablation {name!r} is a search space: name one of the study's grids")
-    point = grid_points(study.ablations[name])[0]
+    points = grid_points(study.ablations[name])  # a confirm ablation may have none: its base stands in
+    point = points[0] if points else {"label": "base", "overrides": {}}
     trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
     steps_per_epoch, total = build_method(trial).plan_steps(len(training_rows(trial)), trial, 1)
     if total == 0:

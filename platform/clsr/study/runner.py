@@ -77,11 +77,12 @@ def plan_points(study: Study) -> tuple[list[dict[str, Any]], list[str]]:
         raise StudyError(study.name, report.lines("problems"))
     points, unavailable = [], []
     for name, ablation in study.ablations.items():
-        if ablation.space:  # sampled: its base trial stands for the samples
+        grid = [] if ablation.space else grid_points(ablation)
+        if not grid:  # sampled, or confirming only: its base trial stands for the points to come
             base = resolve_trial(study, name, {}, study.seeds_of(name)[0])
             unavailable += [f"ablations.{name}[base]: {why}" for why in trial_source_problems(base)[1]]
             continue
-        for point in grid_points(ablation):
+        for point in grid:
             trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
             missing = trial_source_problems(trial)[1]
             why = missing[0] if missing else build_method(trial).unavailable(trial)
