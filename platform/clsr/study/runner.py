@@ -577,9 +577,11 @@ def _run_waves(
     try:
         for name, ablation, wave in experiments(study):
             interrupts.check()
-            staged = any(study.ablations[a].needs for a in wave)
-            if staged:  # upstream trials' checkpoint tags may still wait in their journals
+            # upstream trials' checkpoint tags, or a searched ablation's last results that a confirmation
+            # ranks, may still wait in their journals
+            if any(study.ablations[a].needs or study.ablations[a].confirm for a in wave):
                 replay(uri, storage)
+            staged = any(study.ablations[a].needs for a in wave)
             outputs = finished_outputs(client, parent_run_id, storage_root=storage) if staged else {}
             planned = expand_trials(study, [p for p in points if p["ablation"] in wave])
             planned, unconfirmed = confirm_trials(study, client, parent_run_id, wave, planned)
