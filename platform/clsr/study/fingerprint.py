@@ -4,7 +4,8 @@ Each trial is keyed by ``<ablation>[<point>] seed=<n>`` (a sampled ablation by i
 hashed over its fully resolved configuration, plus one entry for what decides which trials stop early
 or how they are chosen (metric, mode, scheduler, search). A confirm ablation is keyed by its spec and
 base per seed, and by its explicit points: the configurations it confirms are known only once its
-upstream ran, so they are not in the fingerprint (a resume picks the same ones from the same runs). Settings that do not change a trial's result
+upstream ran, so they are not in the fingerprint (a resume picks the same ones from the same runs). An
+adaptive-seeds ablation is keyed by its first ``min`` seeds, each entry hashed with its adaptive rule. Settings that do not change a trial's result
 (resources, concurrency, time limits, storage, tracking) are left out, so a resume may change them.
 """
 
@@ -54,7 +55,9 @@ def fingerprint(study: Study) -> dict[str, str]:
                 entries[trial_key(name, "confirm", seed)] = digest({"base": doc, "confirm": confirm})
             for point in grid_points(ablation):
                 doc = trial_document(study, name, point["overrides"], seed)
-                entries[trial_key(name, point["label"], seed)] = digest(doc)
+                adaptive = study.adaptive_of(name)  # its rule decides which seeds run beyond the first min
+                value = {"doc": doc, "adaptive": adaptive.model_dump()} if adaptive else doc
+                entries[trial_key(name, point["label"], seed)] = digest(value)
     return entries
 
 

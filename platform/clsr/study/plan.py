@@ -252,12 +252,26 @@ def ablation_trials(study: Study, ablation: str) -> int:
 
 def seed_notes(study: Study) -> list[str]:
     """``study validate``'s note per ablation with published numbers but one seed: its report rows
-    get no confidence interval and no reproduction verdict."""
+    get no confidence interval and no reproduction verdict; and each adaptive-seeds ablation's bounds."""
     return [
         f"ablations.{name}: 1 seed: no CI or verdict; give seeds: [42, 43, 44] (or more)"
         for name, spec in study.ablations.items()
         if len(study.seeds_of(name)) == 1 and (spec.paper or any(p.paper is not None for p in spec.points))
-    ]
+    ] + adaptive_notes(study)
+
+
+def adaptive_notes(study: Study) -> list[str]:
+    """``study validate``'s note per adaptive-seeds ablation: its trials from min to max seeds a row."""
+    notes = []
+    for name in study.ablations:
+        spec = study.adaptive_of(name)
+        if spec is not None:
+            planned = ablation_trials(study, name)
+            notes.append(
+                f"ablations.{name}: adaptive seeds: {planned} to {planned // spec.min * spec.max} trials "
+                f"(rows whose CI is wider than ±{spec.until_ci:g} or verdict inconclusive get more seeds)"
+            )
+    return notes
 
 
 def planned_trials(study: Study) -> int:

@@ -17,6 +17,7 @@ from clsr.eval.custom import CustomTask
 from clsr.methods import METHODS, get_method
 from clsr.study.schema import (
     Ablation,
+    AdaptiveSeeds,
     Confirm,
     Need,
     Point,
@@ -42,6 +43,7 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("ablations.&lt;name&gt;.points[]", Point, ""),
     ("ablations.&lt;name&gt;.needs.&lt;key&gt;", Need, ""),
     ("ablations.&lt;name&gt;.confirm", Confirm, ""),
+    ("ablations.&lt;name&gt;.seeds (adaptive)", AdaptiveSeeds, ""),
     ("search", Search, ""),
     ("report", ReportOptions, ""),
     ("scheduler", Scheduler, ""),

@@ -468,6 +468,8 @@ def plan_rows(study: Study, name: str, trials: list[Trial]) -> list[Row]:
         rows[label].trials[seed] = trial
     for row in rows.values():
         row.paper = row.paper or paper_from_tags(row.trials.values())
+        if study.adaptive_of(name) is not None:  # adaptive: the seeds added to it are planned too
+            row.seeds = sorted(set(row.seeds) | {s for s in row.trials if s is not None})
     return average_rows(spec, list(rows.values())) if spec.average_over else list(rows.values())
 
 

@@ -601,6 +601,7 @@ def _run_waves(
             _fit(study, ctx, ablation, name, interrupts)
             if ablation is None:  # an edited resume: the changed and added trials, as their own wave
                 _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id)
+                adaptive_rounds(study, ctx, wave, interrupts, client)
     except Interrupted:
         pass
     except BaseException:
@@ -641,6 +642,32 @@ def say_merged(trials: list[dict[str, Any]]) -> None:
         print(f"  {key_of(trial)} also stands for {others}")
     if len(merged) > 10:
         print(f"  ... and {len(merged) - 10} more")
+
+
+def adaptive_rounds(study: Study, ctx: StudyContext, wave: list[str], interrupts: Interrupts, client) -> None:
+    """Adaptive-seeds ablations of a finished wave: round k (2, 3, ...) gives one more seed to each row
+    that needs one (``clsr.study.adaptive``), as Tune experiment ``<ablation>-seeds<k>``; a resume
+    restores a round's experiment by that name (``_fit``), then decides the next from MLflow again."""
+    from clsr.study.adaptive import round_trials
+    from clsr.study.report import load_trials
+
+    for ablation in [a for a in wave if study.adaptive_of(a) is not None]:
+        spec = study.adaptive_of(ablation)
+        for k in range(2, spec.max - spec.min + 2):  # each round adds a seed: at most max - min rounds
+            interrupts.check()
+            trials = round_trials(study, ablation, load_trials(client, ctx.parent_run_id))
+            if not trials:
+                break
+            rows = len({t["label"] for t in trials})
+            print(f"ablations.{ablation}: round {k} adds a seed to {rows} row(s) (CI wider than "
+                  f"±{spec.until_ci:g} or verdict inconclusive)")  # fmt: skip
+            trials = merge_identical(study, ready_trials(study, trials, ctx.outputs)[0], ctx.outputs)
+            fresh = [key for key in shared_inputs(study, trials, ctx.outputs) if key not in ctx.shared]
+            shared = {**ctx.shared, **(prepare_shared(study, trials, ctx.outputs) if fresh else {})}
+            round_ctx = replace(ctx, trials=trials, shared=shared, skip=frozenset())
+            _fit(study, round_ctx, None, f"{ablation}-seeds{k}", interrupts)
+            if interrupts.reason == "lease_lost":
+                return
 
 
 def _fit(study: Study, ctx: StudyContext, ablation: str | None, name: str, interrupts: Interrupts) -> None:

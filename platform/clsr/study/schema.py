@@ -136,6 +136,32 @@ class Confirm(Strict):
     )
 
 
+class AdaptiveSeeds(Strict):
+    """Adaptive seeds: every row runs ``min`` seeds, then rows still too uncertain get one more seed per
+    round, up to ``max`` (``clsr.study.adaptive``)."""
+
+    min: int = Field(ge=2, le=100, description="seeds every row runs first")
+    max: int = Field(le=100, description="at most this many seeds per row (>= min)")
+    until_ci: float = Field(
+        gt=0,
+        description="the widest allowed half-width of a row's 95 % CI, in points of its main metric; a row "
+        "with a paper number also gets seeds while its verdict is inconclusive",
+    )
+    first: Seed = Field(1, description="seeds are first, first+1, ... first+max-1")
+
+    @model_validator(mode="after")
+    def _max_at_least_min(self) -> AdaptiveSeeds:
+        if self.max < self.min:
+            raise ValueError(f"max: at least min ({self.min}) (given: {self.max})")
+        check_seed(self.first + self.max - 1)  # the pool's last seed
+        return self
+
+    @property
+    def pool(self) -> list[int]:
+        """Every seed a row may run, in order."""
+        return [self.first + n for n in range(self.max)]
+
+
 class Ablation(Strict):
     """One table of a paper: a grid, an explicit list of points, a search space, or a confirmation of
     a sampled ablation's best configurations (``confirm``; explicit ``points`` run beside them)."""
@@ -160,8 +186,11 @@ class Ablation(Strict):
         description="label of the row the report tests the others against (paired t-test over seeds); "
         "default: paper_choice, else the first point",
     )
-    seeds: list[Seed] | None = Field(
-        None, min_length=1, description="this ablation's seeds (default: the study's); 0 <= seed < 2**32"
+    seeds: list[Seed] | AdaptiveSeeds | None = Field(
+        None,
+        description="this ablation's seeds (default: the study's); 0 <= seed < 2**32; or adaptive, "
+        "{min: 3, max: 10, until_ci: 0.5}: more seeds, round by round, only to rows whose CI is wider "
+        "than ±until_ci or whose verdict is inconclusive, up to max",
     )
     needs: dict[str, Need] = Field(
         default_factory=dict,
@@ -187,8 +216,10 @@ class Ablation(Strict):
 
     @field_validator("seeds")
     @classmethod
-    def _distinct_seeds(cls, seeds: list[int] | None) -> list[int] | None:
-        if seeds is not None and len(set(seeds)) != len(seeds):
+    def _distinct_seeds(cls, seeds: list[int] | AdaptiveSeeds | None) -> list[int] | AdaptiveSeeds | None:
+        if isinstance(seeds, list) and not seeds:
+            raise ValueError("at least one seed")
+        if isinstance(seeds, list) and len(set(seeds)) != len(seeds):
             raise ValueError("seeds must be distinct")
         return seeds
 
@@ -630,4 +661,34 @@ class Study(Strict):
                 )
 
     def seeds_of(self, ablation: str) -> list[int]:
-        return self.ablations[ablation].seeds or self.seeds
+        """The ablation's seeds; adaptive: the first ``min`` (what every row runs)."""
+        seeds = self.ablations[ablation].seeds
+        if isinstance(seeds, AdaptiveSeeds):
+            return seeds.pool[: seeds.min]
+        return seeds or self.seeds
+
+    def adaptive_of(self, ablation: str) -> AdaptiveSeeds | None:
+        seeds = self.ablations[ablation].seeds
+        return seeds if isinstance(seeds, AdaptiveSeeds) else None
+
+    @model_validator(mode="after")
+    def _adaptive_on_plain_grids(self) -> Study:
+        """Adaptive seeds add trials after a wave: only to an ablation no other trial depends on, and whose
+        rows are known (not sampled, not confirmed, not staged: downstream trials take fixed seeds)."""
+        needed = {need.ablation for a in self.ablations.values() for need in a.needs.values()}
+        for name, ablation in self.ablations.items():
+            if not isinstance(ablation.seeds, AdaptiveSeeds):
+                continue
+            why = (
+                "a sampled ablation (space)" if ablation.space
+                else "a confirm ablation (confirm)" if ablation.confirm is not None
+                else "an ablation with needs" if ablation.needs
+                else "an ablation that another ablation needs" if name in needed
+                else None
+            )  # fmt: skip
+            if why:
+                raise ValueError(
+                    f"ablations.{name}.seeds: adaptive seeds are for grid/points ablations; not on {why} "
+                    f"(give a list of seeds)"
+                )
+        return self
