@@ -655,6 +655,7 @@ def adaptive_rounds(study: Study, ctx: StudyContext, wave: list[str], interrupts
         spec = study.adaptive_of(ablation)
         for k in range(2, spec.max - spec.min + 2):  # each round adds a seed: at most max - min rounds
             interrupts.check()
+            replay(ctx.tracking_uri, ctx.storage)  # the last round's results may wait in their journals
             trials = round_trials(study, ablation, load_trials(client, ctx.parent_run_id))
             if not trials:
                 break
