@@ -206,7 +206,7 @@ def test_runs_table_shows_trials_and_metrics(mlflow_ui, study, page, tmp_path):
 
         # Metric and parameter columns are off by default: switch some on in "Columns" (found through its
         # search box: the list of columns scrolls), and some attribute columns off to make room.
-        page.get_by_role("button", name="Columns").click()
+        page.get_by_role("button", name="Columns", exact=True).click()
         search = page.get_by_placeholder("Search columns")
         tree = page.get_by_test_id("column-selector-tree")
         for column in (*METRICS, "method.temperature", "Dataset", "Source", "Models"):
