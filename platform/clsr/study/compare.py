@@ -6,7 +6,7 @@ the two share: the same resolved configuration, as each child run logged it in i
 ``study.*`` labels, the seed, and any ``--ignore`` prefixes, e.g. a data folder that differs between two
 machines), and the same seed. Per point it reports the paired differences B - A of the metric: their
 mean, SciPy's Student-t 95 % CI and paired t-test (``scipy.stats.ttest_rel``), and the p-values adjusted
-across points with Holm's method (``statsmodels.stats.multitest.multipletests``), as in the report.
+across points with Holm's method, the report's own ``holm``.
 Points only one record holds are listed apart. Only values are compared: nothing here takes a path or
 a location from a run's tags. The pairing and the table are the only hand-written parts.
 """
@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
-from statsmodels.stats.multitest import multipletests
 
 from clsr.results import study_name_and_uri
 from clsr.study.fingerprint import digest
-from clsr.study.report import NoStudyRuns, Trial, load_trials, open_study_runs, pick_trials
+from clsr.study.report import NoStudyRuns, Trial, holm, load_trials, open_study_runs, pick_trials
 from clsr.tracking.study_runs import parent_runs, resolve_tracking_uri
 
 CONFIDENCE = 0.95
@@ -142,19 +141,10 @@ def compare(a: Record, b: Record, metric: str = DEFAULT_METRIC, ignore: tuple[st
         values_b = [right[(cfg, s)][1] for s in seeds]
         rows.append({"point": name, "seeds": ",".join(map(str, seeds)), **paired(values_a, values_b)})
     table = pd.DataFrame(rows, columns=[*COLUMNS[:-1]])
-    table["p_holm"] = holm(table["p"].to_numpy(dtype=float))
+    table["p_holm"] = holm(table["p"].tolist())  # the report's Holm: nan (no test) is no comparison
     only_a = sorted({label for cfg, label in labels.items() if cfg not in shared})
     only_b = sorted({label for cfg, label in labels_b.items() if cfg not in shared})
     return Comparison(table, only_a, only_b, metric, sorted(names_a - names), sorted(names_b - names))
-
-
-def holm(p: np.ndarray) -> np.ndarray:
-    """Holm-adjusted p over the points that have a p-value (nan stays nan)."""
-    adjusted = np.full(len(p), math.nan)
-    tested = ~np.isnan(p)
-    if tested.any():
-        adjusted[tested] = multipletests(p[tested], method="holm")[1]
-    return adjusted
 
 
 def render(comparison: Comparison, a: Record, b: Record) -> str:
