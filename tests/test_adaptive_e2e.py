@@ -10,8 +10,8 @@ import pytest
 
 from clsr.study.load import load_study
 from clsr.study.report import build_report
-from test_e2e import platform_cmd, runs_of
-from test_resilience import tiny_study
+from test_e2e import runs_of
+from test_resilience import run_in_process
 
 pytestmark = pytest.mark.e2e
 
@@ -21,14 +21,7 @@ def test_rows_wider_than_asked_get_another_seed_up_to_max(tmp_path):
     seeds = {"min": 2, "max": 3, "until_ci": 1.0e-6, "first": 1}
     grid = {"temp": {"grid": {"method.temperature": [0.05, 0.1]}, "seeds": seeds}}
     trainer = {"max_steps": 2, "eval_steps": 2, "log_every": 1}
-    study_file, uri = tiny_study(
-        tmp_path, "adaptive", trainer, grid,
-        resources={"workers_per_trial": 0, "cpus_per_worker": 1}, concurrency=2,
-        system_metrics_interval_s=None,
-    )  # fmt: skip
-    proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
-    output, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, output[-3000:]
+    study_file, uri, output = run_in_process(tmp_path, "adaptive", trainer, grid)
     assert "ablations.temp: round 2 adds a seed to 2 row(s)" in output, output[-3000:]
     assert "round 3" not in output  # max reached: no further round
     client, (parent,), children = runs_of(uri, "adaptive")

@@ -237,7 +237,7 @@ def test_search_then_confirm_through_the_platform_command(tmp_path):
 
     from clsr.study.report import build_report, fmt_p
     from test_e2e import platform_cmd, runs_of
-    from test_resilience import tiny_study
+    from test_resilience import run_in_process
 
     ablations = {
         "lr": {"space": {"trainer.lr": {"loguniform": [1.0e-5, 1.0e-3]}}},
@@ -249,15 +249,10 @@ def test_search_then_confirm_through_the_platform_command(tmp_path):
         },
     }
     trainer = {"max_steps": 2, "eval_steps": 2, "log_every": 1}
-    study_file, uri = tiny_study(
+    study_file, uri, output = run_in_process(
         tmp_path, "confirmed", trainer, ablations,
         seeds=[1, 2], search={"algorithm": "optuna", "sampler": "random", "num_samples": 2},
-        resources={"workers_per_trial": 0, "cpus_per_worker": 1}, concurrency=2,
-        system_metrics_interval_s=None,
     )  # fmt: skip
-    proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
-    output, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, output[-3000:]
     client, (parent,), children = runs_of(uri, "confirmed")
     of = {"lr": [], "confirm": []}
     for child in children:

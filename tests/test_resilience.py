@@ -67,6 +67,19 @@ def tiny_study(
     return path, f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
+def run_in_process(tmp_path: Path, name: str, trainer: dict, ablations: dict, **top) -> tuple[Path, str, str]:
+    """A tiny study of in-process trials (two at once, no system metrics) run to its end through the
+    ``platform`` command: its file, MLflow URI and output."""
+    study_file, uri = tiny_study(
+        tmp_path, name, trainer, ablations, resources={"workers_per_trial": 0, "cpus_per_worker": 1},
+        concurrency=2, system_metrics_interval_s=None, **top,
+    )  # fmt: skip
+    proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
+    output, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, output[-3000:]
+    return study_file, uri, output
+
+
 def test_a_diverging_trial_fails_with_its_error_and_the_study_goes_on(tmp_path):
     # AdamW moves every weight by about lr at the first step: 1e30 overflows the next forward pass
     grid = {"lr": {"grid": {"trainer.lr": [3.0e-5, 1.0e30]}}}

@@ -11,8 +11,8 @@ import pytest
 
 from clsr.study.load import load_study
 from clsr.study.report import build_report
-from test_e2e import platform_cmd, runs_of
-from test_resilience import tiny_study
+from test_e2e import runs_of
+from test_resilience import run_in_process
 
 pytestmark = pytest.mark.e2e
 
@@ -20,16 +20,11 @@ pytestmark = pytest.mark.e2e
 def test_two_configurations_times_two_seeds_read_back_from_mlflow(tmp_path):
     space = {"lr": {"space": {"trainer.lr": {"loguniform": [1.0e-5, 1.0e-4]}}}}
     trainer = {"max_steps": 2, "eval_steps": 2, "log_every": 1}
-    study_file, uri = tiny_study(
+    study_file, uri, _ = run_in_process(
         tmp_path, "sampled-seeds", trainer, space,
         seeds=[1, 2], search={"algorithm": "optuna", "sampler": "random", "num_samples": 2},
         metric=["best_dev_stsb", "test_sts16"], mode="max",
-        resources={"workers_per_trial": 0, "cpus_per_worker": 1}, concurrency=2,
-        system_metrics_interval_s=None,
     )  # fmt: skip
-    proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
-    output, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, output[-3000:]
     client, (parent,), children = runs_of(uri, "sampled-seeds")
     seeds_of = defaultdict(list)
     for child in children:
