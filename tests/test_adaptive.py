@@ -118,6 +118,16 @@ def test_seeds_of_is_the_planned_minimum_and_validate_notes_the_bounds(tmp_path)
     assert fingerprint(load(tmp_path, changed)) != fingerprint(study)
 
 
+def test_the_size_limit_counts_every_row_at_its_max_seeds(tmp_path, monkeypatch):
+    from clsr.study import load as load_module
+
+    monkeypatch.setattr(load_module, "MAX_TRIALS", 8)  # 6 trials planned, up to 10 with every seed added
+    with pytest.raises(StudyError, match=r"ablations: 10 trials \(pooling: 10\); a study may have at most 8"):
+        load(tmp_path, STUDY)
+    monkeypatch.setattr(load_module, "MAX_TRIALS", 10)
+    assert load(tmp_path, STUDY).adaptive_of("pooling") == SPEC
+
+
 @pytest.mark.parametrize(
     "seeds, field",
     [({"min": 4, "max": 3, "until_ci": 0.5}, "max"), ({"min": 1, "max": 3, "until_ci": 0.5}, "min"),

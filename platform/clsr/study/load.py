@@ -12,10 +12,9 @@ from pydantic import BaseModel, ValidationError
 from clsr.methods import METHODS, get_method
 from clsr.study.dotted import deep_merge, set_dotted
 from clsr.study.plan import (
-    ablation_trials,
     find_point,
     grid_points,
-    planned_trials,
+    most_trials,
     report_points,
     resolve_trial,
     stages,
@@ -124,11 +123,12 @@ def _check_match(
 
 
 def _check_size(study: Study) -> list[str]:
-    """Refuse a study of more than ``MAX_TRIALS`` trials before any of its grids is expanded."""
-    total = planned_trials(study)
+    """Refuse a study of more than ``MAX_TRIALS`` trials before any of its grids is expanded; an
+    adaptive-seeds ablation counts at its ``max`` seeds a row."""
+    total = sum(most_trials(study, name) for name in study.ablations)
     if total <= MAX_TRIALS:
         return []
-    counts = sorted(((ablation_trials(study, n), n) for n in study.ablations), reverse=True)
+    counts = sorted(((most_trials(study, n), n) for n in study.ablations), reverse=True)
     largest = ", ".join(f"{name}: {count:,}" for count, name in counts[:3])
     return [
         f"ablations: {total:,} trials ({largest}); a study may have at most {MAX_TRIALS:,}: use fewer "

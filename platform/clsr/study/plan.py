@@ -250,6 +250,14 @@ def ablation_trials(study: Study, ablation: str) -> int:
     return points * len(study.seeds_of(ablation))
 
 
+def most_trials(study: Study, ablation: str) -> int:
+    """Trials of one ablation at most: ``ablation_trials``, with an adaptive-seeds ablation's rows each
+    at its ``max`` seeds (what the size limit and the notes count)."""
+    planned = ablation_trials(study, ablation)
+    spec = study.adaptive_of(ablation)
+    return planned if spec is None else planned // spec.min * spec.max
+
+
 def seed_notes(study: Study) -> list[str]:
     """``study validate``'s note per ablation with published numbers but one seed: its report rows
     get no confidence interval and no reproduction verdict; and each adaptive-seeds ablation's bounds."""
@@ -266,9 +274,9 @@ def adaptive_notes(study: Study) -> list[str]:
     for name in study.ablations:
         spec = study.adaptive_of(name)
         if spec is not None:
-            planned = ablation_trials(study, name)
             notes.append(
-                f"ablations.{name}: adaptive seeds: {planned} to {planned // spec.min * spec.max} trials "
+                f"ablations.{name}: adaptive seeds: {ablation_trials(study, name)} to "
+                f"{most_trials(study, name)} trials "
                 f"(rows whose CI is wider than ±{spec.until_ci:g} or verdict inconclusive get more seeds)"
             )
     return notes
