@@ -116,6 +116,33 @@ def test_mode_min_reverses_the_ranking(tmp_path, store):
     assert [r["label"] for r in ranked][0] == label(*b)
 
 
+def test_several_objectives_rank_by_pareto_front_then_the_first_metric(tmp_path, store):
+    client, parent, add = store
+    doc = {**copy.deepcopy(STUDY), "metric": ["best_dev_stsb", "uniform"], "mode": ["max", "min"]}
+    study = study_of(tmp_path, doc)
+    # (lr, batch, au) -> (best_dev_stsb, uniformity), one seed each; a run without uniformity is left out
+    configs = {(1e-5, 8, True): (0.80, -2.0), (2e-5, 8, True): (0.90, -1.0), (3e-5, 8, True): (0.70, -2.5),
+               (4e-5, 8, True): (0.75, -1.5), (5e-5, 8, True): (0.60, -1.2)}  # fmt: skip
+    experiment = client.get_run(parent).info.experiment_id
+    for (lr, bs, au), (stsb, uniformity) in configs.items():
+        add("lr", 1, stsb, lr, bs, au)
+        run = client.search_runs([experiment], f"params.`trainer.lr` = '{lr}'")[0].info.run_id
+        client.log_metric(run, "uniform", uniformity)
+    add("lr", 1, 0.99, 6e-5, 8, True)  # best_dev_stsb only: no uniform
+    # by hand: front 0 is every point no other beats on both (higher stsb, lower uniformity); peel, repeat
+    left, fronts = dict(configs), []
+    while left:
+        front = [c for c, (s, u) in left.items()
+                 if not any(s2 >= s and u2 <= u and (s2, u2) != (s, u) for s2, u2 in left.values())]  # fmt: skip
+        fronts.append(sorted(front, key=lambda c: -left[c][0]))
+        left = {c: v for c, v in left.items() if c not in front}
+    expected = [label(*c) for front in fronts for c in front]
+    ranked, _ = rank_configurations(study, "lr", runs(client, parent))
+    assert [r["label"] for r in ranked] == expected
+    assert len(fronts) > 1 and expected[0] == label(2e-5, 8, True)
+    assert [r["mean"] for r in ranked] == pytest.approx([configs[c][0] for f in fronts for c in f])
+
+
 def runs(client, parent):
     return client.search_runs([client.get_run(parent).info.experiment_id])
 

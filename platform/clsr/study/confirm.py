@@ -3,7 +3,7 @@ ablation it confirms (its ``of``).
 
 A sampled ablation's configurations are Tune's and Optuna's, known only once they ran; their MLflow
 runs are the record of what each was and scored. This module ranks them (the mean over seeds of the
-study's metric; ties by label) and rebuilds the ``top_k`` best as grid points, each value typed by the
+study's metric, or Pareto fronts over several; ties by label) and rebuilds the ``top_k`` best as grid points, each value typed by the
 ablation's own distribution from the run's logged parameter (never a tag, nor a path: a tracking
 server's tags are anyone's to write). Hand-written because the ranking spans MLflow runs of several
 Tune experiments and resumes, which no Tune or Optuna result object holds.
@@ -45,9 +45,14 @@ def configuration(study: Study, of: str, params: dict[str, str]) -> dict[str, An
 
 def rank_configurations(study: Study, of: str, runs: list) -> tuple[list[dict[str, Any]], list[str]]:
     """The sampled ablation ``of``'s finished configurations, best first: ``{"label", "overrides",
-    "mean", "seeds"}`` each (the mean over its seeds' runs of ``study.metric``, by ``study.mode``; ties
-    by label), and one note per run left out. ``runs``: the study's child runs (any ablation)."""
-    values: dict[str, list[float]] = defaultdict(list)
+    "mean", "seeds"}`` each (the mean over its seeds' runs of ``study.metric``), and one note per run
+    left out. ``runs``: the study's child runs (any ablation).
+
+    One objective: by its mean, by ``study.mode``. Several: by Pareto front over the objectives' means
+    (the front first, then the front of the rest, and so on), within a front by the first objective;
+    ties by label."""
+    objectives = study.objectives
+    values: dict[str, list[list[float]]] = defaultdict(list)  # label -> per run, one value per objective
     seeds: dict[str, set[str]] = defaultdict(set)
     configs: dict[str, dict[str, Any]] = {}
     notes = []
@@ -55,7 +60,7 @@ def rank_configurations(study: Study, of: str, runs: list) -> tuple[list[dict[st
         tags, metrics = run.data.tags, run.data.metrics
         if tags.get("clsr.ablation") != of or tags.get("clsr.status") != "finished":
             continue
-        if SUPERSEDED_TAG in tags or study.metric not in metrics:
+        if SUPERSEDED_TAG in tags or any(metric not in metrics for metric, _ in objectives):
             continue
         try:
             overrides = configuration(study, of, run.data.params)
@@ -64,15 +69,33 @@ def rank_configurations(study: Study, of: str, runs: list) -> tuple[list[dict[st
             continue
         label = point_label(overrides)
         configs[label] = overrides
-        values[label].append(metrics[study.metric])
+        values[label].append([metrics[metric] for metric, _ in objectives])
         seeds[label].add(tags.get("clsr.seed", ""))
-    sign = -1 if study.mode == "max" else 1
-    ranked = sorted(configs, key=lambda label: (sign * float(np.mean(values[label])), label))
+    means = {label: [float(m) for m in np.mean(values[label], axis=0)] for label in configs}
+    front_of = _front_ranks(means, [mode for _, mode in objectives])
+    sign = -1 if objectives[0][1] == "max" else 1
+    ranked = sorted(configs, key=lambda label: (front_of[label], sign * means[label][0], label))
     return [
-        {"label": label, "overrides": configs[label], "mean": float(np.mean(values[label])),
-         "seeds": len(seeds[label])}
+        {"label": label, "overrides": configs[label], "mean": means[label][0], "seeds": len(seeds[label])}
         for label in ranked
-    ], notes  # fmt: skip
+    ], notes
+
+
+def _front_ranks(means: dict[str, list[float]], modes: list[str]) -> dict[str, int]:
+    """Each label's Pareto front (0: not dominated; 1: not dominated once front 0 is set aside; ...);
+    every label is front 0 with one objective."""
+    if len(modes) == 1:
+        return dict.fromkeys(means, 0)
+    from clsr.study.pareto import pareto_front
+
+    ranks: dict[str, int] = {}
+    left, front = dict(means), 0
+    while left:
+        for label in pareto_front(left, modes) or list(left):  # only nan values left: one last front
+            ranks[label] = front
+            del left[label]
+        front += 1
+    return ranks
 
 
 def confirm_points(study: Study, name: str, runs: list) -> tuple[list[dict[str, Any]], list[str]]:

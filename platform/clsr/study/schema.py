@@ -132,7 +132,11 @@ class Confirm(Strict):
 
     of: str = Field(description="the sampled ablation (one with a space) of the same study")
     top_k: int = Field(
-        3, ge=1, le=100, description="how many of its best configurations (mean over seeds of the metric)"
+        3,
+        ge=1,
+        le=100,
+        description="how many of its best configurations (mean over seeds of the metric; several "
+        "objectives: by Pareto front, then the first metric)",
     )
 
 
