@@ -1,7 +1,8 @@
 """Tune, then confirm: a confirm ablation's points are the best configurations of a sampled ablation,
 read back from a real MLflow store of hand-made child runs (ranked by the mean over seeds, ties by
 label, values typed by the space's distributions), its refusals, its trial counts, and one study run
-end to end through the ``platform`` command (search, confirmation, report)."""
+end to end through the ``platform`` command (a search over seeds and two objectives, confirmation,
+report)."""
 
 from __future__ import annotations
 
@@ -257,9 +258,14 @@ def test_confirm_runs_after_the_search_as_a_grid_without_early_stopping(tmp_path
 
 
 @pytest.mark.e2e
-def test_search_then_confirm_through_the_platform_command(tmp_path):
-    """Optuna samples 2 learning rates x 2 seeds; the confirm ablation reruns the best one and the
-    paper's configuration over 2 new seeds, and the report tests the best against the paper row."""
+def test_search_over_seeds_and_two_objectives_then_confirm_through_the_platform_command(tmp_path):
+    """Optuna's multi-objective study behind Tune's Repeater samples 2 learning rates x 2 seeds: each
+    configuration runs once per seed, the report groups a configuration's seeds into one row and draws
+    the Pareto front of the objectives' means. The confirm ablation reruns the best configuration (by
+    front, then the first metric) and the paper's over 2 new seeds, and the report tests the best
+    against the paper row. (One study for both: each study started costs about a minute of CI.)"""
+    from collections import defaultdict
+
     from scipy import stats
 
     from clsr.study.report import build_report, fmt_p
@@ -276,26 +282,44 @@ def test_search_then_confirm_through_the_platform_command(tmp_path):
         },
     }
     trainer = {"max_steps": 2, "eval_steps": 2, "log_every": 1}
+    objectives = ["best_dev_stsb", "test_sts16"]
     study_file, uri, output = run_in_process(
-        tmp_path, "confirmed", trainer, ablations,
-        seeds=[1, 2], search={"algorithm": "optuna", "sampler": "random", "num_samples": 2},
+        tmp_path, "confirmed", trainer, ablations, seeds=[1, 2], metric=objectives, mode="max",
+        search={"algorithm": "optuna", "sampler": "random", "num_samples": 2},
     )  # fmt: skip
     client, (parent,), children = runs_of(uri, "confirmed")
     of = {"lr": [], "confirm": []}
     for child in children:
         assert child.data.tags["clsr.status"] == "finished"
+        assert child.data.params["trainer.seed"] == child.data.tags["clsr.seed"]
         of[child.data.tags["clsr.ablation"]].append(child)
-    means: dict[str, list[float]] = {}
-    for run in of["lr"]:
-        means.setdefault(run.data.params["trainer.lr"], []).append(run.data.metrics["best_dev_stsb"])
-    best = max(means, key=lambda lr: (statistics.fmean(means[lr]), lr))
     assert len(of["lr"]) == 4 and len(of["confirm"]) == 4
+    seeds_of, values = defaultdict(list), defaultdict(list)  # per configuration: its seeds, its runs' values
+    for run in of["lr"]:
+        seeds_of[run.data.tags["clsr.point"]].append(int(run.data.tags["clsr.seed"]))
+        values[run.data.params["trainer.lr"]].append([run.data.metrics[m] for m in objectives])
+    assert sorted(map(sorted, seeds_of.values())) == [[1, 2], [1, 2]]  # each configuration over both seeds
+    means = {
+        lr: [statistics.fmean(column) for column in zip(*runs, strict=True)] for lr, runs in values.items()
+    }
+    (a, am), (b, bm) = means.items()
+    dominates = lambda x, y: x != y and all(p >= q for p, q in zip(x, y, strict=True))  # noqa: E731
+    front = [lr for lr, m, other in ((a, am, bm), (b, bm, am)) if not dominates(other, m)]
+    best = min(front, key=lambda lr: (-means[lr][0], f"trainer.lr={float(lr)}"))  # front, first metric, label
+
+    report = build_report(load_study(study_file), client, parent.info.run_id, uri)
+    lr_rows = next(x for x in report.ablations if x.name == "lr")
+    assert sorted(r.label for r in lr_rows.rows) == sorted(seeds_of)  # a row per configuration
+    assert [r.trials_text() for r in lr_rows.rows] == ["2/2 ok", "2/2 ok"]
+    by_label = {f"trainer.lr={float(lr)}": m for lr, m in means.items()}
+    assert lr_rows.pareto.seeds == dict.fromkeys(by_label, 2)
+    assert {k: pytest.approx(v) for k, v in by_label.items()} == lr_rows.pareto.values
+    assert sorted(lr_rows.pareto.front) == sorted(f"trainer.lr={float(lr)}" for lr in front)
     points = {(r.data.tags["clsr.point"], int(r.data.tags["clsr.seed"])): r for r in of["confirm"]}
     top = f"top1: trainer.lr={float(best)}"
     assert sorted(points) == sorted([(top, 5), (top, 6), ("paper", 5), ("paper", 6)])
     assert {points[(top, s)].data.params["trainer.lr"] for s in (5, 6)} == {best}
     assert points[("paper", 5)].data.params["trainer.lr"] == "3e-05"
-    report = build_report(load_study(study_file), client, parent.info.run_id, uri)
     confirm = next(a for a in report.ablations if a.name == "confirm")
     rows = {r.label: r for r in confirm.rows}
     assert set(rows) == {"paper", top} and rows["paper"].reference and rows["paper"].paper
