@@ -226,10 +226,15 @@ def optuna_distribution(spec: Any) -> Any:
 
 
 def coerce(spec: Any, text: str) -> Any:
-    """A parameter as MLflow logged it (a string) back to a value of its distribution."""
-    if spec.choice is not None:
-        return next((c for c in spec.choice if str(c) == text), text)
-    return int(text) if spec.randint else float(text)
+    """A parameter as MLflow logged it (a string) back to a value of its distribution
+    (``clsr.study.confirm.typed_value``); a choice no longer in the space stays its text, which the
+    importance then refuses with a line."""
+    from clsr.study.confirm import typed_value
+
+    try:
+        return typed_value(spec, text)
+    except ValueError:
+        return text
 
 
 def importance_study(space: dict[str, Any], trials: Sequence[tuple[dict[str, Any], float]]):
