@@ -365,3 +365,47 @@ def test_a_confirm_ablation_without_points_is_checked_and_probed_through_its_bas
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     _, unavailable = plan_points(study_of(tmp_path, doc))
     assert len(unavailable) == 1 and unavailable[0].startswith("ablations.confirm[base]: ")
+
+
+def test_an_edited_resume_refuses_a_changed_search_and_keeps_grid_edits(tmp_path, monkeypatch):
+    """Tune restores a search as it was sampled: an edited space, seeds or search settings would not rerun
+    its samples, whose runs would then stand for the edited file. Refused in one line, before the lease;
+    a changed explicit point of the confirm ablation is an ordinary edit."""
+    from clsr.study import record
+    from clsr.study.fingerprint import compare, fixed_searches
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    base = {**copy.deepcopy(STUDY), "storage_path": str(tmp_path / "runs"), "tracking_uri": uri}
+    study = study_of(tmp_path, base)
+    recorded = fingerprint(study)
+    parent_run_id, _, lease = record.start_record(client, uri, study, "name: tc", recorded)
+    lease.release()
+    client.set_terminated(parent_run_id, status="KILLED")
+
+    edits = {
+        "space": lambda d: d["ablations"]["lr"]["space"].update({"trainer.lr": {"loguniform": [1e-6, 1e-4]}}),
+        "seeds": lambda d: d.update(seeds=[1, 2, 3]),
+        "search": lambda d: d["search"].update(num_samples=6),
+    }
+    for what, edit in edits.items():
+        doc = copy.deepcopy(base)
+        edit(doc)
+        edited = study_of(tmp_path, doc)
+        lines = fixed_searches(recorded, compare(recorded, fingerprint(edited)))
+        assert lines and ("ablations.lr (sampled) changed" in lines[0] or "search" in lines[0]), what
+        with pytest.raises(record.StudyChanged, match=r"reruns changed grid points, not a search: .*--new"):
+            record.take_over(client, uri, edited, "", fingerprint(edited), allow_changes=True)
+    assert client.get_run(parent_run_id).info.status == "KILLED"  # refused before anything was taken
+
+    doc = copy.deepcopy(base)
+    doc["ablations"]["confirm"]["points"][0]["set"]["trainer.lr"] = 4.0e-5
+    edited = study_of(tmp_path, doc)
+    changes = compare(recorded, fingerprint(edited))
+    assert changes.changed and fixed_searches(recorded, changes) == []
+    parent, _, lease, skip = record.take_over(
+        client, uri, edited, "", fingerprint(edited), allow_changes=True
+    )
+    lease.release()
+    assert parent == parent_run_id and skip == frozenset(changes.changed)

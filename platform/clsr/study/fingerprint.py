@@ -85,6 +85,22 @@ class Changes:
         return lines
 
 
+def fixed_searches(recorded: dict[str, str], changes: Changes) -> list[str]:
+    """What an edited resume cannot carry out: a sampled ablation that already ran whose base, space or
+    seeds changed, or the search settings of a study with one. Tune restores a search as it was
+    sampled, so its trials would not rerun and its runs would stand for the edited file."""
+    ran = sorted({key.partition("[")[0] for key in recorded if "[space] seed=" in key})
+    touched = changes.added + changes.removed + changes.changed
+    lines = []
+    for name in ran:
+        keys = [key for key in touched if key.startswith(f"{name}[space] seed=")]
+        if keys:
+            lines.append(f"ablations.{name} (sampled) changed: {', '.join(keys[:3])}")
+    if ran and STUDY_ENTRY in changes.changed:
+        lines.append(f"{STUDY_ENTRY} changed in a study whose sampled ablations ran")
+    return lines
+
+
 def compare(recorded: dict[str, str], current: dict[str, str]) -> Changes:
     return Changes(
         added=sorted(k for k in current if k not in recorded),

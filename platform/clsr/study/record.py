@@ -24,7 +24,7 @@ import yaml
 
 from clsr.study.distinct import also_of
 from clsr.study.driver_link import LEASE_LOST_EXIT
-from clsr.study.fingerprint import compare, fingerprint, overall
+from clsr.study.fingerprint import compare, fingerprint, fixed_searches, overall
 from clsr.study.lease import HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, leased, watch
 from clsr.study.plan import grid_points, point_label, stages, trial_document
 from clsr.study.schema import Study
@@ -246,6 +246,13 @@ def take_over(client, uri: str, study: Study, study_text: str, current: dict[str
             f"{parent_run_id}, artifact study.yaml), or resume with --allow-changes: finished trials that "
             f"did not change are kept, changed and added ones run as a new wave, changed and removed "
             f"ones are marked superseded"
+        )
+    if changes and (fixed := fixed_searches(recorded, changes)):
+        raise StudyChanged(
+            f"study {study.name!r}: --allow-changes reruns changed grid points, not a search: "
+            + "; ".join(fixed)
+            + f"; revert the file to the recorded study.yaml (MLflow run {parent_run_id}), or run the edited "
+            "study as a record of its own: platform study run --new"
         )
     refuse_live_rivals(client, uri, study, parent_run_id)
     lease = Lease(uri, parent_run_id, study.name)
