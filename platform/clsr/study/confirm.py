@@ -3,9 +3,9 @@ ablation it confirms (its ``of``).
 
 A sampled ablation's configurations are Tune's and Optuna's, known only once they ran; their MLflow
 runs are the record of what each was and scored. This module ranks them (the mean over seeds of the
-study's metric, or Pareto fronts over several; ties by label) and rebuilds the ``top_k`` best as grid points, each value typed by the
-ablation's own distribution from the run's logged parameter (never a tag, nor a path: a tracking
-server's tags are anyone's to write). Hand-written because the ranking spans MLflow runs of several
+study's metric, or Pareto fronts over several; ties by label) and rebuilds the ``top_k`` best as grid
+points, each value typed by the ablation's own distribution from the run's logged parameter (never a
+tag, nor a path: a tracking server's tags are anyone's to write). Hand-written because the ranking spans MLflow runs of several
 Tune experiments and resumes, which no Tune or Optuna result object holds.
 """
 

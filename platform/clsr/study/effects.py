@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from clsr.study.confirm import typed_value
+
 CONFIDENCE = 0.95
 N_RESAMPLES = 499  # percentile ends; each resample refits (~10 ms), so 499 keeps a grid to seconds
 BOOTSTRAP = "scipy.stats.bootstrap, percentile, 499 resamples of the seeds within each cell, seed 0"
@@ -229,8 +231,6 @@ def coerce(spec: Any, text: str) -> Any:
     """A parameter as MLflow logged it (a string) back to a value of its distribution
     (``clsr.study.confirm.typed_value``); a choice no longer in the space stays its text, which the
     importance then refuses with a line."""
-    from clsr.study.confirm import typed_value
-
     try:
         return typed_value(spec, text)
     except ValueError:

@@ -26,7 +26,7 @@ def digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def trial_key(ablation: str, label: str, seed: int) -> str:
+def trial_key(ablation: str, label: str, seed: int | str) -> str:
     return f"{ablation}[{label}] seed={seed}"
 
 
@@ -89,11 +89,12 @@ def fixed_searches(recorded: dict[str, str], changes: Changes) -> list[str]:
     """What an edited resume cannot carry out: a sampled ablation that already ran whose base, space or
     seeds changed, or the search settings of a study with one. Tune restores a search as it was
     sampled, so its trials would not rerun and its runs would stand for the edited file."""
-    ran = sorted({key.partition("[")[0] for key in recorded if "[space] seed=" in key})
+    searched = trial_key("", "space", "")  # "[space] seed=": the keys of a sampled ablation's seeds
+    ran = sorted({key.partition("[")[0] for key in recorded if searched in key})
     touched = changes.added + changes.removed + changes.changed
     lines = []
     for name in ran:
-        keys = [key for key in touched if key.startswith(f"{name}[space] seed=")]
+        keys = [key for key in touched if key.startswith(trial_key(name, "space", ""))]
         if keys:
             lines.append(f"ablations.{name} (sampled) changed: {', '.join(keys[:3])}")
     if ran and STUDY_ENTRY in changes.changed:

@@ -125,10 +125,10 @@ def _check_match(
 def _check_size(study: Study) -> list[str]:
     """Refuse a study of more than ``MAX_TRIALS`` trials before any of its grids is expanded; an
     adaptive-seeds ablation counts at its ``max`` seeds a row."""
-    total = sum(most_trials(study, name) for name in study.ablations)
+    counts = sorted(((most_trials(study, n), n) for n in study.ablations), reverse=True)
+    total = sum(count for count, _ in counts)
     if total <= MAX_TRIALS:
         return []
-    counts = sorted(((most_trials(study, n), n) for n in study.ablations), reverse=True)
     largest = ", ".join(f"{name}: {count:,}" for count, name in counts[:3])
     return [
         f"ablations: {total:,} trials ({largest}); a study may have at most {MAX_TRIALS:,}: use fewer "
