@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +23,38 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("CLSR_DATA_DIR", str((REPO_ROOT.parent / "shared" / "data").resolve()))
 
 
+_TEMPLATE_FOLDER: list[Path] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mlflow_store_template(tmp_path_factory):
+    """Where ``sqlite_uri`` keeps its migrated empty store (created on first use, once per test process)."""
+    _TEMPLATE_FOLDER.append(tmp_path_factory.mktemp("mlflow-template"))
+    yield
+    _TEMPLATE_FOLDER.clear()
+
+
+def sqlite_uri(path: Path) -> str:
+    """The URI of a SQLite MLflow store at ``path``, each test's own. A new store is a copy of one that
+    MLflow created and migrated once per test process: its migrations cost each process that opens a new
+    file about 3 s of CPU (tests/test_first_hour.py still starts from no file, as a new user does)."""
+    path = Path(path)
+    if not path.exists():
+        template = _TEMPLATE_FOLDER[-1] / "mlflow.db"
+        if not template.exists():
+            from mlflow.tracking import MlflowClient
+
+            MlflowClient(f"sqlite:///{template}").search_experiments()
+        shutil.copyfile(template, path)
+    return f"sqlite:///{path}"
+
+
 @pytest.fixture
 def store(tmp_path):
     """A RUNNING MLflow run on a SQLite store of its own: (tracking URI, client, run id)."""
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     experiment = client.create_experiment("record", artifact_location=(tmp_path / "artifacts").as_uri())
     return uri, client, client.create_run(experiment).info.run_id
@@ -61,7 +88,7 @@ def smoke_study(tmp_path_factory) -> FinishedStudy:
     from test_e2e import platform_cmd
 
     folder = tmp_path_factory.mktemp("smoke-study")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    uri = sqlite_uri(folder / "mlflow.db")
     args = (
         "study",
         "run",

@@ -26,6 +26,7 @@ from clsr.study.report import ablation_report, load_trials
 from clsr.study.schema import AdaptiveSeeds, StudyError
 from clsr.study.trial import StudyContext
 from clsr.tracking.study_runs import close_run, open_child_run, start_parent_run
+from conftest import sqlite_uri
 
 SPEC = AdaptiveSeeds(min=3, max=5, until_ci=0.5)
 NAME = "adaptive_t"
@@ -174,7 +175,7 @@ def add_trial(uri: str, client: MlflowClient, parent: str, label: str, seed: int
 def test_rounds_add_seeds_to_wide_rows_only_up_to_max(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     study = load(tmp_path, STUDY)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     parent = start_parent_run(client, NAME, str(tmp_path / "runs"), "adaptive test")
     for label in ("cls", "avg"):

@@ -12,6 +12,7 @@ from clsr.cli import main
 from clsr.study.load import load_study
 from clsr.study.runner import build_tuner, param_space
 from clsr.study.trial import StudyContext
+from conftest import sqlite_uri
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +80,7 @@ def test_validate_command_exit_codes(tmp_path, capsys):
 
 
 def test_eval_prints_the_table_and_logs_to_mlflow(tmp_path, monkeypatch, capsys, data_dir):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     assert main(["eval", "--model", "minilm", "--pooling", "mean", "--tasks", "sts16", "--mlflow"]) == 0
     assert "78.99" in capsys.readouterr().out  # all-MiniLM-L6-v2's published STS16 score

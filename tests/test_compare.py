@@ -15,6 +15,7 @@ from statsmodels.stats.multitest import multipletests
 from clsr.cli import main
 from clsr.study.compare import compare_records
 from clsr.tracking.study_runs import start_parent_run
+from conftest import sqlite_uri
 from test_results import child
 
 NAME = "cmp"
@@ -62,8 +63,8 @@ def record(uri: str, points: dict, data_dir: str, storage: str, extra: dict | No
 @pytest.fixture
 def stores(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    uri_a = f"sqlite:///{tmp_path / 'a.db'}"
-    uri_b = f"sqlite:///{tmp_path / 'b.db'}"  # another machine's store
+    uri_a = sqlite_uri(tmp_path / "a.db")
+    uri_b = sqlite_uri(tmp_path / "b.db")  # another machine's store
     run_a = record(uri_a, A, "/data/cpu", str(tmp_path / "runs"))
     # B ran a newer clsr, with a field A's runs never logged
     run_b = record(uri_b, B, "/scratch/h100", str(tmp_path / "runs"), {"eval": {"new_field": True}})
@@ -112,7 +113,7 @@ def test_a_parameter_that_differs_pairs_nothing_unless_ignored(stores):
 
 def test_one_study_compares_its_two_newest_records(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     first = record(uri, A, "/data", str(tmp_path / "runs"))
     same = {k: dict(v) for k, v in A.items()}
     same[("pooling", "avg")] = {1: 70.0, 2: 71.5}  # one run changed, one result identical

@@ -19,6 +19,7 @@ from clsr.study.fingerprint import fingerprint
 from clsr.study.load import load_study
 from clsr.study.plan import ablation_trials, count_trials, point_label, stages
 from clsr.study.schema import Distribution, StudyError
+from conftest import sqlite_uri
 
 SPACE = {
     "trainer.lr": {"loguniform": [1e-5, 1e-4]},
@@ -54,7 +55,7 @@ def study_of(tmp_path: Path, doc: dict | None = None, **ablations):
 @pytest.fixture
 def store(tmp_path):
     """A real MLflow sqlite store with a parent run; ``add`` makes a child run of it."""
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(sqlite_uri(tmp_path / "mlflow.db"))
     parent = client.create_run(client.create_experiment("tc")).info.run_id
 
     def add(ablation, seed, value, lr, bs, au, status="finished", **params):
@@ -375,7 +376,7 @@ def test_an_edited_resume_refuses_a_changed_search_and_keeps_grid_edits(tmp_path
     from clsr.study.fingerprint import compare, fixed_searches
 
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     base = {**copy.deepcopy(STUDY), "storage_path": str(tmp_path / "runs"), "tracking_uri": uri}
     study = study_of(tmp_path, base)

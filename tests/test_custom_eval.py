@@ -20,6 +20,7 @@ from clsr.encoders.registry import resolve_model_path
 from clsr.train.config import TrialConfig
 from clsr.train.loop import fit
 from clsr.train.session import LocalSession
+from conftest import sqlite_uri
 
 SEED = 1111
 KFOLD_GRID = [2.0**t for t in range(-1, 6)]  # SentEval: TREC and MRPC
@@ -171,7 +172,7 @@ def test_platform_eval_scores_custom_sts_retrieval_and_classification_as_compute
     }
     tasks_file = tmp_path / "tasks.yaml"
     tasks_file.write_text(yaml.safe_dump(tasks))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     code = main(
         [

@@ -22,6 +22,7 @@ from clsr.tracking.study_runs import (
     run_labels,
     start_parent_run,
 )
+from conftest import sqlite_uri
 from test_e2e import REPO_ROOT
 
 SUPMPN = REPO_ROOT / "studies" / "supmpn_ablations.yaml"
@@ -72,7 +73,7 @@ def child(client, uri, parent, ablation, label, tags=None, status="finished"):
 
 def test_a_run_stands_for_each_of_its_points_in_outputs_resumes_and_keys(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     parent = start_parent_run(client, "dup", str(tmp_path / "runs"), None)
     also = json.dumps([["b", "y"], ["c", "z"]])

@@ -14,6 +14,8 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
+from conftest import sqlite_uri
+
 pytestmark = pytest.mark.e2e
 
 
@@ -71,7 +73,7 @@ def test_two_workers_match_one_worker(tmp_path, data_dir):
 
     init_ray()
     try:
-        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        uri = sqlite_uri(tmp_path / "mlflow.db")
         mlflow.set_tracking_uri(uri)
         one, one_run, one_result = run_with_workers(1, tmp_path, uri, data_dir, upload="async")
         two, two_run, two_result = run_with_workers(2, tmp_path, uri, data_dir, upload="sync")

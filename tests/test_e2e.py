@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import SMOKE_STS_PAIRS
+from conftest import SMOKE_STS_PAIRS, sqlite_uri
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -36,7 +36,7 @@ def platform_cmd(*args: str, cwd: Path, uri: str, **popen) -> subprocess.Popen:
 
 def run_smoke_study(study: Path, tmp_path: Path) -> tuple[str, str]:
     """``platform study run <study> --smoke`` in tmp_path; returns (MLflow URI, output), asserting success."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     args = ("study", "run", str(study), "--smoke", "--set", f"storage_path={tmp_path / 'runs'}")
     # system metrics (tested in test_resilience.py) would cost each of the many small trials a monitor
     args += ("--set", "system_metrics_interval_s=null")

@@ -27,6 +27,7 @@ from clsr.encoders.word_vectors import OOV_ID, WordTable, WordTokenizer, build_w
 from clsr.eval.embed import transformer_embedder
 from clsr.eval.sts import evaluate_sts, summary_metrics
 from clsr.methods.gclsr import GCLSR, GCLSRConfig, GCLSRShared
+from conftest import sqlite_uri
 
 SENTENCES = [
     "A man is playing a guitar.",
@@ -114,7 +115,7 @@ def test_cls_pooling_is_refused_without_an_exported_mlp(tokenizer, tmp_path):
 
 
 def test_load_from_an_mlflow_run(tokenizer, tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     cfg = ModelConfig(name="minilm", pooling="avg_first_last")
     encoder = _trained(cfg)
@@ -174,7 +175,7 @@ def test_platform_eval_scores_an_exported_folder_like_the_in_memory_model(
     in_memory = summary_metrics(evaluate_sts(transformer_embedder(encoder, tokenizer), ["sickr"], "dev"))
     save_sentence_transformer(encoder, tokenizer, cfg, tmp_path / "model")
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     args = ["eval", "--model", str(tmp_path / "model"), "--tasks", "sickr", "--split", "dev", "--mlflow"]
     assert main(args) == 0

@@ -19,7 +19,7 @@ from clsr.data.training import training_rows
 from clsr.train.config import TrialConfig
 from clsr.train.loop import fit
 from clsr.train.session import LocalSession
-from conftest import stub_hub_cache
+from conftest import sqlite_uri, stub_hub_cache
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [  # (sentence1, sentence2, hard_neg, label)
@@ -311,7 +311,7 @@ def test_platform_eval_scores_it_as_sentence_transformers_does_and_records_the_p
 
     model = SentenceTransformer(str(cls_dense_normalize), device="cpu")
     expected = evaluate_sts(lambda texts: model.encode(list(texts), batch_size=128), ["sts16"], "test")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     assert main(["eval", "--model", str(cls_dense_normalize), "--tasks", "sts16", "--mlflow"]) == 0
     out = capsys.readouterr().out

@@ -16,6 +16,7 @@ from clsr.study.load import load_study
 from clsr.study.probe import probe, probe_trial
 from clsr.study.projection import measure, pack, project
 from clsr.tracking.study_runs import children, close_run, open_child_run, start_parent_run
+from conftest import sqlite_uri
 from test_e2e import REPO_ROOT
 
 SMOKE = REPO_ROOT / "studies" / "smoke.yaml"  # 2 trials of 8 steps, a dev evaluation every 4 steps
@@ -32,7 +33,7 @@ def recorded(tmp_path, monkeypatch):
     """A recorded study 'probe': two measured trials, one resumed (its clock restarted: not used), one
     failed."""
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     parent = start_parent_run(client, "probe", str(tmp_path / "runs"), None)
     trials = [("a", PHASES, "finished"), ("b", {**PHASES, "trial_setup_s": 12.0}, "finished"),

@@ -17,6 +17,7 @@ from clsr.study.fingerprint import trial_key
 from clsr.study.load import load_study
 from clsr.study.promote import PromoteRefused, promote
 from clsr.tracking.study_runs import start_parent_run
+from conftest import sqlite_uri
 from test_results import child
 
 NAME = "prom"
@@ -48,7 +49,7 @@ SENTENCES = ["A man is playing a guitar.", "Two dogs run through a snowy field."
 def store(tmp_path, monkeypatch, tiny_bert):
     """A study record whose best trial logged a tiny exported model as ``model/``, like the trainer."""
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     study_file = tmp_path / "prom.yaml"
     study_file.write_text(yaml.safe_dump({**STUDY, "tracking_uri": uri}, sort_keys=False))
@@ -125,7 +126,7 @@ def test_models_uri_resolves_in_the_given_store_whatever_this_process_set_before
     import mlflow
 
     promote(load_study(store["file"]), store["uri"], ablation="temperature", point=T05, name="elsewhere")
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'another.db'}")  # set earlier, elsewhere
+    mlflow.set_tracking_uri(sqlite_uri(tmp_path / "another.db"))  # set earlier, elsewhere
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store["uri"])  # this command's store
     try:
         loaded, pipeline = load_model("models:/elsewhere/1")

@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from clsr.study.lease import read_state
 from clsr.tracking.study_runs import run_labels
+from conftest import sqlite_uri
 from test_e2e import platform_cmd, runs_of
 from test_resilience import tiny_study
 
@@ -267,7 +268,7 @@ class MlflowServer:
     def start(self) -> None:
         cmd = [
             sys.executable, "-m", "mlflow", "server",
-            "--backend-store-uri", f"sqlite:///{self.folder / 'server.db'}",
+            "--backend-store-uri", sqlite_uri(self.folder / "server.db"),
             "--artifacts-destination", str(self.folder / "artifacts"),
             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
         ]  # fmt: skip
@@ -339,7 +340,7 @@ def test_a_tracking_server_outage_past_mlflows_retries_loses_no_trial_and_no_num
         server.stop()
         stopped = time.monotonic()
         time.sleep(OUTAGE_S)
-        _, _, children = runs_of(f"sqlite:///{tmp_path / 'server.db'}", "outage")
+        _, _, children = runs_of(sqlite_uri(tmp_path / "server.db"), "outage")
         assert proc.poll() is None  # the driver waits for the server
         server.start()
         output, _ = proc.communicate(timeout=900)

@@ -47,6 +47,7 @@ from clsr.study.report import (
 )
 from clsr.study.schema import StudyError
 from clsr.tracking.study_runs import close_run, open_child_run, record_skipped, start_parent_run
+from conftest import sqlite_uri
 
 NAME = "report_t"
 STUDY = {
@@ -131,7 +132,7 @@ def store(tmp_path_factory):
     """A real MLflow sqlite store with one parent run, the trials of MAIN, a failed trial (and a failed
     first attempt that a resume fixed), a skipped and a missing seed; the study file beside it."""
     folder = tmp_path_factory.mktemp("report")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    uri = sqlite_uri(folder / "mlflow.db")
     study_file = folder / "study.yaml"
     study_file.write_text(yaml.safe_dump({**STUDY, "tracking_uri": uri}, sort_keys=False))
     with pytest.MonkeyPatch.context() as mp:
@@ -625,7 +626,7 @@ BOMB = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range
 def test_a_hostile_resolved_yaml_artifact_is_refused(tmp_path, monkeypatch, artifact, refusal):
     """Anyone who can write to the tracking server can replace the study a ``--name`` report reads."""
     monkeypatch.chdir(tmp_path)
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(sqlite_uri(tmp_path / "mlflow.db"))
     parent = start_parent_run(client, "hostile", str(tmp_path / "runs"), None)
     client.log_text(parent, artifact, "resolved.yaml")
     with pytest.raises(NoStudyRuns, match=refusal) as refused:
@@ -637,7 +638,7 @@ def test_a_later_record_does_not_hide_an_earlier_one(tmp_path, monkeypatch, caps
     """Two records of one study (a good one, then a failed one): the report shows the newest and lists
     both; ``--run`` reports the earlier; an id that is not a record of the study is refused, listing them."""
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     study_file = tmp_path / "study.yaml"
     study_file.write_text(yaml.safe_dump({**STUDY, "tracking_uri": uri}, sort_keys=False))
     study = load_study(study_file)

@@ -15,7 +15,7 @@ import ray
 import yaml
 
 from clsr.cli import main
-from conftest import save_tiny_bert
+from conftest import save_tiny_bert, sqlite_uri
 from test_e2e import platform_cmd, runs_of
 
 pytestmark = pytest.mark.e2e
@@ -64,7 +64,7 @@ def tiny_study(
     study["base"]["eval"]["log_model"] = False
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return path, f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return path, sqlite_uri(tmp_path / "mlflow.db")
 
 
 def run_in_process(tmp_path: Path, name: str, trainer: dict, ablations: dict, **top) -> tuple[Path, str, str]:

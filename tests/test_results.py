@@ -23,6 +23,7 @@ from clsr.tracking.study_runs import (
     open_child_run,
     start_parent_run,
 )
+from conftest import sqlite_uri
 from test_report import COST, MAIN, NAME, T01, T03, T05, store, trial_metrics  # noqa: F401 (store: fixture)
 
 
@@ -95,7 +96,7 @@ def child(client, uri, parent, ablation, label, seed, params, metrics, tags=None
 
 def test_parameters_identical_points_superseded_runs_and_records(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     params = {
         "seed": 7,

@@ -27,6 +27,7 @@ from clsr.tracking.tags import CHECKPOINT_TAG
 from clsr.train import checkpoint_files
 from clsr.train.checkpoint_files import MANIFEST
 from clsr.train.loop import save_checkpoint, trained_state
+from conftest import sqlite_uri
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STATE = {"step": 2, "best_score": 71.5, "best_step": 1, "lowest_loss": math.inf, "stalled_steps": 1}
@@ -189,7 +190,7 @@ def smoke_study(**changes) -> Study:
 def recorded_study(tmp_path: Path, trained_folder: Path, study_status: str):
     """A study record whose trials are: finished (the trained checkpoint), interrupted, failed, and
     finished with a checkpoint tag outside the study's storage (each a copy of the same checkpoint)."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     storage = trained_folder.parents[1]
     outside = tmp_path / "elsewhere" / "checkpoint"

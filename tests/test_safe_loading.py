@@ -36,6 +36,7 @@ from clsr.tracking.study_runs import (
 from clsr.train import checkpoint_files
 from clsr.train.checkpoint_files import MANIFEST, UntrustedCheckpoint
 from clsr.train.loop import load_checkpoint, save_checkpoint
+from conftest import sqlite_uri
 
 MODEL = ModelConfig(name="minilm", pooling="avg", max_seq_length=16)
 
@@ -349,7 +350,7 @@ def test_under_root_for_file_uris(tmp_path, location, inside):
 
 
 def test_finished_outputs_drops_checkpoints_outside_the_study_storage(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     storage = tmp_path / "storage"
     (storage / "trial").mkdir(parents=True)
@@ -386,7 +387,7 @@ def test_finished_outputs_drops_checkpoints_outside_the_study_storage(tmp_path):
     ],
 )
 def test_a_trials_run_is_found_again_whatever_its_id_holds(tmp_path, trial_id):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     parent = start_parent_run(client, "quotes", str(tmp_path / "runs"), None)
     run = open_child_run(uri, parent, trial_id, "x", {}, {})
@@ -400,7 +401,7 @@ def test_a_trials_run_is_found_again_whatever_its_id_holds(tmp_path, trial_id):
 
 def test_children_pages_through_every_run(tmp_path, monkeypatch):
     """A study may have 100,000 trials, more than one answer of MLflow's search holds."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     parent = start_parent_run(client, "paged", str(tmp_path / "runs"), None)
     runs = {open_child_run(uri, parent, f"t{i}", "x", {}, {}) for i in range(5)}
@@ -492,7 +493,7 @@ def test_an_unreachable_tracking_server_is_named_without_its_password():
 
 
 def test_study_runs_store_no_credentials(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     parent = start_parent_run(client, "s", "s3://key:SECRET@bucket/runs", None)
     params = {"tracking_uri": "http://u:SECRET@h:5000", "trainer": {"lr": 0.1}}

@@ -29,6 +29,7 @@ from clsr.methods.selfccl import (
 )
 from clsr.methods.simcse_sup import simcse_sup_loss
 from clsr.train.config import TrialConfig
+from conftest import sqlite_uri
 
 
 # --- phase 1: scoring ------------------------------------------------------------------------------
@@ -330,7 +331,7 @@ def test_local_run_logs_the_scored_table_and_figure_4(data_dir, tmp_path):
     from clsr.train.loop import fit
     from clsr.train.session import LocalSession
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     experiment = client.create_experiment("selfccl", artifact_location=str(tmp_path / "artifacts"))
     run_id = client.create_run(experiment).info.run_id

@@ -18,6 +18,7 @@ from clsr.study.fingerprint import fingerprint
 from clsr.study.lease import read_state
 from clsr.study.load import load_study
 from clsr.tracking.study_runs import STORAGE_TAG, start_parent_run
+from conftest import sqlite_uri
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +37,7 @@ class Planted:
 def started(tmp_path, monkeypatch):
     """A study recorded on a SQLite store by ``start_record`` and then left (its lease released)."""
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     client = MlflowClient(uri)
     study = load_study(REPO_ROOT / "studies" / "smoke.yaml", [("storage_path", str(tmp_path / "runs"))])
@@ -218,7 +219,7 @@ def test_sync_sends_what_a_stopped_driver_left_and_closes_its_record(tmp_path, m
     from clsr.tracking.study_runs import open_child_run
 
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     client = MlflowClient(uri)
     study = load_study(REPO_ROOT / "studies" / "smoke.yaml", [("storage_path", str(tmp_path / "runs"))])

@@ -27,6 +27,7 @@ from clsr.tracking.study_runs import (
     start_parent_run,
 )
 from clsr.train.checkpoint_files import save_tensors, write_manifest
+from conftest import sqlite_uri
 
 SMALL = {
     "model": {"name": "minilm", "pooling": "avg", "max_seq_length": 16},
@@ -168,7 +169,7 @@ def test_entropy_models_are_embedded_once_per_seed_for_all_regulator_trials():
 
 
 def test_outputs_are_read_back_from_mlflow_and_skipped_trials_are_recorded(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     parent = start_parent_run(client, "staged", str(tmp_path), None)
     for phi, status in ((0.01, "finished"), (0.02, "failed")):

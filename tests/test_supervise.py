@@ -13,11 +13,12 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from clsr.study.supervise import settle
+from conftest import sqlite_uri
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"  # one store: set-up costs seconds
+    return sqlite_uri(tmp_path_factory.mktemp("mlflow") / "mlflow.db")  # one store: set-up costs seconds
 
 
 @pytest.fixture(params=["lease_run", "in_parent"])

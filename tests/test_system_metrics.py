@@ -10,11 +10,12 @@ from mlflow.tracking import MlflowClient
 
 from clsr.tracking.run_logger import RunLogger
 from clsr.tracking.system_metrics import summarise, visible_gpu_indices
+from conftest import sqlite_uri
 
 
 @pytest.fixture
 def run(tmp_path) -> tuple[str, str]:
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     experiment = client.create_experiment("system-metrics", artifact_location=str(tmp_path / "artifacts"))
     return uri, client.create_run(experiment).info.run_id

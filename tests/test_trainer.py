@@ -8,6 +8,7 @@ import torch
 from clsr.train.config import TrialConfig
 from clsr.train.loop import fit
 from clsr.train.session import LocalSession
+from conftest import sqlite_uri
 
 
 def tiny_trial(**trainer) -> TrialConfig:
@@ -96,7 +97,7 @@ def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(
     from clsr.encoders.registry import resolve_model_path
 
     max_pairs = 300
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("eval-only", str(tmp_path / "art"))).info.run_id
     trial = TrialConfig.model_validate(

@@ -30,6 +30,7 @@ from clsr.eval.transfer import (
     transfer_summary_metrics,
 )
 from clsr.train.config import EvalConfig
+from conftest import sqlite_uri
 
 # --- loaders on the real files (data README §3) ----------------------------------------------------
 
@@ -357,7 +358,7 @@ def test_cli_eval_transfer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
     assert main(["eval", "--model", "minilm", "--tasks", "sts,nope"]) == 2
     assert "allowed: sts, transfer" in capsys.readouterr().err
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_uri(tmp_path / "mlflow.db"))
     argv = ["eval", "--model", "minilm", "--tasks", "mr,trec", "--data-dir", str(tiny_root)]
     argv += ["--transfer-classifier", "liblinear"]
     assert main([*argv, "--transfer-mode", "fast", "--max-examples", "40", "--mlflow"]) == 0
@@ -369,7 +370,7 @@ def test_cli_eval_transfer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
 
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(sqlite_uri(tmp_path / "mlflow.db"))
     run = client.search_runs([client.get_experiment_by_name("eval").experiment_id])[0]
     assert {"test_mr", "test_trec", "test_transfer_avg"} <= set(run.data.metrics)
     assert run.data.params["transfer_mode"] == "fast"
