@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+import clsr.study.lease as lease_module
 import clsr.study.record as record
 from clsr.study.fingerprint import fingerprint
 from clsr.study.lease import read_state
@@ -97,9 +98,16 @@ def test_only_a_run_folder_of_the_study_files_storage_is_taken(started, tag):
     assert record.recorded_storage(study, client.get_run(parent_run_id)) == storage
 
 
-def test_a_planted_newer_parent_run_is_not_the_one_resumed(started, tmp_path):
+def test_a_planted_newer_parent_run_is_not_the_one_resumed(started, tmp_path, monkeypatch):
     """Finding 1: a run tagged with the study's name, newer than the real one, but never leased."""
     uri, client, study, current, parent_run_id, storage = started
+    # the planted run is watched for the stale limit before it is closed: 3 s here instead of 60
+    for module, name, seconds in (
+        (record, "STALE_S", 3.0),
+        (record, "HEARTBEAT_S", 0.5),
+        (lease_module, "HEARTBEAT_S", 0.5),
+    ):
+        monkeypatch.setattr(module, name, seconds)
     evil, marker = crafted_storage(tmp_path, parent_run_id)
     planted = start_parent_run(client, study.name, str(evil), "planted")
     client.set_tag(planted, "clsr.fingerprint", client.get_run(parent_run_id).data.tags["clsr.fingerprint"])
