@@ -33,6 +33,7 @@ from mlflow.tracking import MlflowClient
 from clsr.cli import main
 from clsr.cluster.checks import StorageError, check_cloud_storage
 from clsr.cluster.loopback import BUCKET, LoopbackCluster, group_alive
+from conftest import save_tiny_bert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOGIN = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
@@ -194,8 +195,13 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     client = MlflowClient(cluster.env()["MLFLOW_TRACKING_URI"])
     # max_failures 1: a stage-2 trial that Ray placed on the node before it was seen lost (in-process trials
     # run on worker nodes) is retried on another, as a study on a cluster should allow
+    # a 2-layer BERT of width 128 (STS-B about 44 untrained) instead of MiniLM: what is tested here is
+    # where the checkpoints go and who reads them, and MiniLM's 8 checkpoints with their optimiser state
+    # are 2.5 GB through the bucket (about a minute and a half of this test on 2 cores)
+    model = save_tiny_bert(tmp_path / "tiny-bert", hidden=128)
     proc = study_cmd(cluster, tmp_path, str(REPO_ROOT / "studies" / "rcl_ablations.yaml"), "--smoke",
-                     "--set", f"storage_path=s3://{BUCKET}/rcl", "--set", "max_failures=1")  # fmt: skip
+                     "--set", f"storage_path=s3://{BUCKET}/rcl", "--set", "max_failures=1",
+                     "--set", f"model.name={model}")  # fmt: skip
 
     def stage_one_finished():
         _, children = study_runs(client, "rcl_ablations-smoke")
