@@ -13,7 +13,7 @@ from clsr.study.report import build_report
 from test_e2e import runs_of
 from test_resilience import run_in_process
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.parallel]
 
 
 def test_rows_wider_than_asked_get_another_seed_up_to_max(tmp_path):

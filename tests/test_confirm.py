@@ -259,6 +259,7 @@ def test_confirm_runs_after_the_search_as_a_grid_without_early_stopping(tmp_path
 
 
 @pytest.mark.e2e
+@pytest.mark.parallel
 def test_search_over_seeds_and_two_objectives_then_confirm_through_the_platform_command(tmp_path):
     """Optuna's multi-objective study behind Tune's Repeater samples 2 learning rates x 2 seeds: each
     configuration runs once per seed, the report groups a configuration's seeds into one row and draws

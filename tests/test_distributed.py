@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import sqlite_uri
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.parallel]
 
 
 def trial_config(data_dir, upload: str = "async") -> dict:

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from conftest import SMOKE_STS_PAIRS, sqlite_uri
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.parallel]
 
 
 def platform_cmd(*args: str, cwd: Path, uri: str, **popen) -> subprocess.Popen:
@@ -56,6 +56,7 @@ def runs_of(uri: str, experiment: str):
     return client, parents, children
 
 
+@pytest.mark.xdist_group("smoke_study")
 def test_a_finished_smoke_studys_checkpoints_hold_at_most_twice_the_model(smoke_study):
     """Once the study finished, each trial's kept checkpoint is its last and best weights only (before:
     weights, AdamW's two moments and the best weights, about 4x; issue 35)."""
@@ -68,6 +69,7 @@ def test_a_finished_smoke_studys_checkpoints_hold_at_most_twice_the_model(smoke_
     assert "checkpoints: " in smoke_study.output  # the line that says what was shrunk
 
 
+@pytest.mark.xdist_group("smoke_study")
 def test_smoke_study_end_to_end(smoke_study):
     """One Ray Train worker per trial (the GCLSR and SupMPN smoke studies run trials in-process)."""
     uri, output = smoke_study.uri, smoke_study.output
@@ -98,6 +100,7 @@ def test_smoke_study_end_to_end(smoke_study):
     assert paper == {"0.05": "82.5", "0.1": "80.9"}
 
 
+@pytest.mark.xdist_group("smoke_study")
 def test_report_of_the_smoke_study(smoke_study, tmp_path, capsys):
     """`platform study report` on a study that ran: tables, files and the parent run's artifacts."""
     from clsr.cli import main
@@ -118,6 +121,7 @@ def test_report_of_the_smoke_study(smoke_study, tmp_path, capsys):
     assert "not logged" not in (out / "report.md").read_text()  # the cost table has the trials' seconds
 
 
+@pytest.mark.xdist_group("smoke_study")
 def test_a_trials_logged_model_loads_in_sentence_transformers_with_the_same_score(smoke_study, tmp_path):
     """Round trip: the smoke study's logged model, loaded by sentence-transformers, scores STS16 as the
     platform's own evaluation of that trial did."""

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import REPO_ROOT, run_smoke_study, runs_of  # noqa: E402
 from test_supmpn_study import distinct_trials  # noqa: E402
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.parallel]
 STUDY = REPO_ROOT / "studies" / "gclsr_ablations.yaml"
 
 

@@ -51,6 +51,8 @@ def find_chromium() -> str | None:
 CHROMIUM = find_chromium()
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.parallel,
+    pytest.mark.xdist_group("smoke_study"),  # they read the smoke study fixture: one test process
     pytest.mark.skipif(
         CHROMIUM is None,
         reason="MLflow UI browser test: no Chromium binary found; install it with "

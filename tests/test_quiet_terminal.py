@@ -249,6 +249,8 @@ def test_study_run_and_resume_take_verbose():
 
 
 @pytest.mark.e2e
+@pytest.mark.parallel
+@pytest.mark.xdist_group("smoke_study")
 def test_the_smoke_studys_terminal_is_short_and_ends_with_the_summary(smoke_study):
     """``platform study run studies/smoke.yaml`` without --verbose (the shared smoke study's output)."""
     output = smoke_study.output

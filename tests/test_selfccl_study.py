@@ -62,6 +62,7 @@ def test_full_study_validates_with_every_ablation():
 
 
 @pytest.mark.e2e
+@pytest.mark.parallel
 def test_selfccl_smoke_study_end_to_end(tmp_path):
     uri, output = run_smoke_study(STUDY, tmp_path)
 

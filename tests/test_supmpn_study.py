@@ -19,7 +19,7 @@ from clsr.tracking.study_runs import run_labels
 sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import REPO_ROOT, run_smoke_study, runs_of  # noqa: E402
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.parallel]
 STUDY = REPO_ROOT / "studies" / "supmpn_ablations.yaml"
 TRANSFER = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
 
