@@ -77,7 +77,7 @@ def test_ctrl_c_twice_records_interrupted_and_resume_finishes_without_duplicates
         os.killpg(proc.pid, signal.SIGINT)  # a second Ctrl-C while the record is written
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 130, output[-3000:]
-    assert f"Continue with: platform study resume {study_file}" in output
+    assert output.count(f"Continue with: platform study resume {study_file}") == 1, output[-3000:]
     assert "3 trials, 2 distinct" in output
     assert "lr[trainer.lr=3e-05] seed=1 also stands for same[trainer.lr=3e-05]" in output
 

@@ -151,7 +151,7 @@ def test_a_job_at_its_time_limit_leaves_a_true_record(slurm, tmp_path):
     output = log()
     assert "clsr: SIGTERM: stopping the study with a true record" in output, output[-4000:]
     assert fields["ExitCode"] == "143:0", (fields, output[-4000:])
-    assert "Continue with: platform study resume limited.yaml" in output
+    assert output.count("Continue with: platform study resume limited.yaml") == 1, output[-4000:]
     _, parents, children = runs_of(uri, "limited")
     assert [(p.info.status, p.data.tags["clsr.status"]) for p in parents] == [("KILLED", "interrupted")]
     assert statuses(children) == [("KILLED", "interrupted")]

@@ -12,7 +12,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from clsr.study.supervise import settle
+from clsr.study.supervise import say_how_to_continue, settle
 from conftest import sqlite_uri
 
 
@@ -96,6 +96,28 @@ def test_a_driver_that_closed_its_record_and_then_died_exits_with_the_signals_st
     assert settle([held, {"stopping": "SIGINT"}, {"settled": True}], 130, "SIGINT") == 130
     assert settle([{"stopping": "SIGTERM"}], 1, None) == 143  # stopped before it held the study
     assert settle([held, {"settled": True}], 1, None) == 1  # a failed trial: the driver's own status
+
+
+def test_the_command_names_how_to_continue_when_its_driver_could_not(capsys):
+    """A driver whose graceful stop hung past its grace writes the record from its watchdog and ends
+    without its last lines (seen on a loaded SLURM node): the command prints them, once, and only where
+    there is a record to resume."""
+    held = {"uri": "unused", "parent_run_id": "r", "token": "t", "generation": 1}
+    again = {"resume_with": "platform study resume s.yaml --set seeds=3"}
+    say_how_to_continue([held, again, {"stopping": "SIGTERM"}, {"settled": True}], "SIGTERM")
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM: finished trials are recorded, unfinished ones were marked interrupted" in err
+    assert err.rstrip().endswith("Continue with: platform study resume s.yaml --set seeds=3")
+    say_how_to_continue([held, again, {"stopping": "study_timeout"}], None)
+    assert "marked timed_out" in capsys.readouterr().err
+    for entries, signalled in (
+        ([held, again, {"stopping": "SIGINT"}, {"settled": True}, {"told": True}], "SIGINT"),  # said it
+        ([held, again, {"stopping": "lease_lost"}], None),  # another driver holds the study
+        ([again, {"stopping": "SIGTERM"}], "SIGTERM"),  # stopped before it held a record
+        ([held, again, {"settled": True}], None),  # not stopped: it finished or failed
+    ):
+        say_how_to_continue(entries, signalled)
+        assert capsys.readouterr().err == "", entries
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

@@ -390,12 +390,17 @@ def cmd_study(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from clsr.study.driver_link import tell
     from clsr.study.record import NoEarlierRun, format_rows
     from clsr.study.runner import run_study
+    from clsr.study.supervise import how_to_continue
 
     started = time.perf_counter()
     resume = args.action == "resume"
     study_text = Path(args.study).read_text(errors="replace")
+    again = f"platform study resume {args.study}" + "".join(f" --set {o}" for o in args.overrides)
+    again += " --smoke" if args.smoke else ""
+    tell(resume_with=again)  # the supervisor says it if this driver ends before it can
     try:
         outcome = run_study(
             study,
@@ -413,8 +418,6 @@ def cmd_study(args: argparse.Namespace) -> int:
     rows = outcome.rows
     print(f"\nstudy {study.name!r}: {len(rows)} trial(s) in {time.perf_counter() - started:.0f} s\n")
     print(format_rows(rows))
-    again = f"platform study resume {args.study}" + "".join(f" --set {o}" for o in args.overrides)
-    again += " --smoke" if args.smoke else ""
     if outcome.pending_records:
         print(
             f"\nthe MLflow server stayed unreachable: {outcome.pending_records} trial run(s) keep their "
@@ -430,12 +433,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         )
         return outcome.exit_code
     if outcome.stopped_by:
-        print(
-            f"\nstopped by {outcome.stopped_by}: finished trials are recorded, unfinished ones were "
-            f"marked {'timed_out' if outcome.stopped_by == 'study_timeout' else 'interrupted'} and keep "
-            f"their last checkpoint.\nContinue with: {again}",
-            file=sys.stderr,
-        )
+        print(how_to_continue(outcome.stopped_by, again), file=sys.stderr)
+        tell(told=True)
         return outcome.exit_code
     return 1 if any(r["status"] not in ("finished", "stopped") for r in rows) else 0
 

@@ -59,7 +59,10 @@ def supervise(argv: list[str]) -> int:
             preexec_fn=_stop_with_parent if sys.platform.startswith("linux") else None,
         )
         code = child.wait()
-        return settle(_read(link), code, received[0] if received else None)
+        entries = _read(link)
+        status = settle(entries, code, received[0] if received else None)
+        say_how_to_continue(entries, received[0] if received else None)
+        return status
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -85,6 +88,15 @@ def _read(link: Path) -> list[dict[str, Any]]:
     return [e for e in entries if isinstance(e, dict)]
 
 
+def how_to_continue(reason: str, again: str) -> str:
+    """What a stopped study's command says last: what the record holds and the command that goes on."""
+    marked = "timed_out" if reason == "study_timeout" else "interrupted"
+    return (
+        f"\nstopped by {reason}: finished trials are recorded, unfinished ones were marked {marked} and "
+        f"keep their last checkpoint.\nContinue with: {again}"
+    )
+
+
 def settle(entries: list[dict[str, Any]], code: int, signalled: str | None) -> int:
     """The command's exit status; closes the record first if the child left it open."""
     held = next((e for e in entries if "parent_run_id" in e), None)
@@ -105,6 +117,21 @@ def settle(entries: list[dict[str, Any]], code: int, signalled: str | None) -> i
     if reason:
         return EXIT_CODES[reason]
     return _status(code) if code != 0 or not closed else 1
+
+
+def say_how_to_continue(entries: list[dict[str, Any]], signalled: str | None) -> None:
+    """The driver's last lines, when it ended before printing them (its watchdog wrote the record after
+    a graceful stop hung, or it was killed): a preempted job's log still names the command that goes on."""
+    reason = next((e["stopping"] for e in entries if "stopping" in e), signalled)
+    again = next((e["resume_with"] for e in entries if "resume_with" in e), None)
+    held = any("parent_run_id" in e for e in entries)  # stopped before it held a record: nothing to resume
+    if (
+        reason in ("SIGINT", "SIGTERM", "study_timeout")
+        and again
+        and held
+        and not any(e.get("told") for e in entries)
+    ):
+        print(how_to_continue(reason, again), file=sys.stderr)
 
 
 def _status(code: int) -> int:
