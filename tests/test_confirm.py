@@ -349,6 +349,28 @@ def test_search_over_seeds_and_two_objectives_then_confirm_through_the_platform_
     assert cells["paper"][7] == "76.30" and cells[top][3] == "2/2 ok"
     assert cells[top][11] == fmt_p(expected.pvalue)  # the paired test of the best against the paper row
 
+    # the space edited: --allow-changes searches again as Tune experiment lr-v2, and the confirm ablation
+    # confirms the new search's best; the old runs stay in MLflow, superseded, out of the report
+    doc = yaml.safe_load(study_file.read_text())
+    doc["ablations"]["lr"]["space"]["trainer.lr"] = {"loguniform": [1.0e-4, 1.0e-3]}
+    study_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    resumed = platform_cmd("study", "resume", str(study_file), "--allow-changes", cwd=tmp_path, uri=uri)
+    printed, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, printed[-3000:]
+    assert "ablations.lr (sampled) changed: searched again as Tune experiment lr-v2" in printed
+    assert len(list(Path(load_study(study_file).storage_path).glob("confirmed-*/lr-v2/run_trial_*"))) == 4
+    _, _, children = runs_of(uri, "confirmed")
+    old = {c.info.run_id for c in of["lr"] + of["confirm"]}
+    assert {c.info.run_id for c in children if c.data.tags.get("clsr.superseded") == "v2"} == old
+    new = [c for c in children if c.info.run_id not in old]
+    assert sorted(c.data.tags["clsr.ablation"] for c in new) == ["confirm"] * 4 + ["lr"] * 4
+    assert all(
+        float(c.data.params["trainer.lr"]) >= 1.0e-4 for c in new if c.data.tags["clsr.ablation"] == "lr"
+    )
+    report = build_report(load_study(study_file), client, parent.info.run_id, uri)
+    counted = {a.name: [r.trials_text() for r in a.rows] for a in report.ablations}
+    assert counted == {"lr": ["2/2 ok"] * 2, "confirm": ["2/2 ok"] * 2}  # the new runs only
+
 
 def test_a_confirm_ablation_without_points_is_checked_and_probed_through_its_base(tmp_path, monkeypatch):
     """Its points come from the search: validation checks its base trial's sources (a model that is not
@@ -369,12 +391,13 @@ def test_a_confirm_ablation_without_points_is_checked_and_probed_through_its_bas
     assert len(unavailable) == 1 and unavailable[0].startswith("ablations.confirm[base]: ")
 
 
-def test_an_edited_resume_refuses_a_changed_search_and_keeps_grid_edits(tmp_path, monkeypatch):
-    """Tune restores a search as it was sampled: an edited space, seeds or search settings would not rerun
-    its samples, whose runs would then stand for the edited file. Refused in one line, before the lease;
-    a changed explicit point of the confirm ablation is an ordinary edit."""
+def test_an_edited_resume_searches_a_changed_search_again_and_keeps_grid_edits(tmp_path, monkeypatch, capsys):
+    """Tune restores a search as it was sampled, so an edited space, seeds or search settings is a new
+    search: ``--allow-changes`` marks the old search's runs and the runs confirming them superseded and
+    names the attempt that starts the new search (its Tune experiment ``lr-vN``), which later resumes
+    restore; a changed explicit point of the confirm ablation is an ordinary edit, the search kept."""
     from clsr.study import record
-    from clsr.study.fingerprint import compare, fixed_searches
+    from clsr.study.fingerprint import changed_searches, compare
 
     monkeypatch.chdir(tmp_path)
     uri = sqlite_uri(tmp_path / "mlflow.db")
@@ -385,29 +408,55 @@ def test_an_edited_resume_refuses_a_changed_search_and_keeps_grid_edits(tmp_path
     parent_run_id, _, lease = record.start_record(client, uri, study, "name: tc", recorded)
     lease.release()
     client.set_terminated(parent_run_id, status="KILLED")
+    experiment = client.get_run(parent_run_id).info.experiment_id
+
+    def child(ablation: str, key: str) -> str:
+        tags = {"mlflow.parentRunId": parent_run_id, "clsr.ablation": ablation, "clsr.trial_id": key}
+        run_id = client.create_run(experiment, tags=tags).info.run_id
+        client.set_terminated(run_id)
+        return run_id
+
+    sampled = child("lr", "lr[sample 1a2b3_00000] seed=1")
+    confirming = child("confirm", "confirm[trainer.lr=2e-05] seed=7")
+    paper = child("confirm", "confirm[paper] seed=7")
+
+    def superseded(*runs):
+        return [client.get_run(r).data.tags.get("clsr.superseded") for r in runs]
+
+    def take_over(doc):
+        edited = study_of(tmp_path, doc)
+        taken = record.take_over(client, uri, edited, "", fingerprint(edited), allow_changes=True)
+        taken[2].release()
+        client.set_terminated(parent_run_id, status="KILLED")
+        return taken
 
     edits = {
         "space": lambda d: d["ablations"]["lr"]["space"].update({"trainer.lr": {"loguniform": [1e-6, 1e-4]}}),
         "seeds": lambda d: d.update(seeds=[1, 2, 3]),
         "search": lambda d: d["search"].update(num_samples=6),
     }
-    for what, edit in edits.items():
+    for edit in edits.values():
         doc = copy.deepcopy(base)
         edit(doc)
-        edited = study_of(tmp_path, doc)
-        lines = fixed_searches(recorded, compare(recorded, fingerprint(edited)))
-        assert lines and ("ablations.lr (sampled) changed" in lines[0] or "search" in lines[0]), what
-        with pytest.raises(record.StudyChanged, match=r"reruns changed grid points, not a search: .*--new"):
-            record.take_over(client, uri, edited, "", fingerprint(edited), allow_changes=True)
-    assert client.get_run(parent_run_id).info.status == "KILLED"  # refused before anything was taken
-
+        assert changed_searches(recorded, compare(recorded, fingerprint(study_of(tmp_path, doc)))) == ["lr"]
     doc = copy.deepcopy(base)
+    edits["space"](doc)
+    _, _, _, skip, searches = take_over(doc)  # attempt 2
+    assert searches == {"lr": 2} and superseded(sampled, confirming, paper) == ["v2"] * 3
+    assert {
+        "lr[sample 1a2b3_00000] seed=1",
+        "confirm[paper] seed=7",
+    } <= skip  # never rerun by old experiments
+    assert (
+        "ablations.lr (sampled) changed: searched again as Tune experiment lr-v2" in capsys.readouterr().out
+    )
+    assert take_over(doc)[4] == {"lr": 2}  # attempt 3, the same file: the search of attempt 2 continues
+
+    edits["seeds"](doc)
+    assert take_over(doc)[4] == {"lr": 4}  # searched again
     doc["ablations"]["confirm"]["points"][0]["set"]["trainer.lr"] = 4.0e-5
     edited = study_of(tmp_path, doc)
-    changes = compare(recorded, fingerprint(edited))
-    assert changes.changed and fixed_searches(recorded, changes) == []
-    parent, _, lease, skip = record.take_over(
-        client, uri, edited, "", fingerprint(edited), allow_changes=True
-    )
-    lease.release()
-    assert parent == parent_run_id and skip == frozenset(changes.changed)
+    changes = compare(record.recorded_fingerprint(client, parent_run_id), fingerprint(edited))
+    assert changes.changed == [f"confirm[paper] seed={seed}" for seed in (7, 8, 9)]
+    _, _, _, skip, searches = take_over(doc)
+    assert skip == frozenset(changes.changed) and searches == {"lr": 4}  # the search kept

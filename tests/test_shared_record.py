@@ -112,9 +112,9 @@ def test_a_planted_newer_parent_run_is_not_the_one_resumed(started, tmp_path, mo
     planted = start_parent_run(client, study.name, str(evil), "planted")
     client.set_tag(planted, "clsr.fingerprint", client.get_run(parent_run_id).data.tags["clsr.fingerprint"])
     assert record.study_parent(client, study, current).info.run_id == parent_run_id
-    parent, resumed_storage, lease, skip = record.take_over(client, uri, study, "", current, False)
+    parent, resumed_storage, lease, skip, searches = record.take_over(client, uri, study, "", current, False)
     lease.release()
-    assert (parent, resumed_storage, skip) == (parent_run_id, storage, frozenset())
+    assert (parent, resumed_storage, skip, searches) == (parent_run_id, storage, frozenset(), {})
     assert not marker.exists()
 
 

@@ -93,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
                 "--allow-changes",
                 action="store_true",
                 help="resume an edited study: keep finished trials that did not change, run changed and "
-                "added ones as a new wave, mark changed and removed ones superseded",
+                "added ones as a new wave, mark changed and removed ones superseded; an edited sampled "
+                "ablation is searched again",
             )
             p.add_argument(
                 "--or-run",

@@ -85,21 +85,16 @@ class Changes:
         return lines
 
 
-def fixed_searches(recorded: dict[str, str], changes: Changes) -> list[str]:
-    """What an edited resume cannot carry out: a sampled ablation that already ran whose base, space or
-    seeds changed, or the search settings of a study with one. Tune restores a search as it was
-    sampled, so its trials would not rerun and its runs would stand for the edited file."""
+def changed_searches(recorded: dict[str, str], changes: Changes) -> list[str]:
+    """The sampled ablations that ran (in ``recorded``) and that an edited resume must search again: their
+    base, space or seeds changed, they were removed, or the search settings changed (every one of them).
+    Tune restores a search as it was sampled, so an edited one is a new search, not a continued one."""
     searched = trial_key("", "space", "")  # "[space] seed=": the keys of a sampled ablation's seeds
     ran = sorted({key.partition("[")[0] for key in recorded if searched in key})
+    if STUDY_ENTRY in changes.changed:
+        return ran
     touched = changes.added + changes.removed + changes.changed
-    lines = []
-    for name in ran:
-        keys = [key for key in touched if key.startswith(trial_key(name, "space", ""))]
-        if keys:
-            lines.append(f"ablations.{name} (sampled) changed: {', '.join(keys[:3])}")
-    if ran and STUDY_ENTRY in changes.changed:
-        lines.append(f"{STUDY_ENTRY} changed in a study whose sampled ablations ran")
-    return lines
+    return [name for name in ran if any(key.startswith(trial_key(name, "space", "")) for key in touched)]
 
 
 def compare(recorded: dict[str, str], current: dict[str, str]) -> Changes:

@@ -24,7 +24,7 @@ import yaml
 
 from clsr.study.distinct import also_of
 from clsr.study.driver_link import LEASE_LOST_EXIT
-from clsr.study.fingerprint import compare, fingerprint, fixed_searches, overall
+from clsr.study.fingerprint import changed_searches, compare, fingerprint, overall
 from clsr.study.lease import HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, leased, watch
 from clsr.study.plan import grid_points, point_label, stages, trial_document
 from clsr.study.schema import Study
@@ -224,8 +224,9 @@ def refuse_live_rivals(client, uri: str, study: Study, parent_run_id: str) -> No
 
 
 def take_over(client, uri: str, study: Study, study_text: str, current: dict[str, str], allow_changes: bool):
-    """The study's parent run, its lease taken (a killed driver's stale one too), and the trial keys old
-    experiments must not run (an edited resume: their new versions run in a new wave)."""
+    """The study's parent run, its lease taken (a killed driver's stale one too), the trial keys old
+    experiments must not run (an edited resume: their new versions run in a new wave), and the sampled
+    ablations searched again since the study started, each with the attempt that started its search."""
     parent = study_parent(client, study, current)
     if parent is None:
         raise NoEarlierRun(
@@ -245,14 +246,7 @@ def take_over(client, uri: str, study: Study, study_text: str, current: dict[str
             + "\neither revert the file to the recorded study.yaml (MLflow run "
             f"{parent_run_id}, artifact study.yaml), or resume with --allow-changes: finished trials that "
             f"did not change are kept, changed and added ones run as a new wave, changed and removed "
-            f"ones are marked superseded"
-        )
-    if changes and (fixed := fixed_searches(recorded, changes)):
-        raise StudyChanged(
-            f"study {study.name!r}: --allow-changes reruns changed grid points, not a search: "
-            + "; ".join(fixed)
-            + f"; revert the file to the recorded study.yaml (MLflow run {parent_run_id}), or run the edited "
-            "study as a record of its own: platform study run --new"
+            f"ones are marked superseded (an edited sampled ablation is searched again)"
         )
     refuse_live_rivals(client, uri, study, parent_run_id)
     lease = Lease(uri, parent_run_id, study.name)
@@ -277,13 +271,22 @@ def take_over(client, uri: str, study: Study, study_text: str, current: dict[str
         print(f"closed {len(closed)} run(s) a stopped driver had left RUNNING; their trials resume")
     skip: frozenset[str] = frozenset()
     if changes:
+        searched_again = changed_searches(recorded, changes)
+        # a confirm ablation's points were the old search's best: they are chosen again from the new one
+        confirming = [n for n, a in study.ablations.items() if a.confirm and a.confirm.of in searched_again]
         skip = frozenset(changes.changed + changes.removed)
-        supersede(client, parent_run_id, skip, attempt)
+        skip |= supersede(client, parent_run_id, skip, attempt, frozenset(searched_again + confirming))
         client.set_tag(parent_run_id, FINGERPRINT_TAG, overall(current))
         client.log_dict(parent_run_id, current, f"fingerprint-v{attempt}.json")
         client.log_text(parent_run_id, mask_uri(study_text), f"study-v{attempt}.yaml")
         print("resuming an edited study:\n  " + "\n  ".join(changes.describe()))
-    return parent_run_id, storage, lease, skip
+        for name in searched_again:
+            print(
+                f"ablations.{name} (sampled) changed: searched again as Tune experiment {name}-v{attempt}; "
+                f"its earlier runs{' and those confirming them' if confirming else ''} are marked superseded"
+            )
+    sampled = any(a.space for a in study.ablations.values())
+    return parent_run_id, storage, lease, skip, search_versions(client, parent_run_id) if sampled else {}
 
 
 def recorded_fingerprint(client, parent_run_id: str) -> dict[str, str]:
@@ -301,20 +304,50 @@ def mlflow_artifacts_json(client, run_id: str, path: str) -> dict[str, Any]:
         return json.loads(Path(client.download_artifacts(run_id, path, tmp)).read_text())
 
 
-def supersede(client, parent_run_id: str, keys: frozenset[str], attempt: int) -> None:
-    """Mark the runs of changed and removed trials superseded: kept in MLflow, left out of reports. A run
-    of identical trials whose other point changed keeps its own and stops standing for that one."""
+def supersede(
+    client, parent_run_id: str, keys: frozenset[str], attempt: int, ablations: frozenset[str] = frozenset()
+) -> frozenset[str]:
+    """Mark the runs of changed and removed trials, and every run of ``ablations`` (searched again),
+    superseded: kept in MLflow, left out of reports. A run of identical trials whose other point changed
+    keeps its own and stops standing for that one. Returns the trial keys of the ablations' runs: their
+    old experiments must not run them again."""
+    of_ablations = set()
     for run in children(client, parent_run_id):
         tags = run.data.tags
         if SUPERSEDED_TAG in tags:
             continue
-        if tags.get(TRIAL_TAG) in keys:
+        if tags.get(TRIAL_TAG) in keys or tags.get("clsr.ablation") in ablations:
             client.set_tag(run.info.run_id, SUPERSEDED_TAG, f"v{attempt}")
+            if tags.get(TRIAL_TAG) and tags.get("clsr.ablation") in ablations:
+                of_ablations.add(tags[TRIAL_TAG])
             continue
         also = also_of(tags)
         kept = [list(pair) for pair, key in also if key not in keys]
         if len(kept) < len(also):
             client.set_tag(run.info.run_id, ALSO_TAG, json.dumps(kept, ensure_ascii=False))
+    return frozenset(of_ablations)
+
+
+def search_versions(client, parent_run_id: str) -> dict[str, int]:
+    """Sampled ablation -> the attempt whose edited resume started its current search (its Tune experiment
+    is ``<ablation>-v<attempt>``); a search never edited is not listed. Read from the fingerprints each
+    attempt recorded (``fingerprint.json``, ``fingerprint-vN.json``), never from a tag."""
+    versions = sorted(
+        int(a.path.removesuffix(".json").partition("-v")[2] or 1)
+        for a in client.list_artifacts(parent_run_id)
+        if re.fullmatch(r"fingerprint(-v[0-9]+)?\.json", a.path)
+    )
+    if len(versions) < 2:  # never resumed edited
+        return {}
+    searched: dict[str, int] = {}
+    before: dict[str, str] = {}
+    for version in versions:
+        name = "fingerprint.json" if version == 1 else f"fingerprint-v{version}.json"
+        now = mlflow_artifacts_json(client, parent_run_id, name)
+        if before:
+            searched |= dict.fromkeys(changed_searches(before, compare(before, now)), version)
+        before = now
+    return searched
 
 
 def attach_labels(client, run, trial: dict[str, Any]) -> None:

@@ -505,12 +505,12 @@ def _run_study(study: Study, study_text: str, resume: bool, allow_changes: bool,
     current = fingerprint(study)
     with Interrupts(study.study_timeout_s) as interrupts:
         if resume:
-            parent_run_id, storage, lease, skip = take_over(
+            parent_run_id, storage, lease, skip, searches = take_over(
                 client, uri, study, study_text, current, allow_changes
             )
         else:
             parent_run_id, storage, lease = start_record(client, uri, study, study_text, current, new)
-            skip = frozenset()
+            skip, searches = frozenset(), {}
         if _quiet is not None:
             from clsr.study.progress import log_path
 
@@ -524,7 +524,7 @@ def _run_study(study: Study, study_text: str, resume: bool, allow_changes: bool,
             storage=storage,
         )
         try:
-            return _run_waves(study, points, uri, parent_run_id, storage, lease, skip, interrupts)
+            return _run_waves(study, points, uri, parent_run_id, storage, lease, skip, searches, interrupts)
         finally:
             lease.release()
 
@@ -566,8 +566,11 @@ def _run_waves(
     storage: str,
     lease: Lease,
     skip: frozenset[str],
+    searches: dict[str, int],
     interrupts: Interrupts,
 ) -> StudyOutcome:
+    """Each experiment in turn (``experiments``); ``searches``: the sampled ablations an edited resume
+    searched again, with the attempt that started their search (``record.search_versions``)."""
     client = PatientClient(uri)
     interrupts.on_give_up = lambda: give_up(client, uri, parent_run_id, interrupts.reason, lease)
     lease.on_lost = interrupts.lease_lost
@@ -577,6 +580,8 @@ def _run_waves(
     try:
         for name, ablation, wave in experiments(study):
             interrupts.check()
+            if ablation in searches:  # searched again: a new experiment, not the old search restored
+                name = f"{name}-v{searches[ablation]}"
             # upstream trials' checkpoint tags, or a searched ablation's last results that a confirmation
             # ranks, may still wait in their journals
             if any(study.ablations[a].needs or study.ablations[a].confirm for a in wave):
@@ -676,7 +681,8 @@ def _fit(study: Study, ctx: StudyContext, ablation: str | None, name: str, inter
     resumes) where an earlier driver left it."""
     from ray import tune
 
-    versions = [f"{name}-v{n}" for n in range(2, ctx.attempt)]
+    # a grid wave's edited resumes ran their new trials as <name>-vN; a search runs as one experiment
+    versions = [f"{name}-v{n}" for n in range(2, ctx.attempt)] if ablation is None else []
     restorable = [v for v in versions if tune.Tuner.can_restore(f"{ctx.storage.rstrip('/')}/{v}")]
     for experiment in [name, *restorable]:
         with interrupts.experiment():
