@@ -235,6 +235,11 @@ def test_nli_pairs_local(data_dir: Path) -> None:
         "The sisters are hugging goodbye while holding to go packages after just eating lunch .",
         "neutral",
     )
+    # SimCSE Table 4's pair sources by label: that first (neutral) pair leads the neutral pairs only
+    first = {"anchor": pairs[0].premise, "positive": pairs[0].hypothesis}
+    assert load_rows("nli_neutral_pairs", data_dir)[0] == first
+    assert first not in load_rows("nli_pairs", data_dir)[:1] + load_rows("nli_contradiction_pairs", data_dir)[:1]
+    assert load_rows("nli_all_pairs", data_dir)[0] == first
 
 
 def test_nli_pairs_missing(tmp_path: Path) -> None:
@@ -315,6 +320,9 @@ def test_sbert_v2_triplets_seeded() -> None:
         ("nli_triplets", SIMCSE_TRIPLETS),
         ("nli_sbert_v2", SBERT_V2_TRIPLETS),
         ("nli_pairs", 41_373),
+        ("nli_neutral_pairs", 35_983),
+        ("nli_contradiction_pairs", 40_688),
+        ("nli_all_pairs", 118_044),
     ],
 )
 def test_catalog_local_counts(data_dir: Path, name: str, count: int) -> None:

@@ -199,6 +199,12 @@ def test_simcse_table_4_expresses_its_snli_mnli_rows():
             for label, (train, max_rows, method, paper) in rows.items()} == {
         "SNLI+MNLI entailment, sample (134k)": ("nli_pairs", 134_000, False, 84.1),
         "SNLI+MNLI entailment, full (314k)": ("nli_pairs", None, False, 84.9),
+        "SNLI+MNLI neutral, sample (134k)": ("nli_neutral_pairs", 134_000, False, 82.6),
+        "SNLI+MNLI neutral, full (314k)": ("nli_neutral_pairs", None, False, 82.9),
+        "SNLI+MNLI contradiction, sample (134k)": ("nli_contradiction_pairs", 134_000, False, 77.5),
+        "SNLI+MNLI contradiction, full (314k)": ("nli_contradiction_pairs", None, False, 77.6),
+        "SNLI+MNLI all, sample (134k)": ("nli_all_pairs", 134_000, False, 81.7),
+        "SNLI+MNLI all, full (942k)": ("nli_all_pairs", None, False, 81.9),
         "SNLI+MNLI entailment + hard neg.": ("nli_for_simcse", None, True, 86.2),
     }  # fmt: skip
     header = SIMCSE.read_text()  # the rows it cannot express are listed with their reason

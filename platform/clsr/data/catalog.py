@@ -56,9 +56,15 @@ def _nli_sbert_v2(data_dir: Path | None, seed: int) -> list[Row]:
     return build_sbert_v2_triplets(load_nli_pairs(data_dir), seed)
 
 
-def _nli_pairs(data_dir: Path | None, seed: int) -> list[Row]:
-    pairs = load_nli_pairs(data_dir)
-    return [{"anchor": p.premise, "positive": p.hypothesis} for p in pairs if p.label == "entailment"]
+def _nli_pairs_of(*labels: str) -> Callable[[Path | None, int], list[Row]]:
+    """(premise, hypothesis) pairs of the NLI pairs whose gold label is one of ``labels``, as positives
+    (SimCSE Table 4: each label's pairs, and all three together, as the supervised pairs)."""
+
+    def load(data_dir: Path | None, seed: int) -> list[Row]:
+        pairs = load_nli_pairs(data_dir)
+        return [{"anchor": p.premise, "positive": p.hypothesis} for p in pairs if p.label in labels]
+
+    return load
 
 
 def _nli_supmpn(data_dir: Path | None, seed: int) -> list[Row]:
@@ -103,7 +109,25 @@ DATASETS: dict[str, DatasetSpec] = {
             "nli_pairs",
             ("anchor", "positive"),
             "(premise, entailment hypothesis) pairs from the NLI pairs",
-            _nli_pairs,
+            _nli_pairs_of("entailment"),
+        ),
+        DatasetSpec(
+            "nli_neutral_pairs",
+            ("anchor", "positive"),
+            "(premise, neutral hypothesis) pairs from the NLI pairs, as positives (SimCSE Table 4)",
+            _nli_pairs_of("neutral"),
+        ),
+        DatasetSpec(
+            "nli_contradiction_pairs",
+            ("anchor", "positive"),
+            "(premise, contradiction hypothesis) pairs from the NLI pairs, as positives (SimCSE Table 4)",
+            _nli_pairs_of("contradiction"),
+        ),
+        DatasetSpec(
+            "nli_all_pairs",
+            ("anchor", "positive"),
+            "every gold-labelled (premise, hypothesis) pair of the NLI pairs, as positives (SimCSE Table 4)",
+            _nli_pairs_of("entailment", "neutral", "contradiction"),
         ),
         DatasetSpec(
             "nli_supmpn",
