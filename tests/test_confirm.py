@@ -360,10 +360,12 @@ def test_search_over_seeds_and_two_objectives_then_confirm_through_the_platform_
     assert "ablations.lr (sampled) changed: searched again as Tune experiment lr-v2" in printed
     assert len(list(Path(load_study(study_file).storage_path).glob("confirmed-*/lr-v2/run_trial_*"))) == 4
     _, _, children = runs_of(uri, "confirmed")
-    old = {c.info.run_id for c in of["lr"] + of["confirm"]}
+    old = {r.info.run_id for r in of["lr"]} | {points[(top, s)].info.run_id for s in (5, 6)}
     assert {c.info.run_id for c in children if c.data.tags.get("clsr.superseded") == "v2"} == old
-    new = [c for c in children if c.info.run_id not in old]
-    assert sorted(c.data.tags["clsr.ablation"] for c in new) == ["confirm"] * 4 + ["lr"] * 4
+    new = [c for c in children if c.info.run_id not in old | {r.info.run_id for r in of["confirm"]}]
+    assert (
+        sorted(c.data.tags["clsr.ablation"] for c in new) == ["confirm"] * 2 + ["lr"] * 4
+    )  # the paper's kept
     assert all(
         float(c.data.params["trainer.lr"]) >= 1.0e-4 for c in new if c.data.tags["clsr.ablation"] == "lr"
     )
@@ -442,14 +444,17 @@ def test_an_edited_resume_searches_a_changed_search_again_and_keeps_grid_edits(t
     doc = copy.deepcopy(base)
     edits["space"](doc)
     _, _, _, skip, searches = take_over(doc)  # attempt 2
-    assert searches == {"lr": 2} and superseded(sampled, confirming, paper) == ["v2"] * 3
-    assert {
-        "lr[sample 1a2b3_00000] seed=1",
-        "confirm[paper] seed=7",
-    } <= skip  # never rerun by old experiments
+    # the search's runs and the best point taken from it are superseded; the paper's point is kept
+    assert searches == {"lr": 2} and superseded(sampled, confirming, paper) == ["v2", "v2", None]
+    assert "confirm[trainer.lr=2e-05] seed=7" in skip  # never run again by the old confirm experiment
+    assert record.superseded_at(client, parent_run_id) == {
+        "lr[sample 1a2b3_00000] seed=1": 2,
+        "confirm[trainer.lr=2e-05] seed=7": 2,
+    }
     assert (
-        "ablations.lr (sampled) changed: searched again as Tune experiment lr-v2" in capsys.readouterr().out
-    )
+        "ablations.lr (sampled) changed: searched again as Tune experiment lr-v2; its earlier runs and the "
+        "best points confirm took from it are marked superseded"
+    ) in capsys.readouterr().out.replace("\n", " ")
     assert take_over(doc)[4] == {"lr": 2}  # attempt 3, the same file: the search of attempt 2 continues
 
     edits["seeds"](doc)
@@ -460,3 +465,7 @@ def test_an_edited_resume_searches_a_changed_search_again_and_keeps_grid_edits(t
     assert changes.changed == [f"confirm[paper] seed={seed}" for seed in (7, 8, 9)]
     _, _, _, skip, searches = take_over(doc)
     assert skip == frozenset(changes.changed) and searches == {"lr": 4}  # the search kept
+    assert (
+        superseded(paper) == ["v5"]
+        and record.superseded_at(client, parent_run_id)["confirm[paper] seed=7"] == 5
+    )

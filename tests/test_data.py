@@ -238,7 +238,9 @@ def test_nli_pairs_local(data_dir: Path) -> None:
     # SimCSE Table 4's pair sources by label: that first (neutral) pair leads the neutral pairs only
     first = {"anchor": pairs[0].premise, "positive": pairs[0].hypothesis}
     assert load_rows("nli_neutral_pairs", data_dir)[0] == first
-    assert first not in load_rows("nli_pairs", data_dir)[:1] + load_rows("nli_contradiction_pairs", data_dir)[:1]
+    assert (
+        first not in load_rows("nli_pairs", data_dir)[:1] + load_rows("nli_contradiction_pairs", data_dir)[:1]
+    )
     assert load_rows("nli_all_pairs", data_dir)[0] == first
 
 

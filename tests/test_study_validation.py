@@ -52,6 +52,8 @@ BAD_STUDIES = [
     (("unknown_key", 1), "unknown_key", "unknown key 'unknown_key'; allowed here: ablations, "),
     (("concurency", 2), "concurency", "unknown key 'concurency'; did you mean 'concurrency'?"),
     (("ablations", {}), "ablations", "at least 1"),
+    (("ablations", {"lr-v2": GOOD["ablations"]["temp"]}), "ablations", "end in '-v<N>' or '-seeds<N>'"),
+    (("ablations", {"grid-stage2": GOOD["ablations"]["temp"]}), "ablations", "'grid', 'grid-stage<N>'"),
     (("base.trainer.batch_size", "big"), "base.trainer.batch_size", "valid integer"),
     (("base.trainer.lr", -1.0), "base.trainer.lr", "greater than 0"),
     (("base.model.pooling", "max"), "base.model.pooling", "'cls', 'cls_before_pooler'"),

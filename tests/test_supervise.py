@@ -108,8 +108,11 @@ def test_the_command_names_how_to_continue_when_its_driver_could_not(capsys):
     err = capsys.readouterr().err
     assert "stopped by SIGTERM: finished trials are recorded, unfinished ones were marked interrupted" in err
     assert err.rstrip().endswith("Continue with: platform study resume s.yaml --set seeds=3")
-    say_how_to_continue([held, again, {"stopping": "study_timeout"}], None)
+    say_how_to_continue([held, again, {"stopping": "study_timeout"}, {"settled": True}], None)
     assert "marked timed_out" in capsys.readouterr().err
+    # not settled by the driver: the supervisor's own close said what the record holds; only the way on
+    say_how_to_continue([held, again, {"stopping": "SIGTERM"}], "SIGTERM")
+    assert capsys.readouterr().err == "\nContinue with: platform study resume s.yaml --set seeds=3\n"
     for entries, signalled in (
         ([held, again, {"stopping": "SIGINT"}, {"settled": True}, {"told": True}], "SIGINT"),  # said it
         ([held, again, {"stopping": "lease_lost"}], None),  # another driver holds the study

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -399,8 +400,11 @@ def cmd_study(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     resume = args.action == "resume"
     study_text = Path(args.study).read_text(errors="replace")
-    again = f"platform study resume {args.study}" + "".join(f" --set {o}" for o in args.overrides)
-    again += " --smoke" if args.smoke else ""
+    again = shlex.join(
+        ["platform", "study", "resume", args.study, *(f for o in args.overrides for f in ("--set", o))]
+        + ["--smoke"] * args.smoke
+        + ["--yes"] * args.yes
+    )
     tell(resume_with=again)  # the supervisor says it if this driver ends before it can
     try:
         outcome = run_study(
@@ -425,6 +429,7 @@ def cmd_study(args: argparse.Namespace) -> int:
             f"writes in the study's storage; `platform study sync {args.study}` sends them",
             file=sys.stderr,
         )
+        tell(told=True)  # the way on is the sync, not a resume
         return outcome.exit_code or 1
     if outcome.stopped_by == "lease_lost":
         print(

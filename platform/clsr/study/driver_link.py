@@ -3,7 +3,8 @@
 The bottom of the study's process control: the lease, the record, the interrupt handling and the
 supervisor all import this module and it imports none of them. The supervisor starts the driver with two
 variables: ``LINK_ENV``, a small JSON-lines file the driver writes to (``tell``: which parent run and
-lease it holds, why it is stopping, when it has settled the record), and ``SUPERVISOR_ENV``, the
+lease it holds, the command that resumes it, why it is stopping, when it has settled the record, and
+whether it told the user how to go on), and ``SUPERVISOR_ENV``, the
 supervisor's pid (the one to name to the user and to signal).
 """
 

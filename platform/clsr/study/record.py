@@ -243,8 +243,8 @@ def take_over(client, uri: str, study: Study, study_text: str, current: dict[str
         raise StudyChanged(
             f"study {study.name!r} changed since it was started; its trials would mix two versions:\n  "
             + "\n  ".join(changes.describe())
-            + "\neither revert the file to the recorded study.yaml (MLflow run "
-            f"{parent_run_id}, artifact study.yaml), or resume with --allow-changes: finished trials that "
+            + f"\neither revert the file to the recorded one (MLflow run {parent_run_id}, artifact "
+            f"{recorded_study_file(client, parent_run_id)}), or resume with --allow-changes: finished trials that "
             f"did not change are kept, changed and added ones run as a new wave, changed and removed "
             f"ones are marked superseded (an edited sampled ablation is searched again)"
         )
@@ -272,21 +272,44 @@ def take_over(client, uri: str, study: Study, study_text: str, current: dict[str
     skip: frozenset[str] = frozenset()
     if changes:
         searched_again = changed_searches(recorded, changes)
-        # a confirm ablation's points were the old search's best: they are chosen again from the new one
-        confirming = [n for n, a in study.ablations.items() if a.confirm and a.confirm.of in searched_again]
+        # the best points a confirm ablation took from an edited search are chosen again from the new one
+        confirming = {
+            n: a.confirm.of
+            for n, a in study.ablations.items()
+            if a.confirm and a.confirm.of in searched_again
+        }
         skip = frozenset(changes.changed + changes.removed)
-        skip |= supersede(client, parent_run_id, skip, attempt, frozenset(searched_again + confirming))
+        chosen = [
+            run_id for run_id, tags in _current_runs(client, parent_run_id)
+            if tags.get("clsr.ablation") in confirming and tags.get(TRIAL_TAG) not in current
+        ]  # fmt: skip
+        skip |= supersede(client, parent_run_id, skip, attempt, frozenset(searched_again), frozenset(chosen))
         client.set_tag(parent_run_id, FINGERPRINT_TAG, overall(current))
         client.log_dict(parent_run_id, current, f"fingerprint-v{attempt}.json")
         client.log_text(parent_run_id, mask_uri(study_text), f"study-v{attempt}.yaml")
         print("resuming an edited study:\n  " + "\n  ".join(changes.describe()))
         for name in searched_again:
+            also = [c for c, of in confirming.items() if of == name]
             print(
                 f"ablations.{name} (sampled) changed: searched again as Tune experiment {name}-v{attempt}; "
-                f"its earlier runs{' and those confirming them' if confirming else ''} are marked superseded"
+                f"its earlier runs{' and the best points ' + ', '.join(also) + ' took from it' if also else ''} "
+                f"are marked superseded"
             )
     sampled = any(a.space for a in study.ablations.values())
     return parent_run_id, storage, lease, skip, search_versions(client, parent_run_id) if sampled else {}
+
+
+def recorded_study_file(client, parent_run_id: str) -> str:
+    """The artifact holding the study file the record was last run with (``study.yaml``, or
+    ``study-vN.yaml`` after edited resumes)."""
+    names = [
+        a.path
+        for a in client.list_artifacts(parent_run_id)
+        if re.fullmatch(r"study(-v[0-9]+)?\.yaml", a.path)
+    ]
+    return max(
+        names, key=lambda n: int(n.removesuffix(".yaml").partition("-v")[2] or 1), default="study.yaml"
+    )
 
 
 def recorded_fingerprint(client, parent_run_id: str) -> dict[str, str]:
@@ -304,28 +327,54 @@ def mlflow_artifacts_json(client, run_id: str, path: str) -> dict[str, Any]:
         return json.loads(Path(client.download_artifacts(run_id, path, tmp)).read_text())
 
 
+def _current_runs(client, parent_run_id: str) -> list[tuple[str, dict[str, str]]]:
+    return [
+        (r.info.run_id, r.data.tags)
+        for r in children(client, parent_run_id)
+        if SUPERSEDED_TAG not in r.data.tags
+    ]
+
+
 def supersede(
-    client, parent_run_id: str, keys: frozenset[str], attempt: int, ablations: frozenset[str] = frozenset()
+    client,
+    parent_run_id: str,
+    keys: frozenset[str],
+    attempt: int,
+    searches: frozenset[str] = frozenset(),
+    chosen: frozenset[str] = frozenset(),
 ) -> frozenset[str]:
-    """Mark the runs of changed and removed trials, and every run of ``ablations`` (searched again),
-    superseded: kept in MLflow, left out of reports. A run of identical trials whose other point changed
-    keeps its own and stops standing for that one. Returns the trial keys of the ablations' runs: their
-    old experiments must not run them again."""
-    of_ablations = set()
+    """Mark superseded (kept in MLflow, left out of reports) the runs of changed and removed trials, every
+    run of the sampled ablations ``searches`` (searched again), and the ``chosen`` runs (a confirm
+    ablation's best points of such a search). A run of identical trials whose other point changed keeps
+    its own and stops standing for that one. Returns the trial keys of the ``chosen`` runs: their old
+    experiment must not run them again."""
+    chosen_keys = set()
     for run in children(client, parent_run_id):
         tags = run.data.tags
         if SUPERSEDED_TAG in tags:
             continue
-        if tags.get(TRIAL_TAG) in keys or tags.get("clsr.ablation") in ablations:
+        if tags.get(TRIAL_TAG) in keys or tags.get("clsr.ablation") in searches or run.info.run_id in chosen:
             client.set_tag(run.info.run_id, SUPERSEDED_TAG, f"v{attempt}")
-            if tags.get(TRIAL_TAG) and tags.get("clsr.ablation") in ablations:
-                of_ablations.add(tags[TRIAL_TAG])
+            if run.info.run_id in chosen and tags.get(TRIAL_TAG):
+                chosen_keys.add(tags[TRIAL_TAG])
             continue
         also = also_of(tags)
         kept = [list(pair) for pair, key in also if key not in keys]
         if len(kept) < len(also):
             client.set_tag(run.info.run_id, ALSO_TAG, json.dumps(kept, ensure_ascii=False))
-    return frozenset(of_ablations)
+    return frozenset(chosen_keys)
+
+
+def superseded_at(client, parent_run_id: str) -> dict[str, int]:
+    """Trial key -> the latest attempt whose edited resume superseded a run of it (``clsr.superseded:
+    vN``). Only decides which trials an older Tune experiment leaves to a newer one; a malformed tag is
+    ignored."""
+    at: dict[str, int] = {}
+    for run in children(client, parent_run_id):
+        key, mark = run.data.tags.get(TRIAL_TAG), run.data.tags.get(SUPERSEDED_TAG, "")
+        if key and (version := re.fullmatch(r"v([0-9]{1,6})", mark)):
+            at[key] = max(at.get(key, 0), int(version.group(1)))
+    return at
 
 
 def search_versions(client, parent_run_id: str) -> dict[str, int]:

@@ -37,6 +37,7 @@ from clsr.study.record import (
     replay,
     skip_blocked,
     start_record,
+    superseded_at,
     take_over,
 )
 from clsr.study.schema import Outputs, Study, StudyError
@@ -682,11 +683,16 @@ def _fit(study: Study, ctx: StudyContext, ablation: str | None, name: str, inter
     from ray import tune
 
     # a grid wave's edited resumes ran their new trials as <name>-vN; a search runs as one experiment
-    versions = [f"{name}-v{n}" for n in range(2, ctx.attempt)] if ablation is None else []
-    restorable = [v for v in versions if tune.Tuner.can_restore(f"{ctx.storage.rstrip('/')}/{v}")]
-    for experiment in [name, *restorable]:
+    versions = range(2, ctx.attempt) if ablation is None else range(0)
+    restorable = [n for n in versions if tune.Tuner.can_restore(f"{ctx.storage.rstrip('/')}/{name}-v{n}")]
+    # a trial an edited resume superseded after an experiment began is not that experiment's to run,
+    # on this resume or any later one (its new version, if any, runs in a later experiment)
+    superseded = superseded_at(MlflowClient(ctx.tracking_uri), ctx.parent_run_id) if versions else {}
+    for version, experiment in [(1, name), *[(n, f"{name}-v{n}") for n in restorable]]:
+        later = frozenset(key for key, at in superseded.items() if at > version)
         with interrupts.experiment():
-            results = build_tuner(study, ctx, ablation, restore=True, name=experiment).fit()
+            tuner = build_tuner(study, replace(ctx, skip=ctx.skip | later), ablation, True, experiment)
+            results = tuner.fit()
         if interrupts.reason == "lease_lost":  # the record is another driver's now
             return
         close_lost_trials(  # a plain client: an outage here is only a warning (the study's end closes them)

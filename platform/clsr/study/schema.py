@@ -589,6 +589,14 @@ class Study(Strict):
         bad = [n for n in ablations if not re.match(NAME_PATTERN, n)]
         if bad:
             raise ValueError(f"ablation names may hold letters, digits, '_', '.', '-' only (given: {bad})")
+        # the names of the Tune experiments the runner makes of an ablation (an edited resume's, an
+        # adaptive round's) and of the grid's stages: an ablation named so would share their folder
+        taken = [n for n in ablations if re.fullmatch(r"grid|grid-stage[0-9]+|.+-(v|seeds)[0-9]+", n)]
+        if taken:
+            raise ValueError(
+                f"ablation names may not be 'grid', 'grid-stage<N>' or end in '-v<N>' or '-seeds<N>', the "
+                f"names of the study's Tune experiments (given: {taken})"
+            )
         return ablations
 
     @model_validator(mode="after")

@@ -7,8 +7,9 @@ Python handler runs, the graceful stop never writes the record, and the schedule
 status. So ``platform study run|resume`` runs the driver as a child process at once and waits;
 the child validates the study (this process imports neither torch nor Ray nor MLflow until it has
 to close a record, so it adds well under a second). The child writes to a small file
-(``LINK_ENV``) which parent run and lease it holds, why it is stopping, and when it has settled the
-record. If it ends without settling it, this
+(``LINK_ENV``) which parent run and lease it holds, the command that resumes it, why it is stopping,
+when it has settled the record, and whether it told the user how to go on (else this process does). If
+it ends without settling it, this
 process, which holds no Ray connection, closes the record as the driver would have: unfinished
 trials interrupted (failed when nothing stopped the study), the parent run KILLED (FAILED), the
 lease released; and it exits with the signal's status (130, 143, 124) or the child's.
@@ -121,17 +122,17 @@ def settle(entries: list[dict[str, Any]], code: int, signalled: str | None) -> i
 
 def say_how_to_continue(entries: list[dict[str, Any]], signalled: str | None) -> None:
     """The driver's last lines, when it ended before printing them (its watchdog wrote the record after
-    a graceful stop hung, or it was killed): a preempted job's log still names the command that goes on."""
+    a graceful stop hung, or it was killed): a preempted job's log still names the command that goes on.
+    What the record holds is said only when the driver settled it; otherwise ``settle`` said what it did."""
     reason = next((e["stopping"] for e in entries if "stopping" in e), signalled)
     again = next((e["resume_with"] for e in entries if "resume_with" in e), None)
     held = any("parent_run_id" in e for e in entries)  # stopped before it held a record: nothing to resume
-    if (
-        reason in ("SIGINT", "SIGTERM", "study_timeout")
-        and again
-        and held
-        and not any(e.get("told") for e in entries)
-    ):
-        print(how_to_continue(reason, again), file=sys.stderr)
+    if reason not in ("SIGINT", "SIGTERM", "study_timeout") or not again or not held:
+        return
+    if any(e.get("told") for e in entries):
+        return
+    settled = any(e.get("settled") for e in entries)
+    print(how_to_continue(reason, again) if settled else f"\nContinue with: {again}", file=sys.stderr)
 
 
 def _status(code: int) -> int:
