@@ -15,6 +15,7 @@ import pytest
 from clsr.cli import main
 from clsr.data.corpora import load_nli_for_simcse, load_nli_pairs, load_wiki_sentences
 from clsr.data.hub_manifest import HUB_DATASETS, NotInManifest, require_listed
+from clsr.data.pair_sources import load_anli_pairs, load_flickr30k_pairs, load_qqp_pairs
 from clsr.data.sources import DataUnavailableError
 from clsr.data.sts import HUB_IDS, STS_TASKS, allowed_splits, load_sts
 from clsr.data.transfer import TRANSFER_TASKS, TREC_CLASSES, load_transfer
@@ -30,6 +31,9 @@ def fake_split(columns: tuple[str, ...]) -> datasets.Dataset:
     features = {
         c: datasets.Value("float64" if c == "score" else "int64" if c == "label" else "string") for c in data
     }
+    if "set" in data:  # Flickr30k's five captions per image
+        data["set"] = [[f"caption {i} of {image} ." for i in range(5)] for image in ("one", "two")]
+        features["set"] = datasets.Sequence(datasets.Value("string"))
     if "coarse_label" in data:
         features["coarse_label"] = datasets.ClassLabel(names=list(TREC_CLASSES))
     return datasets.Dataset.from_dict(data, features=datasets.Features(features))
@@ -77,6 +81,9 @@ def test_every_loader_asks_the_hub_only_for_what_the_manifest_lists(hub_requests
     assert load_wiki_sentences(None)
     assert load_nli_for_simcse(None)
     load_nli_pairs(None)
+    assert len(load_qqp_pairs(None)) == 1  # the fake's labels are [1, 0]: one duplicate
+    assert len(load_flickr30k_pairs(None)) == 2 * 10  # every two of five captions, per image
+    assert len(load_anli_pairs(None)) == 3 * 2  # three training rounds
     asked = {hub_id for hub_id, _ in hub_requests}
     readable = {hub_id for hub_id, entry in HUB_DATASETS.items() if not entry.unusable}
     assert asked == readable  # every readable listed source is used, and nothing else

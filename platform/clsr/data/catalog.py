@@ -21,6 +21,7 @@ from clsr.data.corpora import (
     load_nli_pairs,
     load_wiki_sentences,
 )
+from clsr.data.pair_sources import load_flickr30k_pairs, load_nli_anli_for_simcse, load_qqp_pairs
 from clsr.data.sources import resolve_data_dir
 from clsr.data.supmpn_rows import build_supmpn_rows, supmpn_columns
 
@@ -65,6 +66,18 @@ def _nli_pairs_of(*labels: str) -> Callable[[Path | None, int], list[Row]]:
         return [{"anchor": p.premise, "positive": p.hypothesis} for p in pairs if p.label in labels]
 
     return load
+
+
+def _qqp_pairs(data_dir: Path | None, seed: int) -> list[Row]:
+    return load_qqp_pairs(data_dir)
+
+
+def _flickr30k_pairs(data_dir: Path | None, seed: int) -> list[Row]:
+    return load_flickr30k_pairs(data_dir)
+
+
+def _nli_anli_for_simcse(data_dir: Path | None, seed: int) -> list[Row]:
+    return load_nli_anli_for_simcse(data_dir, seed)
 
 
 def _nli_supmpn(data_dir: Path | None, seed: int) -> list[Row]:
@@ -128,6 +141,27 @@ DATASETS: dict[str, DatasetSpec] = {
             ("anchor", "positive"),
             "every gold-labelled (premise, hypothesis) pair of the NLI pairs, as positives (SimCSE Table 4)",
             _nli_pairs_of("entailment", "neutral", "contradiction"),
+        ),
+        DatasetSpec(
+            "qqp_pairs",
+            ("anchor", "positive"),
+            "QQP's duplicate question pairs of GLUE's train split (134,378; SimCSE Table 4; hub or "
+            "qqp/train.tsv)",
+            _qqp_pairs,
+        ),
+        DatasetSpec(
+            "flickr30k_pairs",
+            ("anchor", "positive"),
+            "every two captions of one Flickr30k image (317,830; SimCSE Table 4; hub or "
+            "flickr30k/flickr30k_captions.jsonl.gz)",
+            _flickr30k_pairs,
+        ),
+        DatasetSpec(
+            "nli_anli_for_simcse",
+            TRIPLET,
+            "nli_for_simcse followed by SimCSE-style triplets of ANLI's training rounds (SimCSE Table 4's "
+            "+ ANLI; hub or anli/R1-R3/train.jsonl)",
+            _nli_anli_for_simcse,
         ),
         DatasetSpec(
             "nli_supmpn",

@@ -111,6 +111,25 @@ HUB_DATASETS: dict[str, HubDataset] = {
         ("premise", "hypothesis", "label"),
         checked=_HF.format("nyu-mll/multi_nli") + ": 392,702 / 9,815 / 9,832",
     ),
+    "nyu-mll/glue": HubDataset(  # read with config qqp only (SimCSE Table 4)
+        ("train", "validation", "test"),
+        ("question1", "question2", "label"),
+        missing="QQP's test labels (GLUE hides them: -1)",
+        checked=_HF.format("nyu-mll/glue") + ": config qqp, qqp/train-00000-of-00001.parquet (33.6 MB), "
+        "features question1, question2, label, idx (README dataset_info)",
+    ),
+    "embedding-data/flickr30k_captions_quintets": HubDataset(
+        ("train",),
+        ("set",),
+        files=("flickr30k_captions.jsonl.gz",),
+        checked=_HF.format("embedding-data/flickr30k_captions_quintets")
+        + ": flickr30k_captions.jsonl.gz (3.11 MB), 31.8k rows, a 'set' of five captions each",
+    ),
+    "facebook/anli": HubDataset(
+        ("train_r1", "train_r2", "train_r3", "dev_r1", "dev_r2", "dev_r3", "test_r1", "test_r2", "test_r3"),
+        ("premise", "hypothesis", "label"),
+        checked=_HF.format("facebook/anli") + ": config plain_text, one parquet per split",
+    ),
 }
 
 
