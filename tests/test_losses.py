@@ -194,6 +194,48 @@ def test_fixed_mask_gives_identical_positive_pairs_and_the_loss_of_h_plus_equal_
     assert fixed.loss_from_embeddings(one).item() == pytest.approx(expected, rel=1e-10)
 
 
+# --- SimCSE Table 2: two encoders ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa_packed"])
+def test_two_encoders_is_eq4_with_each_view_through_its_own_encoder(tiny_bert, attention):
+    from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+
+    method = SimCSEUnsup(SimCSEUnsupConfig(two_encoders=True))
+    model = method.build_model(ModelConfig(name=tiny_bert, pooling="cls", dropout=0.0, attention=attention))
+    first_weights = model.backbone.embeddings.word_embeddings.weight
+    second_weights = model.second.backbone.embeddings.word_embeddings.weight
+    assert first_weights is not second_weights and torch.equal(first_weights, second_weights)  # loaded alike
+    generator = torch.Generator().manual_seed(0)
+    texts, positives = (torch.randint(5, 90, (3, 6), generator=generator) for _ in range(2))
+    mask = torch.ones(3, 6, dtype=torch.long)
+    mask[1, 4:] = 0  # a shorter sentence
+    batch = {  # row-major: row 0's text, row 0's positive, row 1's text, ...
+        "input_ids": torch.stack([texts, positives], dim=1).flatten(0, 1),
+        "attention_mask": torch.stack([mask, mask], dim=1).flatten(0, 1),
+        "num_rows": 3,
+    }
+    model.train()
+    embeddings = method.encode_rows(model, batch)
+    h = TransformerEncoder.forward(model, texts, mask)  # f_θ1 on the first views
+    h_plus = model.second(positives, mask)  # f_θ2 on the second
+    assert torch.allclose(embeddings[:, 0], h, atol=1e-6) and torch.allclose(
+        embeddings[:, 1], h_plus, atol=1e-6
+    )
+    loss = method.loss_from_embeddings(embeddings.double())
+    a, b = h.detach().double().numpy(), h_plus.detach().double().numpy()
+    assert loss.item() == pytest.approx(np_cross_entropy(np_cos(a, b) / 0.05), rel=1e-6)
+    loss.backward()
+    assert first_weights.grad.abs().sum() > 0 and second_weights.grad.abs().sum() > 0  # both trained
+    model.eval()  # evaluation and export: f_θ1 alone
+    assert torch.allclose(model(texts, mask), TransformerEncoder.forward(model, texts, mask))
+    plain = TransformerEncoder(ModelConfig(name=tiny_bert, pooling="cls", dropout=0.0, attention=attention))
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)  # a later stage's load
+    assert missing == [] and unexpected and all(key.startswith("second.") for key in unexpected)
+    with pytest.raises(ValueError, match="two_encoders"):
+        SimCSEUnsupConfig(two_encoders=True, same_dropout_mask=True)
+
+
 # --- MNRL with several negative columns ------------------------------------------------------------
 
 
@@ -220,3 +262,24 @@ def test_mnrl_negative_columns_and_the_data_that_has_them():
         trial("nli_triplets", 2)
     with pytest.raises(ValueError, match=r"lacks columns \['negative_6'\].*none of the catalogue sets"):
         trial("nli_supmpn", 6)
+
+
+def test_two_encoders_train_through_the_loop_and_are_evaluated_with_the_first(tiny_bert, data_dir, tmp_path):
+    """The trainer's loop with Table 2's two encoders: two steps, a dev evaluation, a checkpoint and the
+    test scores, all on the first encoder."""
+    from clsr.train.loop import fit
+    from clsr.train.session import LocalSession
+
+    trial = TrialConfig.model_validate(
+        {
+            "model": {"name": tiny_bert, "max_seq_length": 16},
+            "method": {"name": "simcse_unsup", "two_encoders": True},
+            "data": {"train": "wiki1m", "max_rows": 32},
+            "trainer": {"batch_size": 8, "max_steps": 2, "eval_steps": 2, "log_every": 1},
+            "eval": {"dev_tasks": ["stsb"], "tasks": ["stsb"], "sts_max_pairs": 50},
+        }
+    )
+    session = LocalSession(checkpoint_root=tmp_path)
+    final = fit(trial, session)
+    assert session.reports[-1]["finished"] == 1 and -100 < final["test_stsb"] < 100
+    assert session.latest is not None and any(session.latest.iterdir())  # a checkpoint of both encoders

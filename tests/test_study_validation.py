@@ -199,7 +199,7 @@ def test_resolution_order_and_paper_numbers(tmp_path):
     trial = resolve_trial(study, "temp", points[1]["overrides"], 8)
     assert trial.method == {
         "name": "simcse_unsup", "temperature": 0.1, "same_dropout_mask": False, "positive": "dropout",
-        "positive_ratio": 0.1,
+        "positive_ratio": 0.1, "two_encoders": False,
     }  # fmt: skip
     assert trial.trainer.lr == 1e-4 and trial.trainer.seed == 8 and trial.trainer.batch_size == 16
     assert trial.model.mlp_only_train  # the method's paper default survives the study base

@@ -22,6 +22,11 @@ with ``trainer.seed`` (the paper trains one epoch, so per-epoch and per-trial co
 The paper's "MLM 15 %" row (BERT replaces 15 % of the words) is not an option. The augmentations are
 hand-written because nlpaug is not a dependency (see ``clsr.augment.positives``).
 
+``two_encoders: true`` is Table 2's (f_θ1, f_θ2): the first view goes through one encoder and the second
+through another, both loaded from ``model.name`` and trained separately (Eq. 4 with h_i = f_θ1(x_i) and
+h_i^+ = f_θ2(x_i^+)); evaluation, export and a later stage use f_θ1. Both encoders run in one forward
+pass of the model (``TwoEncoders``), so that DDP sees one forward per step.
+
 Input: rows with a ``text`` column (e.g. ``wiki1m``). Pooling: ``cls`` with the MLP in training only.
 """
 
@@ -32,9 +37,11 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
+from torch import nn
 
 from clsr.augment.positives import random_deletion, synonym_replacement, wordnet_synonym_source
 from clsr.data.sources import DataUnavailableError
+from clsr.encoders.transformer import ModelConfig, TransformerEncoder
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.losses import cos_sim, in_batch_cross_entropy
 
@@ -54,6 +61,11 @@ class SimCSEUnsupConfig(MethodConfig):
     positive_ratio: float = Field(
         0.1, gt=0, lt=1, description="Table 1's k: the share of the words cropped away or deleted"
     )
+    two_encoders: bool = Field(
+        False,
+        description="Table 2's two encoders (f_θ1, f_θ2): the second view through a second encoder loaded from "
+        "model.name and trained separately; evaluation uses the first (false: one encoder, the paper's)",
+    )
 
     @model_validator(mode="after")
     def _one_second_view(self) -> SimCSEUnsupConfig:
@@ -62,7 +74,35 @@ class SimCSEUnsupConfig(MethodConfig):
                 f"same_dropout_mask (Table 3) shares one pass between the views; with positive "
                 f"{self.positive!r} the second view is another text: use one of them"
             )
+        if self.same_dropout_mask and self.two_encoders:
+            raise ValueError(
+                "same_dropout_mask (Table 3) encodes once; two_encoders (Table 2) needs two passes"
+            )
         return self
+
+
+class TwoEncoders(TransformerEncoder):
+    """f_θ1 (this encoder: what evaluation, export and checkpoints' ``backbone.*`` keys are) and f_θ2
+    (``second``), loaded alike from ``model.name``. ``forward(..., two_views=True)`` takes the rows'
+    two views interleaved (row 0's first, row 0's second, ...) and encodes each through its encoder."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.second = TransformerEncoder(cfg)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        length_group_size: int | None = None,
+        two_views: bool = False,
+    ) -> torch.Tensor:
+        if not two_views:
+            return super().forward(input_ids, attention_mask, length_group_size)
+        ids, mask = input_ids.view(-1, 2, input_ids.size(1)), attention_mask.view(-1, 2, input_ids.size(1))
+        first = super().forward(ids[:, 0].contiguous(), mask[:, 0].contiguous(), length_group_size)
+        second = self.second(ids[:, 1].contiguous(), mask[:, 1].contiguous(), length_group_size)
+        return torch.stack([first, second], dim=1).flatten(0, 1)
 
 
 def crop(text: str, rng: Random, ratio: float) -> str:
@@ -131,6 +171,22 @@ class SimCSEUnsup(Method):
             )
             rows = [{**row, "positive": augment(row["text"], rng)} for row in rows]
         return super().prepare_rows(rows, pipeline, trial)
+
+    def build_model(self, model_cfg: ModelConfig, pipeline: Any = None) -> nn.Module:
+        if not self.cfg.two_encoders:
+            return super().build_model(model_cfg, pipeline)
+        if model_cfg.init_checkpoint:
+            raise ValueError(
+                "method.two_encoders loads both encoders from model.name, not model.init_checkpoint"
+            )
+        return TwoEncoders(model_cfg)
+
+    def encode_rows(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        if not self.cfg.two_encoders:
+            return super().encode_rows(model, batch)
+        groups = {"length_group_size": batch["length_group_size"]} if batch.get("length_group_size") else {}
+        pooled = model(batch["input_ids"], batch["attention_mask"], two_views=True, **groups)
+        return pooled.view(batch["num_rows"], 2, -1)
 
     def loss_from_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
         if self.cfg.same_dropout_mask:  # one pass, one mask: the embedding is both views
