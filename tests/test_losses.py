@@ -283,3 +283,56 @@ def test_two_encoders_train_through_the_loop_and_are_evaluated_with_the_first(ti
     final = fit(trial, session)
     assert session.reports[-1]["finished"] == 1 and -100 < final["test_stsb"] < 100
     assert session.latest is not None and any(session.latest.iterdir())  # a checkpoint of both encoders
+
+
+# --- SimCSE Table 2: next-sentence positives -----------------------------------------------------------
+
+
+def test_next_sentence_positives_follow_the_text_within_each_document():
+    from random import Random
+
+    from clsr.methods.simcse_unsup import next_sentence_rows
+
+    rows = [
+        {"text": t, "document": d}
+        for t, d in (("a1", "A"), ("a2", "A"), ("a3", "A"), ("b1", "B"), ("b2", "B"))
+    ]
+    assert [(r["text"], r["positive"]) for r in next_sentence_rows(rows, 1, Random(0))] == [
+        ("a1", "a2"), ("a2", "a3"), ("b1", "b2"),  # a3 and b2 end their documents: no positive
+    ]  # fmt: skip
+    drawn = next_sentence_rows(rows, 3, Random(7))
+    rng = Random(7)  # one of the next three of the same document, drawn in row order
+    assert [r["positive"] for r in drawn] == [
+        rng.choice(["a2", "a3"]),
+        rng.choice(["a3"]),
+        rng.choice(["b2"]),
+    ]
+    plain = [{"text": t} for t in ("s1", "s2", "s3")]  # no document column: one document
+    assert [r["positive"] for r in next_sentence_rows(plain, 1, Random(0))] == ["s2", "s3"]
+
+
+def test_next_sentence_trains_on_ordered_text_and_refuses_sampled_rows(tiny_bert, data_dir, tmp_path):
+    from clsr.study.sources import trial_source_problems
+    from clsr.train.loop import fit
+    from clsr.train.session import LocalSession
+
+    corpus = tmp_path / "ordered.txt"
+    corpus.write_text("".join(f"Sentence number {i} of the story .\n" for i in range(40)))
+    doc = {
+        "model": {"name": tiny_bert, "max_seq_length": 16},
+        "method": {"name": "simcse_unsup", "positive": "next_3_sentences"},
+        "data": {"train": str(corpus)},
+        "trainer": {"batch_size": 8, "max_steps": 2, "eval_steps": 2, "log_every": 1},
+        "eval": {"dev_tasks": ["stsb"], "tasks": [], "sts_max_pairs": 50},
+    }
+    trial = TrialConfig.model_validate(doc)
+    assert trial_source_problems(trial) == ([], [])
+    session = LocalSession(checkpoint_root=tmp_path / "ckpt")
+    fit(trial, session)
+    assert session.reports[-1]["finished"] == 1
+    sampled = TrialConfig.model_validate({**doc, "data": {"train": str(corpus), "max_rows": 10}})
+    problems, _ = trial_source_problems(sampled)
+    assert problems == [
+        "method.positive next_3_sentences pairs each sentence with the ones after it in the training text; "
+        "data.max_rows samples the rows and breaks that order: unset it"
+    ]

@@ -83,6 +83,7 @@ class PlatformStep:
         check_gradcache(self.method, t.gradcache_chunk_rows)
         pipeline = self.method.text_pipeline(trial, None)
         started = time.perf_counter()
+        rows = self.method.rows_for_training(rows, trial)
         self.batcher = self.method.prepare_rows(rows, pipeline, trial)  # tokenised once per trial
         self.tokenise_s = time.perf_counter() - started
         self.collate_s: list[float] = []  # per step: building the batch from the token tables

@@ -71,9 +71,19 @@ class Method(ABC):
         """Why this trial cannot run here (e.g. a hub-only model while offline), or None."""
         return None
 
+    def trial_problems(self, trial: Any) -> list[str]:
+        """Why this method cannot train ``trial`` as written anywhere (``study validate`` says it before a
+        study starts), e.g. a setting of another section it cannot work with."""
+        return []
+
     def text_pipeline(self, trial: Any, shared: Any) -> Any:
         """What turns text into model inputs: the transformer's tokenizer."""
         return load_tokenizer(trial.model.name)
+
+    def rows_for_training(self, rows: list[dict[str, str]], trial: Any) -> list[dict[str, str]]:
+        """The rows the loop trains on, made from the data set's (default: all of them as they are; a
+        method whose rows are pairs of the data set's, like next-sentence positives, may have fewer)."""
+        return rows
 
     def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> Any:
         """Tokenise once; the returned object's ``collate(indices)`` builds one forward pass."""

@@ -22,6 +22,14 @@ with ``trainer.seed`` (the paper trains one epoch, so per-epoch and per-trial co
 The paper's "MLM 15 %" row (BERT replaces 15 % of the words) is not an option. The augmentations are
 hand-written because nlpaug is not a dependency (see ``clsr.augment.positives``).
 
+``positive: next_sentence`` and ``next_3_sentences`` are Table 2's other objectives: the positive of a
+sentence is the sentence after it, or one of the three after it (drawn with ``trainer.seed``), in the
+same document. They need ordered text: the training rows in their order, with a ``document`` column
+where a corpus holds several documents (without one, the rows are one document); a document's last
+sentence has no positive and is left out. ``wiki1m`` is independently sampled sentences, so these
+positives need a corpus of the user's (``data.train``: a file in order), and ``data.max_rows``, which
+samples the rows, is refused with them.
+
 ``two_encoders: true`` is Table 2's (f_θ1, f_θ2): the first view goes through one encoder and the second
 through another, both loaded from ``model.name`` and trained separately (Eq. 4 with h_i = f_θ1(x_i) and
 h_i^+ = f_θ2(x_i^+)); evaluation, export and a later stage use f_θ1. Both encoders run in one forward
@@ -52,11 +60,20 @@ class SimCSEUnsupConfig(MethodConfig):
     same_dropout_mask: bool = Field(
         False, description="one dropout mask for both views: Table 3's 'Fixed 0.1' (paper); false: Eq. 4"
     )
-    positive: Literal["dropout", "crop", "word_deletion", "delete_one_word", "synonym_replacement"] = Field(
+    positive: Literal[
+        "dropout",
+        "crop",
+        "word_deletion",
+        "delete_one_word",
+        "synonym_replacement",
+        "next_sentence",
+        "next_3_sentences",
+    ] = Field(
         "dropout",
         description="the second view (Table 1): a second dropout pass (paper, Eq. 4), or an augmented copy: "
         "crop, word_deletion (positive_ratio of the words), delete_one_word, synonym_replacement (one "
-        "word, WordNet)",
+        "word, WordNet); or (Table 2) the next sentence, or one of the next 3, of ordered training text "
+        "(a document column separates documents)",
     )
     positive_ratio: float = Field(
         0.1, gt=0, lt=1, description="Table 1's k: the share of the words cropped away or deleted"
@@ -113,6 +130,23 @@ def crop(text: str, rng: Random, ratio: float) -> str:
     return " ".join(words[start : start + keep])
 
 
+FOLLOWING = {"next_sentence": 1, "next_3_sentences": 3}  # Table 2: how many following sentences qualify
+
+
+def next_sentence_rows(rows: list[dict[str, str]], following: int, rng: Random) -> list[dict[str, str]]:
+    """Each row whose document goes on, with a positive: the next sentence (``following`` 1) or one of the
+    next ``following`` of its document, drawn with ``rng``; rows are in the corpus's order and a
+    ``document`` column (if any) names each row's document."""
+    paired = []
+    for i, row in enumerate(rows):
+        later = [
+            r["text"] for r in rows[i + 1 : i + 1 + following] if r.get("document") == row.get("document")
+        ]
+        if later:
+            paired.append({**row, "positive": later[0] if following == 1 else rng.choice(later)})
+    return paired
+
+
 def positive_view(kind: str, ratio: float) -> Any:
     """``augment(text, rng) -> text`` for a Table 1 ``positive`` kind (WordNet loaded here)."""
     if kind == "crop":
@@ -162,8 +196,22 @@ class SimCSEUnsup(Method):
                 return str(err)
         return None
 
+    def trial_problems(self, trial: Any) -> list[str]:
+        if self.cfg.positive in FOLLOWING and trial.data.max_rows is not None:
+            return [
+                f"method.positive {self.cfg.positive} pairs each sentence with the ones after it in the "
+                f"training text; data.max_rows samples the rows and breaks that order: unset it"
+            ]
+        return []
+
+    def rows_for_training(self, rows: list[dict[str, str]], trial: Any) -> list[dict[str, str]]:
+        if self.cfg.positive not in FOLLOWING:
+            return rows
+        self.check_columns(rows)
+        return next_sentence_rows(rows, FOLLOWING[self.cfg.positive], Random(trial.trainer.seed))
+
     def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> Any:
-        if self.cfg.positive != "dropout":
+        if self.cfg.positive not in ("dropout", *FOLLOWING):  # an augmented copy of each row's text
             self.check_columns(rows)
             augment, rng = (
                 positive_view(self.cfg.positive, self.cfg.positive_ratio),

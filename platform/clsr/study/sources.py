@@ -39,11 +39,11 @@ def _places(wheres: list[str]) -> str:
 def trial_source_problems(trial: Any) -> tuple[list[str], list[str]]:
     """``(problems, unavailable)`` of one resolved ``TrialConfig``."""
     method_cls = get_method(trial.method["name"])
-    needed = method_cls(method_cls.Config(**trial.method)).required_columns()
-    checks = [data_source_problem(trial.data, needed)]
+    method = method_cls(method_cls.Config(**trial.method))
+    checks = [data_source_problem(trial.data, method.required_columns())]
     if method_cls.encoder_type == "transformer":
         checks.append(_model_check(trial.model.name))
-    problems = [p for p, _ in checks if p]
+    problems = [p for p, _ in checks if p] + method.trial_problems(trial)
     unavailable = [u for _, u in checks if u]
     for name, task in trial.eval.custom_tasks().items():  # the user's evaluation sets: headers only
         problems += custom_task_problems(name, task)

@@ -363,7 +363,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     if shared is None and method.shared_key(trial) is not None:
         shared = method.prepare_shared(trial)
     pipeline = method.text_pipeline(trial, shared)
-    rows = training_rows(trial)
+    rows = method.rows_for_training(training_rows(trial), trial)
     batcher = method.prepare_rows(rows, pipeline, trial)
     steps_per_epoch, total_steps = method.plan_steps(len(rows), trial, session.world_size)
     micro_rows = t.batch_size // t.grad_accum_steps  # global rows per forward pass
