@@ -111,6 +111,8 @@ def test_an_unlisted_source_is_refused():
         require_listed("someone/else")
     with pytest.raises(NotInManifest, match="does not publish nli.csv"):
         require_listed("princeton-nlp/datasets-for-simcse", files=["nli.csv"])
+    with pytest.raises(NotInManifest, match="configuration\\(s\\) qqp, not 'mrpc'"):
+        require_listed("nyu-mll/glue", ["train"], config="mrpc")  # another GLUE task has other columns
     assert set(HUB_IDS.values()) <= set(HUB_DATASETS)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -311,8 +313,9 @@ def test_next_sentence_positives_follow_the_text_within_each_document():
     assert [r["positive"] for r in next_sentence_rows(plain, 1, Random(0))] == ["s2", "s3"]
 
 
-def test_next_sentence_trains_on_ordered_text_and_refuses_sampled_rows(tiny_bert, data_dir, tmp_path):
-    from clsr.study.sources import trial_source_problems
+def test_next_sentence_trains_on_ordered_text_and_refuses_rows_out_of_order(tiny_bert, data_dir, tmp_path):
+    from pydantic import ValidationError
+
     from clsr.train.loop import fit
     from clsr.train.session import LocalSession
 
@@ -325,14 +328,16 @@ def test_next_sentence_trains_on_ordered_text_and_refuses_sampled_rows(tiny_bert
         "trainer": {"batch_size": 8, "max_steps": 2, "eval_steps": 2, "log_every": 1},
         "eval": {"dev_tasks": ["stsb"], "tasks": [], "sts_max_pairs": 50},
     }
-    trial = TrialConfig.model_validate(doc)
-    assert trial_source_problems(trial) == ([], [])
     session = LocalSession(checkpoint_root=tmp_path / "ckpt")
-    fit(trial, session)
+    fit(TrialConfig.model_validate(doc), session)
     assert session.reports[-1]["finished"] == 1
-    sampled = TrialConfig.model_validate({**doc, "data": {"train": str(corpus), "max_rows": 10}})
-    problems, _ = trial_source_problems(sampled)
-    assert problems == [
-        "method.positive next_3_sentences pairs each sentence with the ones after it in the training text; "
-        "data.max_rows samples the rows and breaks that order: unset it"
-    ]
+    for data, said in (
+        (
+            {"train": str(corpus), "max_rows": 10},
+            "data.max_rows would leave out sentences between them: unset it",
+        ),
+        ({"train": str(corpus), "filter": {"text": "x"}}, "data.filter would leave out sentences"),
+        ({"train": "wiki1m"}, "must be a corpus in order (a file, folder or hub set of yours), not 'wiki1m'"),
+    ):
+        with pytest.raises(ValidationError, match=re.escape(said)):
+            TrialConfig.model_validate({**doc, "data": data})

@@ -176,7 +176,9 @@ def test_simcse_table_1_rows():
     for point in grid_points(study.ablations["positives"]):
         trial = resolve_trial(study, "positives", point["overrides"], study.seeds[0])
         rows[point["label"]] = (trial.method["positive"], trial.method["positive_ratio"], trial.model.dropout)
-        rows[point["label"]] += (point["paper"]["dev_stsb"],) + (("two encoders",) if trial.method["two_encoders"] else ())
+        rows[point["label"]] += (point["paper"]["dev_stsb"],) + (
+            ("two encoders",) if trial.method["two_encoders"] else ()
+        )
     assert rows == {  # Table 1 (STS-B dev); dropout None: BERT's own p = 0.1; ratio 0.1: unused default
         "None (unsup. SimCSE)": ("dropout", 0.1, None, 82.5),
         "Crop 10%": ("crop", 0.1, None, 77.8),
@@ -215,7 +217,7 @@ def test_simcse_table_4_expresses_its_snli_mnli_rows():
         "+ ANLI (52k)": ("nli_anli_for_simcse", None, True, 85.0),
     }  # fmt: skip
     header = SIMCSE.read_text()  # the rows it cannot express are listed with their reason
-    for excluded in ("MLM 15 %", "Table 2's \"next sentence\"", "ParaNMT", "Table D.2"):
+    for excluded in ("MLM 15 %", 'Table 2\'s "next sentence"', "ParaNMT", "Table D.2"):
         assert excluded in header
 
 

@@ -83,7 +83,7 @@ class PlatformStep:
         check_gradcache(self.method, t.gradcache_chunk_rows)
         pipeline = self.method.text_pipeline(trial, None)
         started = time.perf_counter()
-        rows = self.method.rows_for_training(rows, trial)
+        self.rows = rows = self.method.rows_for_training(rows, trial)
         self.batcher = self.method.prepare_rows(rows, pipeline, trial)  # tokenised once per trial
         self.tokenise_s = time.perf_counter() - started
         self.collate_s: list[float] = []  # per step: building the batch from the token tables
@@ -334,7 +334,7 @@ def run_train(
     torch.manual_seed(0)
     clsr_step = PlatformStep(trial, rows, dev, total)
     columns = clsr_step.method.views()
-    batches = clsr_step.batches(rows, total)
+    batches = clsr_step.batches(clsr_step.rows, total)
     params = sum(p.numel() for p in clsr_step.model.parameters())
     dense = sum(p.numel() for n, p in clsr_step.model.named_parameters() if "embeddings" not in n)
     peak = peak_flops(dev)

@@ -20,6 +20,7 @@ class HubDataset:
     splits: tuple[str, ...]  # the splits the hub publishes (for ``files``: the split they load as)
     columns: tuple[str, ...]  # the columns the loaders read
     files: tuple[str, ...] = ()  # files loaded by name (``data_files=``)
+    configs: tuple[str, ...] = ()  # the configurations (``name=``) a loader may ask for; () for none
     missing: str = ""  # what the hub does not have that a user might expect
     unusable: str = ""  # why the loaders cannot read it at all (then the local files are needed)
     checked: str = ""
@@ -111,9 +112,10 @@ HUB_DATASETS: dict[str, HubDataset] = {
         ("premise", "hypothesis", "label"),
         checked=_HF.format("nyu-mll/multi_nli") + ": 392,702 / 9,815 / 9,832",
     ),
-    "nyu-mll/glue": HubDataset(  # read with config qqp only (SimCSE Table 4)
+    "nyu-mll/glue": HubDataset(  # SimCSE Table 4's QQP
         ("train", "validation", "test"),
         ("question1", "question2", "label"),
+        configs=("qqp",),
         missing="QQP's test labels (GLUE hides them: -1)",
         checked=_HF.format("nyu-mll/glue") + ": config qqp, qqp/train-00000-of-00001.parquet (33.6 MB), "
         "features question1, question2, label, idx (README dataset_info)",
@@ -137,13 +139,20 @@ class NotInManifest(LookupError):
     """A built-in loader asked the hub for something the manifest does not list."""
 
 
-def require_listed(hub_id: str, splits: Iterable[str] = (), files: Iterable[str] = ()) -> HubDataset:
-    """The manifest's entry for ``hub_id`` when it lists every split and file asked for."""
+def require_listed(
+    hub_id: str, splits: Iterable[str] = (), files: Iterable[str] = (), config: str | None = None
+) -> HubDataset:
+    """The manifest's entry for ``hub_id`` when it lists every split and file asked for, and the
+    configuration (the columns are the listed configuration's)."""
     entry = HUB_DATASETS.get(hub_id)
     if entry is None:
         raise NotInManifest(f"{hub_id!r} is not a built-in hub source (clsr.data.hub_manifest)")
     if entry.unusable:
         raise NotInManifest(f"{hub_id!r} cannot be read from the hub: {entry.unusable}")
+    if config is not None and config not in entry.configs:
+        raise NotInManifest(
+            f"{hub_id!r} is listed with configuration(s) {', '.join(entry.configs) or 'none'}, not {config!r}"
+        )
     unlisted = [s for s in splits if s not in entry.splits] + [f for f in files if f not in entry.files]
     if unlisted:
         missing = f" ({entry.missing})" if entry.missing else ""

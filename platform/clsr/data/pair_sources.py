@@ -79,7 +79,8 @@ def load_anli_pairs(data_dir: str | os.PathLike[str] | None = None) -> list[NLIP
         rows = []
         for path in files:
             with path.open(encoding="utf-8") as f:
-                rows += [(r["context"], r["hypothesis"], r["label"]) for r in map(json.loads, f) if r]
+                records = [json.loads(line) for line in f if line.strip()]
+                rows += [(r["context"], r["hypothesis"], r["label"]) for r in records]
     else:
         rows = []
         for split in ANLI_ROUNDS:

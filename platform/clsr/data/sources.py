@@ -104,7 +104,9 @@ def load_from_hub(
 
     split, files = kwargs.get("split"), kwargs.get("data_files")
     try:
-        require_listed(hub_id, [*([split] if split else []), *reads], [files] if files else [])
+        require_listed(
+            hub_id, [*([split] if split else []), *reads], [files] if files else [], kwargs.get("name")
+        )
     except NotInManifest as err:
         raise DataUnavailableError(
             f"{err}. Provide <data_dir>/{local_hint} and point {ENV_VAR} / data.data_dir at that data_dir. "

@@ -72,8 +72,9 @@ class Method(ABC):
         return None
 
     def trial_problems(self, trial: Any) -> list[str]:
-        """Why this method cannot train ``trial`` as written anywhere (``study validate`` says it before a
-        study starts), e.g. a setting of another section it cannot work with."""
+        """Why this method cannot train ``trial`` as written anywhere, e.g. a setting of another section it
+        cannot work with: the trial's configuration is refused with them (``TrialConfig``), so a study says
+        it before it starts."""
         return []
 
     def text_pipeline(self, trial: Any, shared: Any) -> Any:

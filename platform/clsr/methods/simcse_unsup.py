@@ -49,7 +49,7 @@ from torch import nn
 
 from clsr.augment.positives import random_deletion, synonym_replacement, wordnet_synonym_source
 from clsr.data.sources import DataUnavailableError
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+from clsr.encoders.transformer import COMPILE_WIDTH_MULTIPLE, ModelConfig, TransformerEncoder
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.losses import cos_sim, in_batch_cross_entropy
 
@@ -101,11 +101,18 @@ class SimCSEUnsupConfig(MethodConfig):
 class TwoEncoders(TransformerEncoder):
     """f_θ1 (this encoder: what evaluation, export and checkpoints' ``backbone.*`` keys are) and f_θ2
     (``second``), loaded alike from ``model.name``. ``forward(..., two_views=True)`` takes the rows'
-    two views interleaved (row 0's first, row 0's second, ...) and encodes each through its encoder."""
+    two views interleaved (row 0's first, row 0's second, ...) and encodes each through its encoder.
+    Parameter names of f_θ2 start with ``second.`` (``trainer.lr_by_module`` prefixes name them so)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.second = TransformerEncoder(cfg)
+
+    def compile_for_training(
+        self, mode: str = "default", width_multiple: int = COMPILE_WIDTH_MULTIPLE
+    ) -> None:
+        super().compile_for_training(mode, width_multiple)
+        self.second.compile_for_training(mode, width_multiple)
 
     def forward(
         self,
@@ -197,10 +204,19 @@ class SimCSEUnsup(Method):
         return None
 
     def trial_problems(self, trial: Any) -> list[str]:
-        if self.cfg.positive in FOLLOWING and trial.data.max_rows is not None:
+        if self.cfg.positive not in FOLLOWING:
+            return []
+        if not trial.data.external():
             return [
-                f"method.positive {self.cfg.positive} pairs each sentence with the ones after it in the "
-                f"training text; data.max_rows samples the rows and breaks that order: unset it"
+                f"method.positive {self.cfg.positive} pairs each sentence with the ones after it: data.train "
+                f"must be a corpus in order (a file, folder or hub set of yours), not {trial.data.train!r}, "
+                f"whose rows are not neighbours in a text"
+            ]
+        cut = [name for name in ("max_rows", "filter") if getattr(trial.data, name) is not None]
+        if cut:
+            return [
+                f"method.positive {self.cfg.positive} pairs each sentence with the ones after it; "
+                f"data.{' and data.'.join(cut)} would leave out sentences between them: unset it"
             ]
         return []
 
@@ -208,7 +224,13 @@ class SimCSEUnsup(Method):
         if self.cfg.positive not in FOLLOWING:
             return rows
         self.check_columns(rows)
-        return next_sentence_rows(rows, FOLLOWING[self.cfg.positive], Random(trial.trainer.seed))
+        paired = next_sentence_rows(rows, FOLLOWING[self.cfg.positive], Random(trial.trainer.seed))
+        if not paired:
+            raise ValueError(
+                f"method.positive {self.cfg.positive}: no sentence of data.train {trial.data.train!r} has one "
+                f"after it in its document (one sentence per document?)"
+            )
+        return paired
 
     def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> Any:
         if self.cfg.positive not in ("dropout", *FOLLOWING):  # an augmented copy of each row's text

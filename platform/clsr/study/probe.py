@@ -45,7 +45,10 @@ def probe_trial(
     points = grid_points(study.ablations[name])  # a confirm ablation may have none: its base stands in
     point = points[0] if points else {"label": "base", "overrides": {}}
     trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
-    steps_per_epoch, total = build_method(trial).plan_steps(len(training_rows(trial)), trial, 1)
+    method = build_method(trial)
+    steps_per_epoch, total = method.plan_steps(
+        len(method.rows_for_training(training_rows(trial), trial)), trial, 1
+    )
     if total == 0:
         raise ValueError(f"--probe-ablation {name!r} trains nothing (max_steps 0): name another ablation")
     cut = min(total, steps or max(2 * eval_interval(trial, steps_per_epoch), 10))

@@ -189,11 +189,12 @@ class Projection:
 def count_rows(trial: TrialConfig, cache: dict[str, int | str]) -> int | str:
     """The trial's training rows (read once per data section), or why they could not be read."""
     from clsr.data.training import training_rows
+    from clsr.train.loop import build_method
 
-    key = trial.data.model_dump_json() + str(trial.trainer.seed)
+    key = trial.data.model_dump_json() + str(trial.trainer.seed) + str(sorted(trial.method.items()))
     if key not in cache:
-        try:
-            cache[key] = len(training_rows(trial))
+        try:  # the rows the loop trains on (a method may pair the data set's rows into fewer)
+            cache[key] = len(build_method(trial).rows_for_training(training_rows(trial), trial))
         except (OSError, ValueError, LookupError) as err:
             cache[key] = f"{type(err).__name__}: {err}"
     return cache[key]

@@ -43,7 +43,7 @@ def trial_source_problems(trial: Any) -> tuple[list[str], list[str]]:
     checks = [data_source_problem(trial.data, method.required_columns())]
     if method_cls.encoder_type == "transformer":
         checks.append(_model_check(trial.model.name))
-    problems = [p for p, _ in checks if p] + method.trial_problems(trial)
+    problems = [p for p, _ in checks if p]
     unavailable = [u for _, u in checks if u]
     for name, task in trial.eval.custom_tasks().items():  # the user's evaluation sets: headers only
         problems += custom_task_problems(name, task)

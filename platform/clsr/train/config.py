@@ -460,6 +460,16 @@ class TrialConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _method_takes_the_trial(self) -> TrialConfig:
+        """What a method cannot train as written (``Method.trial_problems``): said for every resolved trial."""
+        from clsr.methods import get_method
+
+        method = get_method(self.method["name"])
+        if problems := method(method.Config(**self.method)).trial_problems(self):
+            raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
     def _data_has_method_columns(self) -> TrialConfig:
         """The catalogue set has every column the method encodes: said now, not when the trial loads it."""
         from clsr.data.catalog import DATASETS
