@@ -299,26 +299,27 @@ def take_over(client, uri: str, study: Study, study_text: str, current: dict[str
     return parent_run_id, storage, lease, skip, search_versions(client, parent_run_id) if sampled else {}
 
 
+def attempt_artifacts(client, parent_run_id: str, stem: str, suffix: str) -> dict[int, str]:
+    """Attempt -> artifact name of what each attempt recorded as ``<stem><suffix>`` (the first) or
+    ``<stem>-vN<suffix>`` (an edited resume's), e.g. ``study.yaml``, ``fingerprint-v3.json``."""
+    pattern = re.compile(rf"{re.escape(stem)}(?:-v([0-9]+))?{re.escape(suffix)}")
+    found = {}
+    for artifact in client.list_artifacts(parent_run_id):
+        if match := pattern.fullmatch(artifact.path):
+            found[int(match.group(1) or 1)] = artifact.path
+    return dict(sorted(found.items()))
+
+
 def recorded_study_file(client, parent_run_id: str) -> str:
-    """The artifact holding the study file the record was last run with (``study.yaml``, or
-    ``study-vN.yaml`` after edited resumes)."""
-    names = [
-        a.path
-        for a in client.list_artifacts(parent_run_id)
-        if re.fullmatch(r"study(-v[0-9]+)?\.yaml", a.path)
-    ]
-    return max(
-        names, key=lambda n: int(n.removesuffix(".yaml").partition("-v")[2] or 1), default="study.yaml"
-    )
+    """The artifact holding the study file the record was last run with."""
+    files = attempt_artifacts(client, parent_run_id, "study", ".yaml")
+    return files[max(files)] if files else "study.yaml"
 
 
 def recorded_fingerprint(client, parent_run_id: str) -> dict[str, str]:
     """The latest fingerprint a study's parent run recorded (``fingerprint[-vN].json``)."""
-    names = [a.path for a in client.list_artifacts(parent_run_id) if a.path.startswith("fingerprint")]
-    if not names:
-        return {}
-    latest = max(names, key=lambda n: int(n.removesuffix(".json").partition("-v")[2] or 1))
-    return mlflow_artifacts_json(client, parent_run_id, latest)
+    names = attempt_artifacts(client, parent_run_id, "fingerprint", ".json")
+    return mlflow_artifacts_json(client, parent_run_id, names[max(names)]) if names else {}
 
 
 def mlflow_artifacts_json(client, run_id: str, path: str) -> dict[str, Any]:
@@ -381,17 +382,12 @@ def search_versions(client, parent_run_id: str) -> dict[str, int]:
     """Sampled ablation -> the attempt whose edited resume started its current search (its Tune experiment
     is ``<ablation>-v<attempt>``); a search never edited is not listed. Read from the fingerprints each
     attempt recorded (``fingerprint.json``, ``fingerprint-vN.json``), never from a tag."""
-    versions = sorted(
-        int(a.path.removesuffix(".json").partition("-v")[2] or 1)
-        for a in client.list_artifacts(parent_run_id)
-        if re.fullmatch(r"fingerprint(-v[0-9]+)?\.json", a.path)
-    )
-    if len(versions) < 2:  # never resumed edited
+    names = attempt_artifacts(client, parent_run_id, "fingerprint", ".json")
+    if len(names) < 2:  # never resumed edited
         return {}
     searched: dict[str, int] = {}
     before: dict[str, str] = {}
-    for version in versions:
-        name = "fingerprint.json" if version == 1 else f"fingerprint-v{version}.json"
+    for version, name in names.items():
         now = mlflow_artifacts_json(client, parent_run_id, name)
         if before:
             searched |= dict.fromkeys(changed_searches(before, compare(before, now)), version)
