@@ -150,34 +150,50 @@ def tiny_bert(tmp_path_factory) -> str:
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
-def stub_hub_cache(root: Path, repo_ids: list[str]) -> Path:
+def stub_hub_cache(root: Path, repo_ids: list[str], dataset_ids: list[str] = ()) -> Path:
     """A Hugging Face hub cache at ``root`` in which each model id has a snapshot holding a config.json,
-    laid out as ``hf download`` leaves it (``models--owner--name/refs/main`` → ``snapshots/<commit>``):
-    what ``study validate`` looks for offline. No weights: validation never reads them."""
+    laid out as ``hf download`` leaves it (``models--owner--name/refs/main`` → ``snapshots/<commit>``),
+    and each data set id an empty snapshot: what ``study validate`` looks for offline. No weights and no
+    rows: validation never reads them."""
     commit = "0" * 40
-    for repo_id in repo_ids:
-        repo = root / f"models--{repo_id.replace('/', '--')}"
-        (repo / "refs").mkdir(parents=True, exist_ok=True)
-        (repo / "refs" / "main").write_text(commit)
-        snapshot = repo / "snapshots" / commit
-        snapshot.mkdir(parents=True, exist_ok=True)
-        (snapshot / "config.json").write_text("{}")
+    for kind, ids in (("models", repo_ids), ("datasets", dataset_ids)):
+        for repo_id in ids:
+            repo = root / f"{kind}--{repo_id.replace('/', '--')}"
+            (repo / "refs").mkdir(parents=True, exist_ok=True)
+            (repo / "refs" / "main").write_text(commit)
+            snapshot = repo / "snapshots" / commit
+            snapshot.mkdir(parents=True, exist_ok=True)
+            if kind == "models":
+                (snapshot / "config.json").write_text("{}")
     return root
 
 
 def hub_model_ids(studies: list[Path]) -> list[str]:
     """Every hub id the shipped studies' trials name as model.name (not short names, not folders)."""
     from clsr.encoders.registry import SHORT_NAMES
+
+    names = {getattr(trial.model, "name", "minilm") for trial in _shipped_trials(studies)}
+    return sorted(names - set(SHORT_NAMES))
+
+
+def hub_dataset_ids(studies: list[Path]) -> list[str]:
+    """Every hub data set the shipped studies' catalogue sets read when their files are not local."""
+    from clsr.data.catalog import DATASETS
+
+    trains = {trial.data.train for trial in _shipped_trials(studies)}
+    return sorted({hub_id for train in trains if train in DATASETS for hub_id in DATASETS[train].hub_ids})
+
+
+def _shipped_trials(studies: list[Path]) -> list:
+    """One resolved trial per point (a sampled ablation's base) of each study."""
     from clsr.study.load import load_study
     from clsr.study.plan import grid_points, resolve_trial
 
-    ids = set()
+    trials = []
     for path in studies:
         study = load_study(path)
         for name, ablation in study.ablations.items():
             points = grid_points(ablation) if not ablation.space else [{"overrides": {}}]
             for point in points:
-                model = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0]).model
-                if getattr(model, "name", "minilm") not in SHORT_NAMES:
-                    ids.add(model.name)
-    return sorted(ids)
+                trials.append(resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0]))
+    return trials

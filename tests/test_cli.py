@@ -66,8 +66,8 @@ def test_points_that_cannot_run_offline_are_refused_or_skipped(monkeypatch, caps
 def test_grid_space_is_points_times_seeds():
     study = load_study(REPO_ROOT / "studies" / "simcse_ablations.yaml")
     trials = param_space(study, None)["point"]["grid_search"]
-    # Tables 3, D.1, 6 (unsup, sup), 7, 1 with Table 2's two-encoder rows, 4 and Appendix A's grid
-    assert len(trials) == (8 + 6 + 5 + 5 + 5 + (10 + 2) + 14 + 12) * 3
+    # Tables 3, D.1, 6 (unsup, sup), 7, 1 with Table 2's two-encoder and next-sentence rows, 4 and Appendix A
+    assert len(trials) == (8 + 6 + 5 + 5 + 5 + (10 + 2 + 4) + 16 + 12) * 3
     assert [t["seed"] for t in trials[:4]] == [42, 43, 44, 42]
 
 

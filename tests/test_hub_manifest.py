@@ -15,6 +15,7 @@ import pytest
 from clsr.cli import main
 from clsr.data.corpora import load_nli_for_simcse, load_nli_pairs, load_wiki_sentences
 from clsr.data.hub_manifest import HUB_DATASETS, NotInManifest, require_listed
+from clsr.data.ordered_text import load_wiki_ordered
 from clsr.data.pair_sources import load_anli_pairs, load_flickr30k_pairs, load_qqp_pairs
 from clsr.data.sources import DataUnavailableError
 from clsr.data.sts import HUB_IDS, STS_TASKS, allowed_splits, load_sts
@@ -84,6 +85,10 @@ def test_every_loader_asks_the_hub_only_for_what_the_manifest_lists(hub_requests
     assert len(load_qqp_pairs(None)) == 1  # the fake's labels are [1, 0]: one duplicate
     assert len(load_flickr30k_pairs(None)) == 2 * 10  # every two of five captions, per image
     assert len(load_anli_pairs(None)) == 3 * 2  # three training rounds
+    assert [r["text"] for r in load_wiki_ordered(None)] == [
+        "first text row .",
+        "second text row .",
+    ]  # streamed
     asked = {hub_id for hub_id, _ in hub_requests}
     readable = {hub_id for hub_id, entry in HUB_DATASETS.items() if not entry.unusable}
     assert asked == readable  # every readable listed source is used, and nothing else
@@ -126,6 +131,7 @@ def test_study_validate_refuses_sickr_dev_without_a_data_folder(tmp_path, capsys
             metric: best_dev_sickr
             base:
               model: {name: minilm, pooling: avg}
+              data: {train: nli_triplets}
               eval: {dev_tasks: [sickr], select_on: sickr}
             ablations:
               temp:

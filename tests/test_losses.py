@@ -337,7 +337,11 @@ def test_next_sentence_trains_on_ordered_text_and_refuses_rows_out_of_order(tiny
             "data.max_rows would leave out sentences between them: unset it",
         ),
         ({"train": str(corpus), "filter": {"text": "x"}}, "data.filter would leave out sentences"),
-        ({"train": "wiki1m"}, "must be a corpus in order (a file, folder or hub set of yours), not 'wiki1m'"),
+        (
+            {"train": "wiki1m"},
+            "must be a corpus in order (wiki_ordered, or a file, folder or hub set of yours), not 'wiki1m'",
+        ),
     ):
         with pytest.raises(ValidationError, match=re.escape(said)):
             TrialConfig.model_validate({**doc, "data": data})
+    TrialConfig.model_validate({**doc, "data": {"train": "wiki_ordered"}})  # the catalogue's ordered text

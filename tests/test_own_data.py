@@ -127,7 +127,7 @@ def test_a_relative_path_is_made_absolute_when_validated(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"train": "nli_triplet"}, r"not a catalogue set \(wiki1m, nli_for_simcse"),
+        ({"train": "nli_triplet"}, r"not a catalogue set \(wiki1m, wiki_ordered, nli_for_simcse"),
         ({"train": "nli_triplets", "columns": {"anchor": "x"}}, "data.columns applies to a file"),
         ({"train": "wiki1m", "split": "validation"}, "data.split applies to a file"),
     ],
@@ -373,7 +373,7 @@ def test_model_pooling_auto_refuses_what_clsr_cannot_train_with(cls_dense_normal
 def test_study_validate_says_when_a_pooling_overrides_the_models_own(tmp_path, capsys):
     study = tmp_path / "pool.yaml"
     study.write_text(
-        "name: pool\nmethod: simcse_sup\nbase:\n  model: {name: minilm}\n"
+        "name: pool\nmethod: simcse_sup\nbase:\n  model: {name: minilm}\n  data: {train: nli_triplets}\n"
         "ablations:\n  pool:\n    grid: {model.pooling: [cls, auto, avg]}\n"
     )
     assert main(["study", "validate", str(study)]) == 0

@@ -21,7 +21,7 @@ from clsr.study.plan import count_trials
 from clsr.study.schema import MAX_TRIALS, StudyError
 from clsr.study.yaml_safe import MAX_FILE_BYTES
 from clsr.train.config import TrialConfig
-from conftest import hub_model_ids, stub_hub_cache
+from conftest import hub_dataset_ids, hub_model_ids, stub_hub_cache
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STUDIES = sorted((REPO_ROOT / "studies").glob("*.yaml"))
@@ -301,14 +301,56 @@ def shipped_models_cache(tmp_path_factory) -> Path:
     return stub_hub_cache(tmp_path_factory.mktemp("hub"), hub_model_ids(STUDIES))
 
 
+@pytest.fixture(scope="module")
+def shipped_hub_cache(tmp_path_factory) -> Path:
+    """The hub models and data sets the shipped studies read, as if downloaded."""
+    return stub_hub_cache(tmp_path_factory.mktemp("hub"), hub_model_ids(STUDIES), hub_dataset_ids(STUDIES))
+
+
+@pytest.fixture(scope="module")
+def data_with_release_files(tmp_path_factory) -> Path:
+    """The shared data folder plus an (empty) ParaNMT release file: the one catalogue file no hub has."""
+    from clsr.data.pair_sources import PARANMT_FILE
+    from clsr.data.sources import resolve_data_dir
+
+    root = tmp_path_factory.mktemp("data")
+    for child in resolve_data_dir().iterdir():
+        (root / child.name).symlink_to(child)
+    (root / PARANMT_FILE).parent.mkdir()
+    (root / PARANMT_FILE).touch()
+    return root
+
+
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
 def test_every_shipped_study_validates_with_and_without_smoke(
-    path, capsys, monkeypatch, shipped_models_cache
+    path, capsys, monkeypatch, shipped_hub_cache, data_with_release_files
 ):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(shipped_models_cache))  # its models downloaded: validates
+    monkeypatch.setenv("HF_HUB_CACHE", str(shipped_hub_cache))  # its hub ids downloaded: validates
+    monkeypatch.setenv("CLSR_DATA_DIR", str(data_with_release_files))
     code, out, err = validate(capsys, str(path))
     assert code == 0 and out.startswith(f"ok  {path}: ") and "distinct" in out, err
     if "smoke" in yaml.safe_load(path.read_text()):
         code, out, err = validate(capsys, str(path), "--smoke")
         assert code == 0 and "distinct" in out, err
+
+
+def test_the_simcse_study_offline_names_each_row_whose_data_is_not_here(
+    capsys, monkeypatch, shipped_models_cache
+):
+    """Only the models downloaded: the rows reading hub data sets, or ParaNMT's release file, are named
+    with what to provide, and skip_unavailable runs the rest."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(shipped_models_cache))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(shipped_models_cache / "no-arrow-cache"))
+    path = str(REPO_ROOT / "studies" / "simcse_ablations.yaml")
+    code, _, err = validate(capsys, path)
+    named = {
+        line.split(": data.train ")[1].split(":")[0] for line in err.splitlines() if ": data.train " in line
+    }
+    assert code != 0 and named == {
+        "wiki_ordered", "qqp_pairs", "flickr30k_pairs", "paranmt_pairs", "nli_for_simcse", "nli_anli_for_simcse"
+    }, err  # fmt: skip
+    assert "ablations.positives[Table 2: next sentence]" in err and "para-nmt-5m-processed.txt" in err
+    code, out, err = validate(capsys, path, "--set", "skip_unavailable=true")
+    assert code == 0 and out.startswith(f"ok  {path}: "), err

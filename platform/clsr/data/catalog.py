@@ -15,13 +15,28 @@ from functools import lru_cache
 from pathlib import Path
 
 from clsr.data.corpora import (
+    NLI_FOR_SIMCSE_FILE,
+    SIMCSE_HUB_ID,
     build_sbert_v2_triplets,
     build_simcse_triplets,
     load_nli_for_simcse,
     load_nli_pairs,
     load_wiki_sentences,
 )
-from clsr.data.pair_sources import load_flickr30k_pairs, load_nli_anli_for_simcse, load_qqp_pairs
+from clsr.data.ordered_text import ORDERED_FILE, WIKI_HUB_ID, load_wiki_ordered
+from clsr.data.pair_sources import (
+    ANLI_FILES,
+    ANLI_HUB_ID,
+    FLICKR_FILE,
+    FLICKR_HUB_ID,
+    PARANMT_FILE,
+    QQP_FILE,
+    QQP_HUB_ID,
+    load_flickr30k_pairs,
+    load_nli_anli_for_simcse,
+    load_paranmt_pairs,
+    load_qqp_pairs,
+)
 from clsr.data.sources import resolve_data_dir
 from clsr.data.supmpn_rows import build_supmpn_rows, supmpn_columns
 
@@ -35,6 +50,11 @@ class DatasetSpec:
     columns: tuple[str, ...]
     description: str
     loader: Callable[[Path | None, int], list[Row]]  # (data_dir or None for the hub, seed) → rows
+    # Checked before a study starts (``unavailable``): the files under the data folder that make the set
+    # local, and the hub ids read without them (none: local only). Unset: its loader says, at load.
+    local_files: tuple[str, ...] = ()
+    hub_ids: tuple[str, ...] = ()
+    ordered: bool = False  # rows in the text's order, with a ``document`` column (next-sentence positives)
 
 
 def _wiki1m(data_dir: Path | None, seed: int) -> list[Row]:
@@ -80,6 +100,14 @@ def _nli_anli_for_simcse(data_dir: Path | None, seed: int) -> list[Row]:
     return load_nli_anli_for_simcse(data_dir, seed)
 
 
+def _paranmt_pairs(data_dir: Path | None, seed: int) -> list[Row]:
+    return load_paranmt_pairs(data_dir)
+
+
+def _wiki_ordered(data_dir: Path | None, seed: int) -> list[Row]:
+    return load_wiki_ordered(data_dir)
+
+
 def _nli_supmpn(data_dir: Path | None, seed: int) -> list[Row]:
     return build_supmpn_rows(load_nli_pairs(data_dir), positives=5, negatives=5, seed=seed)
 
@@ -94,10 +122,22 @@ DATASETS: dict[str, DatasetSpec] = {
             _wiki1m,
         ),
         DatasetSpec(
+            "wiki_ordered",
+            ("text", "document"),
+            "consecutive sentences of English Wikipedia articles, 10^6 (SimCSE Table 2's next-sentence "
+            "rows; hub wikimedia/wikipedia 20231101.en, split with NLTK's Punkt, or wiki/wiki_ordered.txt)",
+            _wiki_ordered,
+            local_files=(ORDERED_FILE,),
+            hub_ids=(WIKI_HUB_ID,),
+            ordered=True,
+        ),
+        DatasetSpec(
             "nli_for_simcse",
             TRIPLET,
             "SimCSE's released SNLI+MNLI triplets (nli_for_simcse.csv, 275,601 rows; hub or local file)",
             _nli_for_simcse,
+            local_files=(NLI_FOR_SIMCSE_FILE,),
+            hub_ids=(SIMCSE_HUB_ID,),
         ),
         DatasetSpec(
             "nli_triplets",
@@ -148,6 +188,8 @@ DATASETS: dict[str, DatasetSpec] = {
             "QQP's duplicate question pairs of GLUE's train split (134,378; SimCSE Table 4; hub or "
             "qqp/train.tsv)",
             _qqp_pairs,
+            local_files=(QQP_FILE,),
+            hub_ids=(QQP_HUB_ID,),
         ),
         DatasetSpec(
             "flickr30k_pairs",
@@ -155,6 +197,8 @@ DATASETS: dict[str, DatasetSpec] = {
             "every two captions of one Flickr30k image (317,830; SimCSE Table 4; hub or "
             "flickr30k/flickr30k_captions.jsonl.gz)",
             _flickr30k_pairs,
+            local_files=(FLICKR_FILE,),
+            hub_ids=(FLICKR_HUB_ID,),
         ),
         DatasetSpec(
             "nli_anli_for_simcse",
@@ -162,6 +206,16 @@ DATASETS: dict[str, DatasetSpec] = {
             "nli_for_simcse followed by SimCSE-style triplets of ANLI's training rounds (SimCSE Table 4's "
             "+ ANLI; hub or anli/R1-R3/train.jsonl)",
             _nli_anli_for_simcse,
+            local_files=(NLI_FOR_SIMCSE_FILE, *ANLI_FILES),
+            hub_ids=(SIMCSE_HUB_ID, ANLI_HUB_ID),
+        ),
+        DatasetSpec(
+            "paranmt_pairs",
+            ("anchor", "positive"),
+            "ParaNMT's filtered 5m paraphrase pairs (SimCSE Table 4; local only: "
+            "paranmt/para-nmt-5m-processed.txt, Wieting & Gimpel's release)",
+            _paranmt_pairs,
+            local_files=(PARANMT_FILE,),
         ),
         DatasetSpec(
             "nli_supmpn",
@@ -182,6 +236,54 @@ def _spec(name: str) -> DatasetSpec:
 
 def dataset_columns(name: str) -> tuple[str, ...]:
     return _spec(name).columns
+
+
+def is_ordered(name: str) -> bool:
+    """A catalogue set whose rows are a text in order (a ``document`` column): next-sentence positives."""
+    return name in DATASETS and DATASETS[name].ordered
+
+
+def unavailable(name: str, data_dir: str | os.PathLike[str] | None = None) -> str | None:
+    """Why catalogue set ``name`` cannot be loaded here, read from file names and the environment only:
+    its files are not in the data folder, and it has no hub copy or the hub is off and has not cached it."""
+    spec = _spec(name)
+    if not spec.local_files:
+        return None  # not declared: its loader says at load
+    root = resolve_data_dir(data_dir)
+    if root is not None and all((root / f).is_file() for f in spec.local_files):
+        return None
+    files = " and ".join(f"<data_dir>/{f}" for f in spec.local_files)
+    if not spec.hub_ids:
+        return f"data.train {name}: it has no hub copy; provide {files} (data folder: {root or 'none set'})"
+    if (off := hub_off()) is None or all(hub_cached(hub_id) for hub_id in spec.hub_ids):
+        return None
+    return (
+        f"data.train {name}: it reads {', '.join(spec.hub_ids)} from the hub, which {off}, and the local hub "
+        f"cache has no copy; provide {files} (data folder: {root or 'none set'}) or run where the hub answers"
+    )
+
+
+def hub_off() -> str | None:
+    """Why the hub is off here (the user's offline flags, or no route to it), else None."""
+    from clsr.data.hub_reach import hub_unreachable, offline_requested
+
+    if offline_requested():
+        return "is off (HF_HUB_OFFLINE)"
+    why = hub_unreachable()
+    return f"cannot be reached ({why})" if why else None
+
+
+def hub_cached(hub_id: str) -> bool:
+    """Whether the hub's file cache or datasets' Arrow cache holds any copy of data set ``hub_id`` (the
+    loader decides the rest)."""
+    from huggingface_hub import constants
+
+    home = os.environ.get("HF_HOME") or constants.HF_HOME  # the environment now, as the loaders will read it
+    files = Path(os.environ.get("HF_HUB_CACHE") or Path(home) / "hub")
+    arrow = Path(os.environ.get("HF_DATASETS_CACHE") or Path(home) / "datasets")
+    return (files / f"datasets--{hub_id.replace('/', '--')}").is_dir() or (
+        arrow / hub_id.replace("/", "___")
+    ).is_dir()
 
 
 @lru_cache(maxsize=8)

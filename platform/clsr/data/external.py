@@ -259,7 +259,10 @@ def data_source_problem(data: Any, needed: Sequence[str]) -> tuple[str | None, s
     reading column names only: ``problem`` when it can never work as written (a missing file, columns
     the data lacks), ``unavailable`` when it could elsewhere (a hub set not cached while offline)."""
     if not data.external():
-        return None, None  # a catalogue set: its loaders say which file is missing, at load
+        from clsr.data.catalog import DATASETS, unavailable
+
+        # a catalogue set: its files and hub ids by name (a FAQ set's loader says what is missing)
+        return None, unavailable(data.train, data.data_dir) if data.train in DATASETS else None
     try:
         columns = source_columns(data)
     except DataSourceError as err:

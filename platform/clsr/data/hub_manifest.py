@@ -127,6 +127,13 @@ HUB_DATASETS: dict[str, HubDataset] = {
         checked=_HF.format("embedding-data/flickr30k_captions_quintets")
         + ": flickr30k_captions.jsonl.gz (3.11 MB), 31.8k rows, a 'set' of five captions each",
     ),
+    "wikimedia/wikipedia": HubDataset(  # SimCSE Table 2's ordered text (wiki_ordered), streamed
+        ("train",),
+        ("id", "text"),
+        configs=("20231101.en",),
+        checked=_HF.format("wikimedia/wikipedia") + ": config 20231101.en (one per language of the "
+        "2023-11-01 dump), split train, features id, url, title, text (public code loading it by that name)",
+    ),
     "facebook/anli": HubDataset(
         ("train_r1", "train_r2", "train_r3", "dev_r1", "dev_r2", "dev_r3", "test_r1", "test_r2", "test_r3"),
         ("premise", "hypothesis", "label"),

@@ -9,9 +9,12 @@
   one), the table's "+ ANLI (52k)" row. How many ANLI premises yield a triplet (the paper's 52k) is not
   checked here: this machine has no hub access.
 
-Each comes from the hub source ``clsr.data.hub_manifest`` lists, or from the same file under the data
-folder when it is there (the shared offline folder has none of them). ParaNMT has no hub copy whose
-columns could be checked, so it stays out (search_spaces/simcse/pair_sources.yaml).
+* **ParaNMT** (``paranmt_pairs``): the 5m filtered ParaNMT-50M pairs Wieting & Gimpel released as
+  ``para-nmt-5m-processed.txt`` (two tab-separated sentences a line), the table's "ParaNMT (5m)". No hub
+  copy documents its columns or its filtering, so it is read only from the data folder.
+
+Each other one comes from the hub source ``clsr.data.hub_manifest`` lists, or from the same file under the
+data folder when it is there (the shared offline folder has none of them).
 """
 
 from __future__ import annotations
@@ -21,29 +24,23 @@ import gzip
 import itertools
 import json
 import os
-from pathlib import Path
 
 from clsr.data.corpora import NLIPair, build_simcse_triplets, load_nli_for_simcse
-from clsr.data.sources import load_from_hub, local_dir
+from clsr.data.sources import DataUnavailableError, load_from_hub, local_files
 
 QQP_HUB_ID, QQP_FILE = "nyu-mll/glue", "qqp/train.tsv"  # GLUE's own TSV: question1, question2, is_duplicate
 FLICKR_HUB_ID, FLICKR_NAME = "embedding-data/flickr30k_captions_quintets", "flickr30k_captions.jsonl.gz"
 FLICKR_FILE = f"flickr30k/{FLICKR_NAME}"  # one JSON object per image: {"set": [five captions]}
 ANLI_HUB_ID, ANLI_ROUNDS = "facebook/anli", ("train_r1", "train_r2", "train_r3")
 ANLI_FILES = tuple(f"anli/R{n}/train.jsonl" for n in (1, 2, 3))  # ANLI's release: context, hypothesis, label
+PARANMT_FILE = "paranmt/para-nmt-5m-processed.txt"  # sentence<TAB>paraphrase, one pair a line
+PARANMT_RELEASE = "https://www.cs.cmu.edu/~jwieting/ (ParaNMT-50M, the para-nmt-5m-processed.zip release)"
 _ANLI_LABELS = {"e": "entailment", "n": "neutral", "c": "contradiction", "0": "entailment", "1": "neutral", "2": "contradiction"}  # fmt: skip
-
-
-def _local(data_dir: str | os.PathLike[str] | None, *relative: str) -> list[Path] | None:
-    """The files under the data folder, when a data folder is given and holds all of them."""
-    root = local_dir(data_dir)
-    paths = [root / r for r in relative] if root is not None else []
-    return paths if paths and all(p.is_file() for p in paths) else None
 
 
 def load_qqp_pairs(data_dir: str | os.PathLike[str] | None = None) -> list[dict[str, str]]:
     """QQP's duplicate question pairs (label 1) of its train split, as anchor/positive rows."""
-    if files := _local(data_dir, QQP_FILE):
+    if files := local_files(data_dir, QQP_FILE):
         with files[0].open(encoding="utf-8", newline="") as f:
             rows = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
             pairs = [(r["question1"], r["question2"], r["is_duplicate"]) for r in rows]
@@ -59,7 +56,7 @@ def load_qqp_pairs(data_dir: str | os.PathLike[str] | None = None) -> list[dict[
 
 def load_flickr30k_pairs(data_dir: str | os.PathLike[str] | None = None) -> list[dict[str, str]]:
     """Every two captions of one Flickr30k image, in caption order, as anchor/positive rows."""
-    if files := _local(data_dir, FLICKR_FILE):
+    if files := local_files(data_dir, FLICKR_FILE):
         with gzip.open(files[0], "rt", encoding="utf-8") as f:
             sets = [json.loads(line)["set"] for line in f if line.strip()]
     else:
@@ -75,7 +72,7 @@ def load_flickr30k_pairs(data_dir: str | os.PathLike[str] | None = None) -> list
 
 def load_anli_pairs(data_dir: str | os.PathLike[str] | None = None) -> list[NLIPair]:
     """ANLI's three training rounds as gold-labelled NLI pairs."""
-    if files := _local(data_dir, *ANLI_FILES):
+    if files := local_files(data_dir, *ANLI_FILES):
         rows = []
         for path in files:
             with path.open(encoding="utf-8") as f:
@@ -99,3 +96,27 @@ def load_nli_anli_for_simcse(
 ) -> list[dict[str, str]]:
     """SimCSE's SNLI+MNLI triplets, then ANLI's built the same way (premise, entailment, contradiction)."""
     return load_nli_for_simcse(data_dir) + build_simcse_triplets(load_anli_pairs(data_dir), seed)
+
+
+def load_paranmt_pairs(data_dir: str | os.PathLike[str] | None = None) -> list[dict[str, str]]:
+    """ParaNMT's filtered 5m pairs as anchor/positive rows; a line without two tab-separated sentences is
+    refused with its number (the file is the user's download, not a checked hub copy)."""
+    files = local_files(data_dir, PARANMT_FILE)
+    if not files:
+        raise DataUnavailableError(
+            f"paranmt_pairs has no hub copy: download {PARANMT_RELEASE}, unzip it to "
+            f"<data_dir>/{PARANMT_FILE} and point CLSR_DATA_DIR / data.data_dir at that data_dir"
+        )
+    rows = []
+    with files[0].open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            fields = [field.strip() for field in line.rstrip("\n").split("\t")]
+            if len(fields) < 2 or not fields[0] or not fields[1]:
+                if not line.strip():
+                    continue
+                raise ValueError(
+                    f"{files[0]}:{number}: expected a sentence and its paraphrase separated by a tab "
+                    f"(ParaNMT's para-nmt-5m-processed.txt), got {line.strip()[:80]!r}"
+                )
+            rows.append({"anchor": fields[0], "positive": fields[1]})
+    return rows

@@ -77,6 +77,13 @@ def local_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
     return None if data_dir is None else resolve_data_dir(data_dir)
 
 
+def local_files(data_dir: str | os.PathLike[str] | None, *relative: str) -> list[Path] | None:
+    """The files under the data folder, when a data folder is given and holds all of them."""
+    root = local_dir(data_dir)
+    paths = [root / r for r in relative] if root is not None else []
+    return paths if paths and all(p.is_file() for p in paths) else None
+
+
 def require_file(root: Path, hub_id: str, *candidates: str) -> Path:
     """The first of ``root / candidate`` that exists, else DataUnavailableError naming them all."""
     for relative in candidates:

@@ -27,8 +27,9 @@ sentence is the sentence after it, or one of the three after it (drawn with ``tr
 same document. They need ordered text: the training rows in their order, with a ``document`` column
 where a corpus holds several documents (without one, the rows are one document); a document's last
 sentence has no positive and is left out. ``wiki1m`` is independently sampled sentences, so these
-positives need a corpus of the user's (``data.train``: a file in order), and ``data.max_rows``, which
-samples the rows, is refused with them.
+positives train on ``wiki_ordered`` (10^6 consecutive sentences of Wikipedia articles,
+``clsr.data.ordered_text``) or a corpus of the user's (``data.train``: a file in order), and
+``data.max_rows``, which samples the rows, is refused with them.
 
 ``two_encoders: true`` is Table 2's (f_θ1, f_θ2): the first view goes through one encoder and the second
 through another, both loaded from ``model.name`` and trained separately (Eq. 4 with h_i = f_θ1(x_i) and
@@ -48,6 +49,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from clsr.augment.positives import random_deletion, synonym_replacement, wordnet_synonym_source
+from clsr.data.catalog import is_ordered
 from clsr.data.sources import DataUnavailableError
 from clsr.encoders.transformer import COMPILE_WIDTH_MULTIPLE, ModelConfig, TransformerEncoder
 from clsr.methods.base import Method, MethodConfig
@@ -206,11 +208,11 @@ class SimCSEUnsup(Method):
     def trial_problems(self, trial: Any) -> list[str]:
         if self.cfg.positive not in FOLLOWING:
             return []
-        if not trial.data.external():
+        if not trial.data.external() and not is_ordered(trial.data.train):
             return [
                 f"method.positive {self.cfg.positive} pairs each sentence with the ones after it: data.train "
-                f"must be a corpus in order (a file, folder or hub set of yours), not {trial.data.train!r}, "
-                f"whose rows are not neighbours in a text"
+                f"must be a corpus in order (wiki_ordered, or a file, folder or hub set of yours), not "
+                f"{trial.data.train!r}, whose rows are not neighbours in a text"
             ]
         cut = [name for name in ("max_rows", "filter") if getattr(trial.data, name) is not None]
         if cut:
