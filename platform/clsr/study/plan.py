@@ -168,6 +168,19 @@ def stages(study: Study) -> list[list[str]]:
     return waves
 
 
+def experiments(study: Study) -> list[tuple[str, str | None, list[str]]]:
+    """(Tune experiment name, sampled ablation or None, ablations it runs), in running order.
+
+    A grid study is one experiment per stage (``grid``, then ``grid-stage2`` ... when ablations need
+    others' trials); a sampled study is one experiment per sampled ablation, then one grid experiment
+    per confirm ablation (its points are known once the sampled ones ran: ``runner.confirm_trials``).
+    """
+    if study.search.algorithm != "grid":
+        sampled = [(name, name, [name]) for name, a in study.ablations.items() if a.space]
+        return sampled + [(name, None, [name]) for name, a in study.ablations.items() if a.confirm]
+    return [("grid" if n == 0 else f"grid-stage{n + 1}", None, wave) for n, wave in enumerate(stages(study))]
+
+
 def need_values(
     study: Study,
     ablation: str,
