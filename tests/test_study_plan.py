@@ -206,3 +206,37 @@ def test_skipped_points_are_said_before_storage_is_checked(tmp_path, monkeypatch
     said = calls[0].splitlines()
     assert said == [f"skipped (not available here): {line.splitlines()[0]}" for line in plan_points(study)[1]]
     assert len(said) == 2 and calls[-1][1].trials == ()
+
+
+def test_identical_trials_and_shared_inputs_are_found_from_the_plans_configurations(monkeypatch):
+    """``merge_identical`` and ``shared_inputs`` read the plan's configurations (nothing resolved again)
+    and find what they find by resolving each trial."""
+    from clsr.study.distinct import merge_identical
+    from clsr.study.runner import shared_inputs
+
+    supmpn = load_study(REPO_ROOT / "studies" / "supmpn_ablations.yaml", overrides=[("model.name", "minilm")])
+    gclsr = shipped("gclsr_ablations.yaml", smoke=True)
+    supmpn_plan, gclsr_plan = plan_study(supmpn), plan_study(gclsr)
+    supmpn_trials = [t.entry() for t in supmpn_plan.trials]
+    gclsr_trials = gclsr_plan.wave_trials(gclsr_plan.waves[0][2])
+    merged, wanted = merge_identical(supmpn, supmpn_trials), shared_inputs(gclsr, gclsr_trials)
+    assert len(merged) < len(supmpn_trials) and wanted
+    monkeypatch.setattr("clsr.study.plan.resolve_trial", _refused)
+    monkeypatch.setattr("clsr.study.runner.resolve_trial", _refused)
+    assert merge_identical(supmpn, supmpn_trials, None, supmpn_plan.config_of) == merged
+    assert shared_inputs(gclsr, gclsr_trials, None, gclsr_plan.config_of) == wanted
+
+
+def test_a_trial_the_plan_does_not_hold_is_resolved():
+    """A staged trial, a sampled ablation's base, a point the plan does not know: no configuration."""
+    plan = plan_study(shipped("rcl_ablations.yaml", smoke=True))
+    staged = next(t for t in plan.trials if t.config is None)
+    assert plan.config_of(staged.entry()) is None
+    held = next(t for t in plan.trials if t.config is not None)
+    assert plan.config_of(held.entry()) is held.config
+    assert plan.config_of({**held.entry(), "overrides": {"trainer.lr": 1e-3}}) is None
+    assert plan.config_of({"ablation": held.ablation, "overrides": {}, "seed": held.seed}) is None
+
+
+def _refused(*args, **kwargs):
+    raise AssertionError("the plan's configurations are taken as given")

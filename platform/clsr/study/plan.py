@@ -137,8 +137,12 @@ def trial_identity(
     """Equal for trials that train the same thing: the validated config (pydantic fills every default
     and coerces types, so a point that writes out a default equals one that inherits it), seed included.
     Identical trials of different ablations run once (``clsr.study.distinct``)."""
-    config = resolve_trial(study, ablation, overrides, seed, outputs).model_dump(mode="json")
-    return _canonical(config)
+    return config_identity(resolve_trial(study, ablation, overrides, seed, outputs))
+
+
+def config_identity(config: TrialConfig) -> str:
+    """``trial_identity`` of a resolved configuration."""
+    return _canonical(config.model_dump(mode="json"))
 
 
 # --- staged studies: ablations whose trials need upstream trials' outputs ----------------------------

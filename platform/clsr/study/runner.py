@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlflow.tracking import MlflowClient
 
@@ -51,6 +52,9 @@ from clsr.tracking.study_runs import (
     finished_outputs,
     resolve_tracking_uri,
 )
+
+if TYPE_CHECKING:
+    from clsr.train.config import TrialConfig
 
 # Tune's driver function only waits on the Train workers: it holds no CPU, and it runs on the head node
 # (Ray's built-in head resource; a token share of it), with Train's controller beside it: a lost worker
@@ -121,16 +125,19 @@ def ready_trials(
 
 
 def prepare_shared(
-    study: Study, trials: list[dict[str, Any]], outputs: Outputs | None = None
+    study: Study,
+    trials: list[dict[str, Any]],
+    outputs: Outputs | None = None,
+    resolved: Callable[[dict[str, Any]], TrialConfig | None] | None = None,
 ) -> dict[str, Any]:
     """Build each distinct shared input (word table, tokenised corpus) once, as a Ray task.
 
     The results stay in Ray's object store; every trial fetches its own by key. A failure here stops
-    the study before any trial starts, with the builder's own message.
+    the study before any trial starts, with the builder's own message. ``resolved``: as ``shared_inputs``.
     """
     import ray
 
-    wanted = shared_inputs(study, trials, outputs)
+    wanted = shared_inputs(study, trials, outputs, resolved)
     if not wanted:
         return {}
     res = study.resources
@@ -146,14 +153,20 @@ def prepare_shared(
 
 
 def shared_inputs(
-    study: Study, trials: list[dict[str, Any]], outputs: Outputs | None = None
+    study: Study,
+    trials: list[dict[str, Any]],
+    outputs: Outputs | None = None,
+    resolved: Callable[[dict[str, Any]], TrialConfig | None] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """shared_key -> the config of the first trial that needs it: one build per distinct key."""
+    """shared_key -> the config of the first trial that needs it: one build per distinct key.
+    ``resolved``: a trial's configuration when the study plan holds it (``StudyPlan.config_of``)."""
     from clsr.train.loop import build_method, is_evaluation_only
 
     wanted: dict[str, dict[str, Any]] = {}
     for t in trials:  # a sampled ablation's entry holds its base (overrides: {}); samples share it
-        trial = resolve_trial(study, t["ablation"], t["overrides"], t["seed"], outputs or {})
+        trial = resolved(t) if resolved is not None else None
+        if trial is None:
+            trial = resolve_trial(study, t["ablation"], t["overrides"], t["seed"], outputs or {})
         key = build_method(trial).shared_key(trial)
         if key is not None and not is_evaluation_only(trial):  # it trains nothing with the input
             wanted.setdefault(key, trial.model_dump())
@@ -572,12 +585,12 @@ def _run_waves(
             trials, blocked = ready_trials(study, planned, outputs)
             skip_blocked(uri, parent_run_id, unconfirmed + blocked)
             if ablation is None:
-                trials = merge_identical(study, trials, outputs)
+                trials = merge_identical(study, trials, outputs, plan.config_of)
                 say_merged(trials)
             if ablation is None and not trials:
                 continue  # every trial of this wave lost an upstream trial
             builds = trials if ablation is None else sampled_bases(study, ablation)
-            shared = prepare_shared(study, builds, outputs)
+            shared = prepare_shared(study, builds, outputs, plan.config_of)
             ctx = StudyContext(
                 study.model_dump(by_alias=True), uri, parent_run_id, storage, trials, shared, outputs,
                 lease.generation, skip,

@@ -65,6 +65,15 @@ class StudyPlan:
         """The runner's trials of the ablations in ``wave``, in plan order."""
         return [t.entry() for t in self.trials if t.ablation in wave]
 
+    def __post_init__(self) -> None:  # each trial by its key, for ``config_of``
+        object.__setattr__(self, "_index", {(t.ablation, t.label, t.seed): t for t in self.trials})
+
+    def config_of(self, trial: dict[str, Any]) -> TrialConfig | None:
+        """The plan's configuration of a runner's trial; None for one it has none of (a staged trial,
+        a confirmed configuration, an adaptive round's seed, a sampled ablation's base): resolve it."""
+        planned = self._index.get((trial["ablation"], trial.get("label"), trial["seed"]))
+        return planned.config if planned is not None and planned.overrides == trial["overrides"] else None
+
 
 class _Documents:
     """Each trial document (with placeholders for upstream outputs) and its validated configuration,
