@@ -560,7 +560,7 @@ def _run_waves(
     searches: dict[str, int],
     interrupts: Interrupts,
 ) -> StudyOutcome:
-    """Each experiment in turn (``experiments``); ``searches``: the sampled ablations an edited resume
+    """Each experiment of the plan in turn (its ``waves``); ``searches``: the sampled ablations an edited resume
     searched again, with the attempt that started their search (``record.search_versions``)."""
     study = plan.study
     client = PatientClient(uri)

@@ -61,12 +61,12 @@ class StudyPlan:
     waves: tuple[tuple[str, str | None, list[str]], ...]
     fingerprint: dict[str, str]
 
+    def __post_init__(self) -> None:  # each trial by its key, for ``config_of``
+        object.__setattr__(self, "_index", {(t.ablation, t.label, t.seed): t for t in self.trials})
+
     def wave_trials(self, wave: list[str]) -> list[dict[str, Any]]:
         """The runner's trials of the ablations in ``wave``, in plan order."""
         return [t.entry() for t in self.trials if t.ablation in wave]
-
-    def __post_init__(self) -> None:  # each trial by its key, for ``config_of``
-        object.__setattr__(self, "_index", {(t.ablation, t.label, t.seed): t for t in self.trials})
 
     def config_of(self, trial: dict[str, Any]) -> TrialConfig | None:
         """The plan's configuration of a runner's trial; None for one it has none of (a staged trial,
@@ -103,23 +103,22 @@ class _Documents:
 
 def plan_study(study: Study) -> StudyPlan:
     """The plan of a validated study; StudyError when a point can never run as written (its sources:
-    ``clsr.study.sources``). Unavailable points are listed, not refused: ``runner.runnable_points``
+    ``clsr.study.sources``). Unavailable points are listed, not refused: ``runner.refuse_unavailable``
     decides (``skip_unavailable``)."""
     docs = _Documents(study)
     grids = {name: [] if a.space else grid_points(a) for name, a in study.ablations.items()}
     # first, while every document is as trial_document built it: the configurations share its parts
     prints = fingerprint(study, grids, docs.document)
     points, unavailable = check_points(study, grids, docs.config)
+    staged = {name for name, a in study.ablations.items() if a.needs}  # resolved once upstream ran
     trials = tuple(
         PlannedTrial(
-            ablation=p["ablation"],
-            label=p["label"],
-            overrides=p["overrides"],
-            paper=p["paper"],
-            seed=seed,
-            config=None
-            if study.ablations[p["ablation"]].needs
-            else docs.config(p["ablation"], p["overrides"], seed),
+            p["ablation"],
+            p["label"],
+            p["overrides"],
+            p["paper"],
+            seed,
+            None if p["ablation"] in staged else docs.config(p["ablation"], p["overrides"], seed),
         )
         for p in points
         for seed in study.seeds_of(p["ablation"])
