@@ -11,24 +11,35 @@ stages read, and edited resumes read a run under each of its labels
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from clsr.study.fingerprint import trial_key
-from clsr.study.plan import trial_identity
+from clsr.study.plan import config_identity, trial_identity
 from clsr.study.schema import Outputs, Study
 from clsr.tracking.tags import ALSO_TAG, TRIAL_TAG, run_labels
+from clsr.train.config import TrialConfig
 
 
 def merge_identical(
-    study: Study, trials: list[dict[str, Any]], outputs: Outputs | None = None
+    study: Study,
+    trials: list[dict[str, Any]],
+    outputs: Outputs | None = None,
+    resolved: Callable[[dict[str, Any]], TrialConfig | None] | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per distinct grid trial, in order; an entry standing for several points lists the
     others as ``also: [[ablation, label], ...]``. Staged trials compare with their upstream outputs
-    filled in, so two that read the same checkpoint are one trial too."""
+    filled in, so two that read the same checkpoint are one trial too. ``resolved``: a trial's
+    configuration when the study plan holds it (``StudyPlan.config_of``), else None: resolved here."""
     by_identity: dict[str, dict[str, Any]] = {}
     merged = []
     for trial in trials:
-        identity = trial_identity(study, trial["ablation"], trial["overrides"], trial["seed"], outputs)
+        config = resolved(trial) if resolved is not None else None
+        identity = (
+            config_identity(config)
+            if config is not None
+            else trial_identity(study, trial["ablation"], trial["overrides"], trial["seed"], outputs)
+        )
         first = by_identity.get(identity)
         if first is None:
             by_identity[identity] = {**trial, "also": []}

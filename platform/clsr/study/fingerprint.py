@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +31,21 @@ def trial_key(ablation: str, label: str, seed: int | str) -> str:
     return f"{ablation}[{label}] seed={seed}"
 
 
-def fingerprint(study: Study) -> dict[str, str]:
-    """trial key -> hash of its resolved configuration (and the study-wide entry)."""
+def fingerprint(
+    study: Study,
+    grids: dict[str, list[dict[str, Any]]] | None = None,
+    document: Callable[[str, dict[str, Any], int], dict[str, Any]] | None = None,
+) -> dict[str, str]:
+    """trial key -> hash of its resolved configuration (and the study-wide entry). ``grids`` (ablation
+    -> its ``grid_points``) and ``document`` (``trial_document`` of an ablation, overrides and seed):
+    the study plan's, built once (``clsr.study.study_plan``); by default built here."""
+    if grids is None:
+        grids = {name: [] if a.space else grid_points(a) for name, a in study.ablations.items()}
+    if document is None:
+
+        def document(ablation: str, overrides: dict[str, Any], seed: int) -> dict[str, Any]:
+            return trial_document(study, ablation, overrides, seed)
+
     entries = {
         STUDY_ENTRY: digest(
             {
@@ -45,16 +59,16 @@ def fingerprint(study: Study) -> dict[str, str]:
     for name, ablation in study.ablations.items():
         for seed in study.seeds_of(name):
             if ablation.space:
-                doc = trial_document(study, name, {}, seed)
+                doc = document(name, {}, seed)
                 space = {k: d.model_dump() for k, d in ablation.space.items()}
                 entries[trial_key(name, "space", seed)] = digest({"base": doc, "space": space})
                 continue
             if ablation.confirm is not None:
-                doc = trial_document(study, name, {}, seed)
+                doc = document(name, {}, seed)
                 confirm = ablation.confirm.model_dump()
                 entries[trial_key(name, "confirm", seed)] = digest({"base": doc, "confirm": confirm})
-            for point in grid_points(ablation):
-                doc = trial_document(study, name, point["overrides"], seed)
+            for point in grids[name]:
+                doc = document(name, point["overrides"], seed)
                 adaptive = study.adaptive_of(name)  # its rule decides which seeds run beyond the first min
                 value = {"doc": doc, "adaptive": adaptive.model_dump()} if adaptive else doc
                 entries[trial_key(name, point["label"], seed)] = digest(value)

@@ -137,8 +137,12 @@ def trial_identity(
     """Equal for trials that train the same thing: the validated config (pydantic fills every default
     and coerces types, so a point that writes out a default equals one that inherits it), seed included.
     Identical trials of different ablations run once (``clsr.study.distinct``)."""
-    config = resolve_trial(study, ablation, overrides, seed, outputs).model_dump(mode="json")
-    return _canonical(config)
+    return config_identity(resolve_trial(study, ablation, overrides, seed, outputs))
+
+
+def config_identity(config: TrialConfig) -> str:
+    """``trial_identity`` of a resolved configuration."""
+    return _canonical(config.model_dump(mode="json"))
 
 
 # --- staged studies: ablations whose trials need upstream trials' outputs ----------------------------
@@ -166,6 +170,19 @@ def stages(study: Study) -> list[list[str]]:
         for name in wave:
             del remaining[name]
     return waves
+
+
+def experiments(study: Study) -> list[tuple[str, str | None, list[str]]]:
+    """(Tune experiment name, sampled ablation or None, ablations it runs), in running order.
+
+    A grid study is one experiment per stage (``grid``, then ``grid-stage2`` ... when ablations need
+    others' trials); a sampled study is one experiment per sampled ablation, then one grid experiment
+    per confirm ablation (its points are known once the sampled ones ran: ``runner.confirm_trials``).
+    """
+    if study.search.algorithm != "grid":
+        sampled = [(name, name, [name]) for name, a in study.ablations.items() if a.space]
+        return sampled + [(name, None, [name]) for name, a in study.ablations.items() if a.confirm]
+    return [("grid" if n == 0 else f"grid-stage{n + 1}", None, wave) for n, wave in enumerate(stages(study))]
 
 
 def need_values(

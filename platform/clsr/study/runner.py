@@ -8,24 +8,24 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlflow.tracking import MlflowClient
 
 from clsr.cluster.checks import check_cloud_storage, check_local_storage_on_cluster, is_cloud
 from clsr.study.distinct import also_keys, merge_identical, run_keys
 from clsr.study.driver_link import tell
-from clsr.study.fingerprint import fingerprint
 from clsr.study.interrupt import Interrupted, Interrupts
 from clsr.study.lease import Lease
 from clsr.study.plan import (
     UpstreamMissing,
+    experiments,  # noqa: F401  (runner.experiments: the plan holds the waves; tests read them here)
     grid_points,
     missing_upstream,
     resolve_trial,
-    stages,
     trial_document,
 )
 from clsr.study.record import (
@@ -41,6 +41,7 @@ from clsr.study.record import (
     take_over,
 )
 from clsr.study.schema import Outputs, Study, StudyError
+from clsr.study.study_plan import StudyPlan, check_points, plan_study
 from clsr.study.trial import StudyContext, key_of, run_trial
 from clsr.study.tune_state import repair_before_restore
 from clsr.tracking.patient import PatientClient
@@ -51,6 +52,9 @@ from clsr.tracking.study_runs import (
     finished_outputs,
     resolve_tracking_uri,
 )
+
+if TYPE_CHECKING:
+    from clsr.train.config import TrialConfig
 
 # Tune's driver function only waits on the Train workers: it holds no CPU, and it runs on the head node
 # (Ray's built-in head resource; a token share of it), with Train's controller beside it: a lost worker
@@ -69,40 +73,26 @@ _quiet = None
 
 def plan_points(study: Study) -> tuple[list[dict[str, Any]], list[str]]:
     """Every grid point, and why each point that cannot run here can't (its model or data is not here,
-    or its method says so); StudyError when a point can never run as written (``clsr.study.sources``)."""
-    from clsr.study.sources import check_sources, trial_source_problems
-    from clsr.train.loop import build_method
-
-    report = check_sources(study)
-    if report.problems:
-        raise StudyError(study.name, report.lines("problems"))
-    points, unavailable = [], []
-    for name, ablation in study.ablations.items():
-        grid = [] if ablation.space else grid_points(ablation)
-        if not grid:  # sampled, or confirming only: its base trial stands for the points to come
-            base = resolve_trial(study, name, {}, study.seeds_of(name)[0])
-            unavailable += [f"ablations.{name}[base]: {why}" for why in trial_source_problems(base)[1]]
-            continue
-        for point in grid:
-            trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
-            missing = trial_source_problems(trial)[1]
-            why = missing[0] if missing else build_method(trial).unavailable(trial)
-            if why:
-                unavailable.append(f"ablations.{name}[{point['label']}]: {why}")
-            else:
-                points.append({"ablation": name, **point})
-    return points, unavailable
+    or its method says so); StudyError when a point can never run as written (``clsr.study.sources``).
+    A study that runs takes them from its plan (``clsr.study.study_plan``)."""
+    return check_points(study)
 
 
 def runnable_points(study: Study) -> list[dict[str, Any]]:
     """The points to run; unavailable ones are refused (with what to do) or, if allowed, skipped."""
     points, unavailable = plan_points(study)
+    refuse_unavailable(study, unavailable)
+    return points
+
+
+def refuse_unavailable(study: Study, unavailable: list[str] | tuple[str, ...]) -> None:
+    """StudyError naming the points that cannot run here (unless the study skips them); else each
+    skipped one said."""
     if unavailable and not study.skip_unavailable:
         hint = "fix the above, or set skip_unavailable: true (--set skip_unavailable=true) to run the rest"
         raise StudyError(study.name, [*unavailable, hint])
     for line in unavailable:
         print(f"skipped (not available here): {line.splitlines()[0]}")
-    return points
 
 
 def expand_trials(study: Study, points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -135,16 +125,19 @@ def ready_trials(
 
 
 def prepare_shared(
-    study: Study, trials: list[dict[str, Any]], outputs: Outputs | None = None
+    study: Study,
+    trials: list[dict[str, Any]],
+    outputs: Outputs | None = None,
+    resolved: Callable[[dict[str, Any]], TrialConfig | None] | None = None,
 ) -> dict[str, Any]:
     """Build each distinct shared input (word table, tokenised corpus) once, as a Ray task.
 
     The results stay in Ray's object store; every trial fetches its own by key. A failure here stops
-    the study before any trial starts, with the builder's own message.
+    the study before any trial starts, with the builder's own message. ``resolved``: as ``shared_inputs``.
     """
     import ray
 
-    wanted = shared_inputs(study, trials, outputs)
+    wanted = shared_inputs(study, trials, outputs, resolved)
     if not wanted:
         return {}
     res = study.resources
@@ -160,14 +153,20 @@ def prepare_shared(
 
 
 def shared_inputs(
-    study: Study, trials: list[dict[str, Any]], outputs: Outputs | None = None
+    study: Study,
+    trials: list[dict[str, Any]],
+    outputs: Outputs | None = None,
+    resolved: Callable[[dict[str, Any]], TrialConfig | None] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """shared_key -> the config of the first trial that needs it: one build per distinct key."""
+    """shared_key -> the config of the first trial that needs it: one build per distinct key.
+    ``resolved``: a trial's configuration when the study plan holds it (``StudyPlan.config_of``)."""
     from clsr.train.loop import build_method, is_evaluation_only
 
     wanted: dict[str, dict[str, Any]] = {}
     for t in trials:  # a sampled ablation's entry holds its base (overrides: {}); samples share it
-        trial = resolve_trial(study, t["ablation"], t["overrides"], t["seed"], outputs or {})
+        trial = resolved(t) if resolved is not None else None
+        if trial is None:
+            trial = resolve_trial(study, t["ablation"], t["overrides"], t["seed"], outputs or {})
         key = build_method(trial).shared_key(trial)
         if key is not None and not is_evaluation_only(trial):  # it trains nothing with the input
             wanted.setdefault(key, trial.model_dump())
@@ -244,19 +243,6 @@ def resolved_max_steps(study: Study, ablation: str | None) -> int:
     """ASHA's horizon: the trainer's max_steps, else a bound no trial reaches (epochs end it first)."""
     doc = trial_document(study, ablation, {}, study.seeds[0])
     return int(doc.get("trainer", {}).get("max_steps") or 10**9)
-
-
-def experiments(study: Study) -> list[tuple[str, str | None, list[str]]]:
-    """(Tune experiment name, sampled ablation or None, ablations it runs), in running order.
-
-    A grid study is one experiment per stage (``grid``, then ``grid-stage2`` ... when ablations need
-    others' trials); a sampled study is one experiment per sampled ablation, then one grid experiment
-    per confirm ablation (its points are known once the sampled ones ran: ``confirm_trials``).
-    """
-    if study.search.algorithm != "grid":
-        sampled = [(name, name, [name]) for name, a in study.ablations.items() if a.space]
-        return sampled + [(name, None, [name]) for name, a in study.ablations.items() if a.confirm]
-    return [("grid" if n == 0 else f"grid-stage{n + 1}", None, wave) for n, wave in enumerate(stages(study))]
 
 
 def build_tuner(
@@ -498,19 +484,24 @@ def run_study(
 
 
 def _run_study(study: Study, study_text: str, resume: bool, allow_changes: bool, new: bool) -> StudyOutcome:
+    # validate: the tracking server answers, and every point's sources are checked ...
     uri = resolve_tracking_uri(study.tracking_uri)
     check_reachable(uri)
-    points = runnable_points(study)  # refuse points that cannot run before anything is recorded
+    # ... plan: every trial, its configuration, its wave and the fingerprint, built once ...
+    plan = plan_study(study)
+    refuse_unavailable(study, plan.unavailable)  # before anything is recorded
     check_storage(study)
     client = PatientClient(uri)  # a busy store (SQLite locked by a colleague's writes) is waited out
-    current = fingerprint(study)
+    # ... then the record starts (or is taken over) and the plan runs, wave by wave
     with Interrupts(study.study_timeout_s) as interrupts:
         if resume:
             parent_run_id, storage, lease, skip, searches = take_over(
-                client, uri, study, study_text, current, allow_changes
+                client, uri, study, study_text, plan.fingerprint, allow_changes
             )
         else:
-            parent_run_id, storage, lease = start_record(client, uri, study, study_text, current, new)
+            parent_run_id, storage, lease = start_record(
+                client, uri, study, study_text, plan.fingerprint, new
+            )
             skip, searches = frozenset(), {}
         if _quiet is not None:
             from clsr.study.progress import log_path
@@ -525,7 +516,7 @@ def _run_study(study: Study, study_text: str, resume: bool, allow_changes: bool,
             storage=storage,
         )
         try:
-            return _run_waves(study, points, uri, parent_run_id, storage, lease, skip, searches, interrupts)
+            return _run_waves(plan, uri, parent_run_id, storage, lease, skip, searches, interrupts)
         finally:
             lease.release()
 
@@ -560,8 +551,7 @@ def check_storage(study: Study) -> None:
 
 
 def _run_waves(
-    study: Study,
-    points: list[dict[str, Any]],
+    plan: StudyPlan,
     uri: str,
     parent_run_id: str,
     storage: str,
@@ -570,8 +560,9 @@ def _run_waves(
     searches: dict[str, int],
     interrupts: Interrupts,
 ) -> StudyOutcome:
-    """Each experiment in turn (``experiments``); ``searches``: the sampled ablations an edited resume
+    """Each experiment of the plan in turn (its ``waves``); ``searches``: the sampled ablations an edited resume
     searched again, with the attempt that started their search (``record.search_versions``)."""
+    study = plan.study
     client = PatientClient(uri)
     interrupts.on_give_up = lambda: give_up(client, uri, parent_run_id, interrupts.reason, lease)
     lease.on_lost = interrupts.lease_lost
@@ -579,7 +570,7 @@ def _run_waves(
     interrupts.install()  # after ray.init, which replaces the SIGTERM handler
     status = "FINISHED"
     try:
-        for name, ablation, wave in experiments(study):
+        for name, ablation, wave in plan.waves:
             interrupts.check()
             if ablation in searches:  # searched again: a new experiment, not the old search restored
                 name = f"{name}-v{searches[ablation]}"
@@ -589,17 +580,17 @@ def _run_waves(
                 replay(uri, storage)
             staged = any(study.ablations[a].needs for a in wave)
             outputs = finished_outputs(client, parent_run_id, storage_root=storage) if staged else {}
-            planned = expand_trials(study, [p for p in points if p["ablation"] in wave])
+            planned = plan.wave_trials(wave)
             planned, unconfirmed = confirm_trials(study, client, parent_run_id, wave, planned)
             trials, blocked = ready_trials(study, planned, outputs)
             skip_blocked(uri, parent_run_id, unconfirmed + blocked)
             if ablation is None:
-                trials = merge_identical(study, trials, outputs)
+                trials = merge_identical(study, trials, outputs, plan.config_of)
                 say_merged(trials)
             if ablation is None and not trials:
                 continue  # every trial of this wave lost an upstream trial
             builds = trials if ablation is None else sampled_bases(study, ablation)
-            shared = prepare_shared(study, builds, outputs)
+            shared = prepare_shared(study, builds, outputs, plan.config_of)
             ctx = StudyContext(
                 study.model_dump(by_alias=True), uri, parent_run_id, storage, trials, shared, outputs,
                 lease.generation, skip,

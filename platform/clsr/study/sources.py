@@ -4,6 +4,7 @@ retried worker. Only names, files' headers and the hub's metadata are read, neve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,18 +126,31 @@ def _model_check(name: str) -> tuple[str | None, str | None]:
     return _MODEL_CHECKS[key]
 
 
-def check_sources(study: Study) -> SourceReport:
-    """The data folder, then every grid point's trial (a sampled ablation's base trial), first seed."""
+def check_sources(
+    study: Study,
+    grids: dict[str, list[dict[str, Any]]] | None = None,
+    resolve: Callable[[str, dict[str, Any], int], Any] | None = None,
+) -> SourceReport:
+    """The data folder, then every grid point's trial (a sampled ablation's base trial), first seed.
+    ``grids`` (ablation -> its ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation,
+    overrides and seed): the study plan's (``clsr.study.study_plan``); by default built here."""
     from clsr.data.sources import data_folder_problem
+
+    if grids is None:
+        grids = {name: [] if a.space else grid_points(a) for name, a in study.ablations.items()}
+    if resolve is None:
+
+        def resolve(ablation: str, overrides: dict[str, Any], seed: int) -> Any:
+            return resolve_trial(study, ablation, overrides, seed)
 
     report = SourceReport()
     if problem := data_folder_problem((study.base.get("data") or {}).get("data_dir")):
         report.problems[problem] = ["base.data"]
         return report  # every trial would say the same
     for name, ablation in study.ablations.items():
-        points = grid_points(ablation) if not ablation.space else [{"label": "base", "overrides": {}}]
+        points = grids[name] if not ablation.space else [{"label": "base", "overrides": {}}]
         for point in points:
-            trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
+            trial = resolve(name, point["overrides"], study.seeds_of(name)[0])
             problems, unavailable = trial_source_problems(trial)
             where = f"ablations.{name}[{point['label']}]"
             on_gpu = study.resources.gpus_per_worker > 0

@@ -1,0 +1,167 @@
+"""A validated study's resolved plan, built once (``plan_study``) and passed as given to what runs it:
+its points (each grid's, checked: runnable here, or unavailable and why), every trial of the runnable
+points with its resolved configuration, the waves it runs in, and its fingerprint.
+
+Each trial document is built once here (``clsr.study.plan.trial_document``): the source checks
+(``clsr.study.sources``), the fingerprint (``clsr.study.fingerprint``) and the trials' configurations
+all read the same one. A staged trial (its ablation ``needs`` upstream trials' outputs) has no
+configuration in the plan: it resolves only once those outputs exist (``runner.ready_trials``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from clsr.study.fingerprint import fingerprint, trial_key
+from clsr.study.plan import experiments, grid_points, trial_document
+from clsr.study.schema import Study, StudyError
+from clsr.train.config import TrialConfig
+
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    """One trial of a runnable point and seed; ``config`` is None for a staged trial (resolved later)."""
+
+    ablation: str
+    label: str
+    overrides: dict[str, Any]
+    paper: dict[str, float]
+    seed: int
+    config: TrialConfig | None
+
+    @property
+    def key(self) -> str:
+        return trial_key(self.ablation, self.label, self.seed)
+
+    def entry(self) -> dict[str, Any]:
+        """The runner's trial (what a Tune grid holds): no configuration, only what names the trial."""
+        return {
+            "ablation": self.ablation,
+            "label": self.label,
+            "overrides": self.overrides,
+            "paper": self.paper,
+            "seed": self.seed,
+        }
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """``points``: the runnable points (``{"ablation", "label", "overrides", "paper"}``), in study order;
+    ``unavailable``: ``ablations.<name>[<point>]: why`` per point that cannot run here; ``trials``: the
+    runnable points × their ablation's seeds; ``waves``: ``(Tune experiment, sampled ablation or None,
+    ablations)`` in running order; ``fingerprint``: trial key -> hash (what a resume compares)."""
+
+    study: Study
+    points: tuple[dict[str, Any], ...]
+    unavailable: tuple[str, ...]
+    trials: tuple[PlannedTrial, ...]
+    waves: tuple[tuple[str, str | None, list[str]], ...]
+    fingerprint: dict[str, str]
+
+    def __post_init__(self) -> None:  # each trial by its key, for ``config_of``
+        object.__setattr__(self, "_index", {(t.ablation, t.label, t.seed): t for t in self.trials})
+
+    def wave_trials(self, wave: list[str]) -> list[dict[str, Any]]:
+        """The runner's trials of the ablations in ``wave``, in plan order."""
+        return [t.entry() for t in self.trials if t.ablation in wave]
+
+    def config_of(self, trial: dict[str, Any]) -> TrialConfig | None:
+        """The plan's configuration of a runner's trial; None for one it has none of (a staged trial,
+        a confirmed configuration, an adaptive round's seed, a sampled ablation's base): resolve it."""
+        planned = self._index.get((trial["ablation"], trial.get("label"), trial["seed"]))
+        return planned.config if planned is not None and planned.overrides == trial["overrides"] else None
+
+
+class _Documents:
+    """Each trial document (with placeholders for upstream outputs) and its validated configuration,
+    built once per (ablation, overrides, seed)."""
+
+    def __init__(self, study: Study):
+        self.study = study
+        self._docs: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self._configs: dict[tuple[str, str, int], TrialConfig] = {}
+
+    @staticmethod
+    def _key(ablation: str, overrides: dict[str, Any], seed: int) -> tuple[str, str, int]:
+        return ablation, json.dumps(overrides, sort_keys=True, default=repr), seed
+
+    def document(self, ablation: str, overrides: dict[str, Any], seed: int) -> dict[str, Any]:
+        key = self._key(ablation, overrides, seed)
+        if key not in self._docs:
+            self._docs[key] = trial_document(self.study, ablation, overrides, seed)
+        return self._docs[key]
+
+    def config(self, ablation: str, overrides: dict[str, Any], seed: int) -> TrialConfig:
+        key = self._key(ablation, overrides, seed)
+        if key not in self._configs:
+            self._configs[key] = TrialConfig.model_validate(self.document(ablation, overrides, seed))
+        return self._configs[key]
+
+
+def plan_study(study: Study) -> StudyPlan:
+    """The plan of a validated study; StudyError when a point can never run as written (its sources:
+    ``clsr.study.sources``). Unavailable points are listed, not refused: ``runner.refuse_unavailable``
+    decides (``skip_unavailable``)."""
+    docs = _Documents(study)
+    grids = {name: [] if a.space else grid_points(a) for name, a in study.ablations.items()}
+    # first, while every document is as trial_document built it: the configurations share its parts
+    prints = fingerprint(study, grids, docs.document)
+    points, unavailable = check_points(study, grids, docs.config)
+    staged = {name for name, a in study.ablations.items() if a.needs}  # resolved once upstream ran
+    trials = tuple(
+        PlannedTrial(
+            p["ablation"],
+            p["label"],
+            p["overrides"],
+            p["paper"],
+            seed,
+            None if p["ablation"] in staged else docs.config(p["ablation"], p["overrides"], seed),
+        )
+        for p in points
+        for seed in study.seeds_of(p["ablation"])
+    )
+    waves = tuple((name, sampled, wave) for name, sampled, wave in experiments(study))
+    return StudyPlan(study, tuple(points), tuple(unavailable), trials, waves, prints)
+
+
+def check_points(
+    study: Study,
+    grids: dict[str, list[dict[str, Any]]] | None = None,
+    resolve: Callable[[str, dict[str, Any], int], TrialConfig] | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every grid point, and why each point that cannot run here can't (its model or data is not here,
+    or its method says so); StudyError when a point can never run as written (``clsr.study.sources``).
+    ``grids`` and ``resolve``: the plan's points and configurations (default: built here)."""
+    from clsr.study.plan import resolve_trial
+    from clsr.study.sources import check_sources, trial_source_problems
+    from clsr.train.loop import build_method
+
+    if grids is None:
+        grids = {name: [] if a.space else grid_points(a) for name, a in study.ablations.items()}
+    if resolve is None:
+
+        def resolve(ablation: str, overrides: dict[str, Any], seed: int) -> TrialConfig:
+            return resolve_trial(study, ablation, overrides, seed)
+
+    report = check_sources(study, grids, resolve)
+    if report.problems:
+        raise StudyError(study.name, report.lines("problems"))
+    points, unavailable = [], []
+    for name in study.ablations:
+        grid = grids[name]
+        if not grid:  # sampled, or confirming only: its base trial stands for the points to come
+            base = resolve(name, {}, study.seeds_of(name)[0])
+            unavailable += [f"ablations.{name}[base]: {why}" for why in trial_source_problems(base)[1]]
+            continue
+        for point in grid:
+            trial = resolve(name, point["overrides"], study.seeds_of(name)[0])
+            missing = trial_source_problems(trial)[1]
+            why = missing[0] if missing else build_method(trial).unavailable(trial)
+            if why:
+                unavailable.append(f"ablations.{name}[{point['label']}]: {why}")
+            else:
+                points.append({"ablation": name, **point})
+    return points, unavailable
