@@ -150,21 +150,35 @@ def tiny_bert(tmp_path_factory) -> str:
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
-def stub_hub_cache(root: Path, repo_ids: list[str], dataset_ids: list[str] = ()) -> Path:
+def stub_hub_cache(root: Path, repo_ids: list[str]) -> Path:
     """A Hugging Face hub cache at ``root`` in which each model id has a snapshot holding a config.json,
-    laid out as ``hf download`` leaves it (``models--owner--name/refs/main`` → ``snapshots/<commit>``),
-    and each data set id an empty snapshot: what ``study validate`` looks for offline. No weights and no
-    rows: validation never reads them."""
+    laid out as ``hf download`` leaves it (``models--owner--name/refs/main`` → ``snapshots/<commit>``):
+    what ``study validate`` looks for offline. No weights: validation never reads them."""
     commit = "0" * 40
-    for kind, ids in (("models", repo_ids), ("datasets", dataset_ids)):
-        for repo_id in ids:
-            repo = root / f"{kind}--{repo_id.replace('/', '--')}"
-            (repo / "refs").mkdir(parents=True, exist_ok=True)
-            (repo / "refs" / "main").write_text(commit)
-            snapshot = repo / "snapshots" / commit
-            snapshot.mkdir(parents=True, exist_ok=True)
-            if kind == "models":
-                (snapshot / "config.json").write_text("{}")
+    for repo_id in repo_ids:
+        repo = root / f"models--{repo_id.replace('/', '--')}"
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+        snapshot = repo / "snapshots" / commit
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (snapshot / "config.json").write_text("{}")
+    return root
+
+
+def stub_datasets_cache(root: Path) -> Path:
+    """A datasets cache (``HF_DATASETS_CACHE``) at ``root`` holding every hub data set of the manifest as
+    ``load_dataset`` leaves a prepared one (``owner___name/<config>/<version>/<hash>``), and the ordered
+    Wikipedia text as ``wiki_ordered`` keeps it: what ``study validate`` looks for offline. No rows."""
+    from clsr.data.hub_manifest import HUB_DATASETS
+    from clsr.data.ordered_text import built_copy
+
+    for hub_id, entry in HUB_DATASETS.items():
+        for config in entry.configs or ("default",):
+            (root / hub_id.replace("/", "___") / config / "0.0.0" / ("0" * 16)).mkdir(
+                parents=True, exist_ok=True
+            )
+    built_copy(root).parent.mkdir(parents=True, exist_ok=True)
+    built_copy(root).write_text("A sentence .\n")
     return root
 
 
@@ -174,14 +188,6 @@ def hub_model_ids(studies: list[Path]) -> list[str]:
 
     names = {getattr(trial.model, "name", "minilm") for trial in _shipped_trials(studies)}
     return sorted(names - set(SHORT_NAMES))
-
-
-def hub_dataset_ids(studies: list[Path]) -> list[str]:
-    """Every hub data set the shipped studies' catalogue sets read when their files are not local."""
-    from clsr.data.catalog import DATASETS
-
-    trains = {trial.data.train for trial in _shipped_trials(studies)}
-    return sorted({hub_id for train in trains if train in DATASETS for hub_id in DATASETS[train].hub_ids})
 
 
 def _shipped_trials(studies: list[Path]) -> list:

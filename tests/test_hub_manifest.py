@@ -65,7 +65,8 @@ def listed(hub_id: str, kwargs: dict) -> bool:
     )
 
 
-def test_every_loader_asks_the_hub_only_for_what_the_manifest_lists(hub_requests):
+def test_every_loader_asks_the_hub_only_for_what_the_manifest_lists(hub_requests, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path))  # where wiki_ordered keeps the rows it built
     for task in STS_TASKS:
         for split in allowed_splits(task):
             if task == "sickr" and split != "test":
@@ -85,10 +86,10 @@ def test_every_loader_asks_the_hub_only_for_what_the_manifest_lists(hub_requests
     assert len(load_qqp_pairs(None)) == 1  # the fake's labels are [1, 0]: one duplicate
     assert len(load_flickr30k_pairs(None)) == 2 * 10  # every two of five captions, per image
     assert len(load_anli_pairs(None)) == 3 * 2  # three training rounds
-    assert [r["text"] for r in load_wiki_ordered(None)] == [
-        "first text row .",
-        "second text row .",
-    ]  # streamed
+    streamed = load_wiki_ordered(None)  # the stream's articles, split
+    assert [r["text"] for r in streamed] == ["first text row .", "second text row ."]
+    before = len(hub_requests)
+    assert load_wiki_ordered(None) == streamed and len(hub_requests) == before  # the copy kept, not the hub
     asked = {hub_id for hub_id, _ in hub_requests}
     readable = {hub_id for hub_id, entry in HUB_DATASETS.items() if not entry.unusable}
     assert asked == readable  # every readable listed source is used, and nothing else

@@ -11,7 +11,7 @@ import pytest
 
 from clsr.data import catalog
 from clsr.data.catalog import dataset_columns, load_rows, unavailable
-from clsr.data.ordered_text import ordered_rows, prose_paragraphs
+from clsr.data.ordered_text import built_copy, ordered_rows, prose_paragraphs, write_ordered_file
 from clsr.data.sources import DataUnavailableError
 from clsr.methods.simcse_unsup import next_sentence_rows
 
@@ -76,29 +76,57 @@ def test_paranmt_pairs_are_read_from_the_release_file_only(tmp_path: Path):
         {"anchor": "where is it ?", "positive": "where 's it ?"},
     ]
     release.write_text("i 'm fine .\ti am well .\nno tab here\n")
+    catalog._cached_rows.cache_clear()  # the file changed under the same folder
     with pytest.raises(
         ValueError, match=r"para-nmt-5m-processed.txt:2: expected a sentence and its paraphrase"
     ):
-        load_rows("paranmt_pairs", tmp_path, seed=1)  # another seed: not the cached rows
+        load_rows("paranmt_pairs", tmp_path)
 
 
 def test_a_catalogue_set_that_cannot_load_here_is_said_before_a_study_starts(tmp_path: Path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "arrow"))
+    arrow = tmp_path / "arrow"
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # datasets' own flag, the one it reads
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HOME", "~/elsewhere")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(arrow))
     data = tmp_path / "data"
     (data / "wiki").mkdir(parents=True)
     assert unavailable("wiki_ordered", data) == (
-        "data.train wiki_ordered: it reads wikimedia/wikipedia from the hub, which is off (HF_HUB_OFFLINE), "
-        f"and the local hub cache has no copy; provide <data_dir>/wiki/wiki_ordered.txt (data folder: {data}) "
-        "or run where the hub answers"
+        "data.train wiki_ordered: it streams wikimedia/wikipedia from the hub, which is off (HF_DATASETS_OFFLINE); "
+        f"provide <data_dir>/wiki/wiki_ordered.txt (data folder: {data}) or run where the hub answers"
     )
-    assert unavailable("paranmt_pairs", data).startswith(
-        "data.train paranmt_pairs: it has no hub copy; provide"
+    assert unavailable("qqp_pairs", data) == (
+        "data.train qqp_pairs: it reads nyu-mll/glue from the hub, which is off (HF_DATASETS_OFFLINE), and "
+        f"datasets' cache ({arrow}) has no copy; provide <data_dir>/qqp/train.tsv (data folder: {data}) or run "
+        "where the hub answers"
     )
-    (tmp_path / "hub" / "datasets--wikimedia--wikipedia").mkdir(parents=True)  # cached: the loader decides
-    assert unavailable("wiki_ordered", data) is None
-    (tmp_path / "arrow" / "nyu-mll___glue").mkdir(parents=True)
+    paranmt = unavailable("paranmt_pairs", data)
+    assert paranmt.startswith("data.train paranmt_pairs: it has no hub copy; provide <data_dir>/paranmt/")
+    assert paranmt.endswith("(ParaNMT-50M, the para-nmt-5m-processed.zip release)")  # where to get it
+    (arrow / "nyu-mll___glue" / "mrpc" / "0.0.0" / "abc").mkdir(parents=True)  # another configuration
+    assert unavailable("qqp_pairs", data) is not None
+    (arrow / "nyu-mll___glue" / "qqp" / "0.0.0" / "abc").mkdir(parents=True)  # prepared: read offline
     assert unavailable("qqp_pairs", data) is None
-    (data / "wiki" / "wiki_ordered.txt").write_text("A .\n")
-    assert unavailable("wiki_ordered", data) is None and unavailable("wiki1m", data) is None
+    # + ANLI: each part from its own source, SimCSE's file locally and ANLI from datasets' cache
+    (data / "nli").mkdir()
+    (data / "nli" / "nli_for_simcse.csv").write_text("sent0,sent1,hard_neg\n")
+    assert "reads facebook/anli" in unavailable("nli_anli_for_simcse", data)
+    (arrow / "facebook___anli" / "plain_text" / "0.0.0" / "abc").mkdir(parents=True)
+    assert unavailable("nli_anli_for_simcse", data) is None
+    # a stream caches nothing: wiki_ordered is here once its rows were built (or the data folder has them)
+    write_ordered_file([{"text": "A .", "document": "1"}], built_copy())
+    assert unavailable("wiki_ordered", data) is None and load_rows("wiki_ordered", data, seed=3) == [
+        {"text": "A .", "document": "0"}
+    ]
+    assert unavailable("wiki1m", data) is None  # the shared folder's sets: their loaders say, at load
+
+
+def test_a_catalogue_set_with_a_data_dir_that_is_no_data_folder_is_a_problem_not_a_crash(tmp_path: Path):
+    from clsr.data.external import data_source_problem
+    from clsr.train.config import DataConfig
+
+    problem, unavailable_why = data_source_problem(
+        DataConfig(train="qqp_pairs", data_dir=str(tmp_path / "nowhere")), ("anchor", "positive")
+    )
+    assert problem.startswith("data.data_dir: ") and str(tmp_path / "nowhere") in problem
+    assert unavailable_why is None

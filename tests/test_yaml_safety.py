@@ -21,7 +21,7 @@ from clsr.study.plan import count_trials
 from clsr.study.schema import MAX_TRIALS, StudyError
 from clsr.study.yaml_safe import MAX_FILE_BYTES
 from clsr.train.config import TrialConfig
-from conftest import hub_dataset_ids, hub_model_ids, stub_hub_cache
+from conftest import hub_model_ids, stub_datasets_cache, stub_hub_cache
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STUDIES = sorted((REPO_ROOT / "studies").glob("*.yaml"))
@@ -302,9 +302,9 @@ def shipped_models_cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def shipped_hub_cache(tmp_path_factory) -> Path:
-    """The hub models and data sets the shipped studies read, as if downloaded."""
-    return stub_hub_cache(tmp_path_factory.mktemp("hub"), hub_model_ids(STUDIES), hub_dataset_ids(STUDIES))
+def every_hub_dataset(tmp_path_factory) -> Path:
+    """Every hub data set of the manifest, as if downloaded and prepared by datasets."""
+    return stub_datasets_cache(tmp_path_factory.mktemp("datasets"))
 
 
 @pytest.fixture(scope="module")
@@ -323,10 +323,11 @@ def data_with_release_files(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
 def test_every_shipped_study_validates_with_and_without_smoke(
-    path, capsys, monkeypatch, shipped_hub_cache, data_with_release_files
+    path, capsys, monkeypatch, shipped_models_cache, every_hub_dataset, data_with_release_files
 ):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(shipped_hub_cache))  # its hub ids downloaded: validates
+    monkeypatch.setenv("HF_HUB_CACHE", str(shipped_models_cache))  # its hub ids downloaded: validates
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(every_hub_dataset))
     monkeypatch.setenv("CLSR_DATA_DIR", str(data_with_release_files))
     code, out, err = validate(capsys, str(path))
     assert code == 0 and out.startswith(f"ok  {path}: ") and "distinct" in out, err

@@ -23,13 +23,14 @@ from clsr.data.corpora import (
     load_nli_pairs,
     load_wiki_sentences,
 )
-from clsr.data.ordered_text import ORDERED_FILE, WIKI_HUB_ID, load_wiki_ordered
+from clsr.data.ordered_text import load_wiki_ordered, wiki_ordered_unavailable
 from clsr.data.pair_sources import (
     ANLI_FILES,
     ANLI_HUB_ID,
     FLICKR_FILE,
     FLICKR_HUB_ID,
     PARANMT_FILE,
+    PARANMT_RELEASE,
     QQP_FILE,
     QQP_HUB_ID,
     load_flickr30k_pairs,
@@ -37,7 +38,7 @@ from clsr.data.pair_sources import (
     load_paranmt_pairs,
     load_qqp_pairs,
 )
-from clsr.data.sources import resolve_data_dir
+from clsr.data.sources import files_or_hub_unavailable, resolve_data_dir
 from clsr.data.supmpn_rows import build_supmpn_rows, supmpn_columns
 
 Row = dict[str, str]
@@ -50,10 +51,9 @@ class DatasetSpec:
     columns: tuple[str, ...]
     description: str
     loader: Callable[[Path | None, int], list[Row]]  # (data_dir or None for the hub, seed) → rows
-    # Checked before a study starts (``unavailable``): the files under the data folder that make the set
-    # local, and the hub ids read without them (none: local only). Unset: its loader says, at load.
-    local_files: tuple[str, ...] = ()
-    hub_ids: tuple[str, ...] = ()
+    # Checked before a study starts: why the set cannot be loaded here (data folder or None) → None when it
+    # can. Unset: its loader says, at load (sets read from the shared data folder's files, or the hub).
+    unavailable: Callable[[Path | None], str | None] | None = None
     ordered: bool = False  # rows in the text's order, with a ``document`` column (next-sentence positives)
 
 
@@ -127,8 +127,7 @@ DATASETS: dict[str, DatasetSpec] = {
             "consecutive sentences of English Wikipedia articles, 10^6 (SimCSE Table 2's next-sentence "
             "rows; hub wikimedia/wikipedia 20231101.en, split with NLTK's Punkt, or wiki/wiki_ordered.txt)",
             _wiki_ordered,
-            local_files=(ORDERED_FILE,),
-            hub_ids=(WIKI_HUB_ID,),
+            unavailable=wiki_ordered_unavailable,
             ordered=True,
         ),
         DatasetSpec(
@@ -136,8 +135,7 @@ DATASETS: dict[str, DatasetSpec] = {
             TRIPLET,
             "SimCSE's released SNLI+MNLI triplets (nli_for_simcse.csv, 275,601 rows; hub or local file)",
             _nli_for_simcse,
-            local_files=(NLI_FOR_SIMCSE_FILE,),
-            hub_ids=(SIMCSE_HUB_ID,),
+            unavailable=lambda root: files_or_hub_unavailable(root, (NLI_FOR_SIMCSE_FILE,), SIMCSE_HUB_ID),
         ),
         DatasetSpec(
             "nli_triplets",
@@ -188,8 +186,7 @@ DATASETS: dict[str, DatasetSpec] = {
             "QQP's duplicate question pairs of GLUE's train split (134,378; SimCSE Table 4; hub or "
             "qqp/train.tsv)",
             _qqp_pairs,
-            local_files=(QQP_FILE,),
-            hub_ids=(QQP_HUB_ID,),
+            unavailable=lambda root: files_or_hub_unavailable(root, (QQP_FILE,), QQP_HUB_ID, "qqp"),
         ),
         DatasetSpec(
             "flickr30k_pairs",
@@ -197,8 +194,7 @@ DATASETS: dict[str, DatasetSpec] = {
             "every two captions of one Flickr30k image (317,830; SimCSE Table 4; hub or "
             "flickr30k/flickr30k_captions.jsonl.gz)",
             _flickr30k_pairs,
-            local_files=(FLICKR_FILE,),
-            hub_ids=(FLICKR_HUB_ID,),
+            unavailable=lambda root: files_or_hub_unavailable(root, (FLICKR_FILE,), FLICKR_HUB_ID),
         ),
         DatasetSpec(
             "nli_anli_for_simcse",
@@ -206,8 +202,10 @@ DATASETS: dict[str, DatasetSpec] = {
             "nli_for_simcse followed by SimCSE-style triplets of ANLI's training rounds (SimCSE Table 4's "
             "+ ANLI; hub or anli/R1-R3/train.jsonl)",
             _nli_anli_for_simcse,
-            local_files=(NLI_FOR_SIMCSE_FILE, *ANLI_FILES),
-            hub_ids=(SIMCSE_HUB_ID, ANLI_HUB_ID),
+            unavailable=lambda root: (  # each part from its files or its hub copy
+                files_or_hub_unavailable(root, (NLI_FOR_SIMCSE_FILE,), SIMCSE_HUB_ID)
+                or files_or_hub_unavailable(root, ANLI_FILES, ANLI_HUB_ID)
+            ),
         ),
         DatasetSpec(
             "paranmt_pairs",
@@ -215,7 +213,9 @@ DATASETS: dict[str, DatasetSpec] = {
             "ParaNMT's filtered 5m paraphrase pairs (SimCSE Table 4; local only: "
             "paranmt/para-nmt-5m-processed.txt, Wieting & Gimpel's release)",
             _paranmt_pairs,
-            local_files=(PARANMT_FILE,),
+            unavailable=lambda root: files_or_hub_unavailable(
+                root, (PARANMT_FILE,), None, hint=PARANMT_RELEASE
+            ),
         ),
         DatasetSpec(
             "nli_supmpn",
@@ -244,46 +244,11 @@ def is_ordered(name: str) -> bool:
 
 
 def unavailable(name: str, data_dir: str | os.PathLike[str] | None = None) -> str | None:
-    """Why catalogue set ``name`` cannot be loaded here, read from file names and the environment only:
-    its files are not in the data folder, and it has no hub copy or the hub is off and has not cached it."""
-    spec = _spec(name)
-    if not spec.local_files:
-        return None  # not declared: its loader says at load
-    root = resolve_data_dir(data_dir)
-    if root is not None and all((root / f).is_file() for f in spec.local_files):
-        return None
-    files = " and ".join(f"<data_dir>/{f}" for f in spec.local_files)
-    if not spec.hub_ids:
-        return f"data.train {name}: it has no hub copy; provide {files} (data folder: {root or 'none set'})"
-    if (off := hub_off()) is None or all(hub_cached(hub_id) for hub_id in spec.hub_ids):
-        return None
-    return (
-        f"data.train {name}: it reads {', '.join(spec.hub_ids)} from the hub, which {off}, and the local hub "
-        f"cache has no copy; provide {files} (data folder: {root or 'none set'}) or run where the hub answers"
-    )
-
-
-def hub_off() -> str | None:
-    """Why the hub is off here (the user's offline flags, or no route to it), else None."""
-    from clsr.data.hub_reach import hub_unreachable, offline_requested
-
-    if offline_requested():
-        return "is off (HF_HUB_OFFLINE)"
-    why = hub_unreachable()
-    return f"cannot be reached ({why})" if why else None
-
-
-def hub_cached(hub_id: str) -> bool:
-    """Whether the hub's file cache or datasets' Arrow cache holds any copy of data set ``hub_id`` (the
-    loader decides the rest)."""
-    from huggingface_hub import constants
-
-    home = os.environ.get("HF_HOME") or constants.HF_HOME  # the environment now, as the loaders will read it
-    files = Path(os.environ.get("HF_HUB_CACHE") or Path(home) / "hub")
-    arrow = Path(os.environ.get("HF_DATASETS_CACHE") or Path(home) / "datasets")
-    return (files / f"datasets--{hub_id.replace('/', '--')}").is_dir() or (
-        arrow / hub_id.replace("/", "___")
-    ).is_dir()
+    """Why catalogue set ``name`` cannot be loaded here (None: it can, or its loader will say): read from
+    file names, the environment and, when no offline flag is set, one connection to the hub."""
+    check = _spec(name).unavailable
+    why = check(resolve_data_dir(data_dir)) if check is not None else None
+    return f"data.train {name}: {why}" if why else None
 
 
 @lru_cache(maxsize=8)

@@ -261,8 +261,12 @@ def data_source_problem(data: Any, needed: Sequence[str]) -> tuple[str | None, s
     if not data.external():
         from clsr.data.catalog import DATASETS, unavailable
 
-        # a catalogue set: its files and hub ids by name (a FAQ set's loader says what is missing)
-        return None, unavailable(data.train, data.data_dir) if data.train in DATASETS else None
+        if data.train not in DATASETS:
+            return None, None  # a FAQ set: its loader says what is missing
+        try:  # a catalogue set: its files and hub copies by name
+            return None, unavailable(data.train, data.data_dir)
+        except DataUnavailableError as err:  # data.data_dir is not a data folder
+            return f"data.data_dir: {err}", None
     try:
         columns = source_columns(data)
     except DataSourceError as err:

@@ -30,6 +30,16 @@ def offline_requested() -> bool:
     return any(flag in TRUE_VALUES for flag in flags)
 
 
+def datasets_hub_off() -> str | None:
+    """Why ``datasets`` will not read from the hub here: the offline flag that is set (as datasets reads
+    them), or no route to the hub (a TCP connection, at most a few seconds); None: it may."""
+    for flag in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        if os.environ.get(flag, "").upper() in TRUE_VALUES:
+            return f"is off ({flag})"
+    why = hub_unreachable()
+    return f"cannot be reached ({why})" if why else None
+
+
 @functools.cache
 def hub_unreachable() -> str | None:
     """Why the hub cannot be reached from here (None: it may be, or a proxy decides)."""

@@ -11,9 +11,14 @@ neither its dump nor its sentence splitter, so the rows trained on it stand in f
   words; headings, list items and table rows are not sentences.
 * Sentences: NLTK's Punkt (Kiss & Strunk, 2006), unsupervised, trained on the stream's first 1,000
   articles. No tokenizer model is downloaded, and the same articles give the same split anywhere.
+* A document is a whole article: a sentence's next one may open the next paragraph, past a dropped
+  heading or list, as in running text.
 
-Locally: ``<data_dir>/wiki/wiki_ordered.txt``, one sentence a line and an empty line between documents
-(the text format of BERT's pre-training data).
+The rows built from the hub are written once, in the local file's format, under datasets' cache
+(``<HF_DATASETS_CACHE>/clsr-ordered-text/``): every later trial, study or offline run on this machine
+reads that copy instead of streaming and splitting again. Locally: ``<data_dir>/wiki/wiki_ordered.txt``,
+one sentence a line and an empty line between documents (the text format of BERT's pre-training data);
+it is read instead of the hub when the data folder has it.
 
 Why by hand: the prose filter and the grouping into documents are a few lines; the splitting is Punkt's.
 """
@@ -23,11 +28,12 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from clsr.data.sources import DataUnavailableError, load_from_hub, local_files
+from clsr.data.sources import DataUnavailableError, datasets_cache, load_from_hub, local_files
 
 WIKI_HUB_ID, WIKI_CONFIG = "wikimedia/wikipedia", "20231101.en"
 ORDERED_FILE = "wiki/wiki_ordered.txt"
@@ -79,7 +85,7 @@ def read_ordered_file(path: Path) -> list[Row]:
     """One sentence a line, an empty line between documents (numbered from 0 as ``document``)."""
     rows: list[Row] = []
     document = 0
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:
         for line in f:
             if text := line.strip():
                 rows.append({"text": text, "document": str(document)})
@@ -88,11 +94,58 @@ def read_ordered_file(path: Path) -> list[Row]:
     return rows
 
 
+def write_ordered_file(rows: list[Row], path: Path) -> None:
+    """``rows`` in the local file's format, written whole or not at all (two trials may build at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False) as f:
+        for previous, row in zip([None, *rows], rows, strict=False):
+            if previous is not None and previous["document"] != row["document"]:
+                f.write("\n")
+            f.write(row["text"].replace("\n", " ") + "\n")
+    os.replace(f.name, path)
+
+
+def built_copy(cache: Path | None = None) -> Path:
+    """Where the rows built from the hub are kept on this machine (under datasets' cache, or ``cache``)."""
+    name = f"{WIKI_HUB_ID.replace('/', '___')}-{WIKI_CONFIG}-{SENTENCES}.txt"
+    return (cache or datasets_cache()) / "clsr-ordered-text" / name
+
+
+def wiki_ordered_unavailable(root: Path | None) -> str | None:
+    """Why ``wiki_ordered`` cannot be read here: no local file, no copy built earlier, and the hub is off
+    (a stream caches nothing) or NLTK, which splits it, is not installed."""
+    from clsr.data.hub_reach import datasets_hub_off
+
+    if local_files(root, ORDERED_FILE) or built_copy().is_file():
+        return None
+    wanted = f"<data_dir>/{ORDERED_FILE} (data folder: {root or 'none set'})"
+    if off := datasets_hub_off():
+        return f"it streams {WIKI_HUB_ID} from the hub, which {off}; provide {wanted} or run where the hub answers"
+    try:
+        import nltk  # noqa: F401
+    except ImportError:
+        return "its sentences are split with NLTK's Punkt: pip install 'clsr-platform[eda]' (or nltk)"
+    return None
+
+
 def load_wiki_ordered(data_dir: str | os.PathLike[str] | None = None) -> list[Row]:
-    """``wiki_ordered``: the local file when the data folder has it, else the hub's first articles."""
+    """``wiki_ordered``: the data folder's file, else the copy built earlier here, else the hub's first
+    articles (then kept as that copy)."""
     if files := local_files(data_dir, ORDERED_FILE):
         return read_ordered_file(files[0])
+    if (copy := built_copy()).is_file():
+        return read_ordered_file(copy)
     articles = load_from_hub(
         WIKI_HUB_ID, local_hint=ORDERED_FILE, name=WIKI_CONFIG, split="train", streaming=True
     )
-    return ordered_rows((article["id"], article["text"]) for article in articles)
+    try:  # a stream reads the hub while it is iterated
+        rows = ordered_rows((article["id"], article["text"]) for article in articles)
+    except DataUnavailableError:
+        raise
+    except Exception as err:  # the hub client's own errors (httpx, requests) share no base class
+        raise DataUnavailableError(
+            f"reading {WIKI_HUB_ID} ({WIKI_CONFIG}) from the hub failed ({type(err).__name__}: {err}); "
+            f"provide <data_dir>/{ORDERED_FILE} or run where the hub answers"
+        ) from err
+    write_ordered_file(rows, copy)
+    return read_ordered_file(copy)

@@ -84,6 +84,42 @@ def local_files(data_dir: str | os.PathLike[str] | None, *relative: str) -> list
     return paths if paths and all(p.is_file() for p in paths) else None
 
 
+def datasets_cache() -> Path:
+    """datasets' Arrow cache folder, from the environment now (as ``datasets`` will read it)."""
+    from huggingface_hub import constants
+
+    home = os.environ.get("HF_HOME") or constants.HF_HOME
+    return Path(os.environ.get("HF_DATASETS_CACHE") or Path(home) / "datasets").expanduser()
+
+
+def arrow_cached(hub_id: str, config: str | None = None) -> bool:
+    """Whether datasets' Arrow cache holds a prepared copy of ``hub_id`` (of ``config``, when named): what
+    ``load_dataset`` reads offline. Per repository and configuration, not per file: a repository with
+    two files (``data_files=``) counts as cached when either is; its loader then says which is missing."""
+    folder = datasets_cache() / hub_id.replace("/", "___")
+    return any(folder.glob(f"{config or '*'}/*/*"))
+
+
+def files_or_hub_unavailable(
+    root: Path | None, files: tuple[str, ...], hub_id: str | None, config: str | None = None, hint: str = ""
+) -> str | None:
+    """Why a loader that reads ``files`` under the data folder, or else ``hub_id`` from the hub, cannot
+    read either here (None: one of them is here, or the hub may answer)."""
+    if root is not None and all((root / f).is_file() for f in files):
+        return None
+    wanted = f"{' and '.join(f'<data_dir>/{f}' for f in files)} (data folder: {root or 'none set'})"
+    if hub_id is None:
+        return f"it has no hub copy; provide {wanted}{f': {hint}' if hint else ''}"
+    from clsr.data.hub_reach import datasets_hub_off
+
+    if (off := datasets_hub_off()) is None or arrow_cached(hub_id, config):
+        return None
+    return (
+        f"it reads {hub_id} from the hub, which {off}, and datasets' cache ({datasets_cache()}) has no copy; "
+        f"provide {wanted} or run where the hub answers"
+    )
+
+
 def require_file(root: Path, hub_id: str, *candidates: str) -> Path:
     """The first of ``root / candidate`` that exists, else DataUnavailableError naming them all."""
     for relative in candidates:
