@@ -336,6 +336,20 @@ def test_every_shipped_study_validates_with_and_without_smoke(
         assert code == 0 and "distinct" in out, err
 
 
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
+def test_every_shipped_study_validates_offline_skipping_what_needs_the_hub(
+    path, capsys, monkeypatch, tmp_path
+):
+    """Nothing downloaded: each point needing the hub is named as skipped, and the rest validates."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "empty-datasets"))
+    code, out, err = validate(capsys, str(path), "--set", "skip_unavailable=true")
+    assert code == 0 and out.startswith(f"ok  {path}: "), err
+    if hub_model_ids([path]):  # MiniLM ships with the package; other models come from the hub
+        assert "    skipped when run here: " in out
+
+
 def test_the_simcse_study_offline_names_each_row_whose_data_is_not_here(
     capsys, monkeypatch, shipped_models_cache
 ):
