@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clsr.study import runner, study_plan
+from clsr.study import probe, projection, runner, study_plan  # noqa: F401 (imported before any is patched)
 from clsr.study.fingerprint import fingerprint
 from clsr.study.load import load_study
-from clsr.study.plan import experiments, grid_points, resolve_trial
+from clsr.study.plan import count_trials, experiments, grid_points, resolve_trial
 from clsr.study.runner import expand_trials, plan_points
 from clsr.study.schema import StudyError
-from clsr.study.study_plan import plan_study
+from clsr.study.study_plan import StudyDocuments, plan_study
+from conftest import hub_model_ids, stub_datasets_cache, stub_hub_cache
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLED = {
@@ -240,3 +241,129 @@ def test_a_trial_the_plan_does_not_hold_is_resolved():
 
 def _refused(*args, **kwargs):
     raise AssertionError("the plan's configurations are taken as given")
+
+
+# --- the commands that need no full plan: study validate and study plan resolve each trial once -------
+
+EVERY_STUDY = sorted((REPO_ROOT / "studies").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def every_source_here(tmp_path_factory):
+    """The shipped studies' hub models and data sets, as if downloaded (``test_yaml_safety``'s
+    stand-ins), and the data folder with ParaNMT's (empty) release file: every point runnable here."""
+    from clsr.data.pair_sources import PARANMT_FILE
+    from clsr.data.sources import resolve_data_dir
+
+    models = stub_hub_cache(tmp_path_factory.mktemp("hub"), hub_model_ids(EVERY_STUDY))
+    datasets = stub_datasets_cache(tmp_path_factory.mktemp("datasets"))
+    data = tmp_path_factory.mktemp("data")
+    for child in resolve_data_dir().iterdir():
+        (data / child.name).symlink_to(child)
+    (data / PARANMT_FILE).parent.mkdir()
+    (data / PARANMT_FILE).touch()
+    return {"HF_HUB_CACHE": models, "HF_DATASETS_CACHE": datasets, "CLSR_DATA_DIR": data}
+
+
+def _smoke_variants():
+    for path in EVERY_STUDY:
+        yield pytest.param(path, False, id=path.name)
+        if "smoke" in yaml.safe_load(path.read_text()):
+            yield pytest.param(path, True, id=f"{path.name}, smoke")
+
+
+@pytest.mark.parametrize(("path", "smoke"), list(_smoke_variants()))
+def test_the_plans_counts_equal_count_trials(path, smoke, monkeypatch, every_source_here):
+    for name, value in every_source_here.items():
+        monkeypatch.setenv(name, str(value))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    study = load_study(path, smoke=smoke)
+    expected = count_trials(study)
+    assert StudyDocuments(study).counts() == expected
+    plan = plan_study(study)
+    assert plan.counts() == expected  # unavailable points too (a method may want what is not here)
+
+
+def test_the_counts_of_a_plan_with_unavailable_points_count_them_too(tmp_path):
+    base = {"model": {"name": "no-such-org/no-such-model"}, "trainer": {"max_steps": 20}}
+    study = sampled_study(tmp_path, base=base, skip_unavailable=True)
+    plan = plan_study(study)
+    assert plan.unavailable and not plan.trials and plan.counts() == count_trials(study) == (8 + 9, 8 + 9)
+
+
+def _count_documents(monkeypatch) -> dict:
+    """Each trial document the study's ``StudyDocuments`` builds, counted; resolving a trial any other
+    way (``check_sources``' and ``count_trials``' own, the projection's, the checkpoint estimate's) fails."""
+    import json
+
+    built: dict = {}
+    real = study_plan.trial_document
+
+    def counting(study, ablation, overrides, seed, *rest):
+        key = (ablation, json.dumps(overrides, sort_keys=True, default=repr), seed)
+        built[key] = built.get(key, 0) + 1
+        return real(study, ablation, overrides, seed, *rest)
+
+    monkeypatch.setattr(study_plan, "trial_document", counting)
+    for name in ("sources", "plan", "projection", "probe"):
+        monkeypatch.setattr(f"clsr.study.{name}.resolve_trial", _refused)
+    monkeypatch.setattr("clsr.study.plan.trial_identity", _refused)
+    monkeypatch.setattr("clsr.study.distinct.trial_identity", _refused)
+    return built
+
+
+def _sampled_file(tmp_path: Path) -> Path:
+    sampled_study(tmp_path)  # writes it
+    return tmp_path / "sampled.yaml"
+
+
+VALIDATED = {
+    "grid": lambda tmp_path: REPO_ROOT / "studies" / "smoke.yaml",
+    "staged": lambda tmp_path: REPO_ROOT / "studies" / "rcl_ablations.yaml",
+    "sampled": _sampled_file,
+}
+
+
+@pytest.mark.parametrize("which", list(VALIDATED))
+def test_study_validate_builds_each_trial_document_once(which, tmp_path, monkeypatch, capsys):
+    """Its source checks and counts share one ``StudyDocuments``: every grid point × seed (a sampled
+    ablation's base at its first seed) built once. ``load_study``'s own validation
+    (``clsr.study.load._check_trials``) still resolves each point's first-seed trial by itself."""
+    from clsr.cli import main
+
+    path = VALIDATED[which](tmp_path)
+    argv = ["--smoke"] if which == "staged" else []
+    study = load_study(path, smoke=bool(argv))
+    trials, distinct = count_trials(study)
+    expected = sum(
+        len(study.seeds_of(name)) * len(grid_points(a)) if not a.space else 1
+        for name, a in study.ablations.items()
+    )
+    built = _count_documents(monkeypatch)
+    assert main(["study", "validate", str(path), *argv]) == 0
+    out = capsys.readouterr().out
+    assert (
+        out.splitlines()[0] == f"ok  {path}: {trials} trial{'s' if trials != 1 else ''} ({distinct} distinct)"
+    )
+    assert set(built.values()) == {1} and len(built) == expected
+
+
+def test_study_plan_prices_and_sizes_from_documents_resolved_once(monkeypatch):
+    """``project`` and ``checkpoint_lines`` given a ``StudyDocuments`` find what they find by resolving
+    each trial themselves, and build each trial document once (the sampled-free GCLSR smoke study)."""
+    from clsr.study.plan import checkpoint_lines
+    from clsr.study.projection import Measured, UnitCosts, project
+
+    study = shipped("gclsr_ablations.yaml", smoke=True)
+    measured = Measured("x", UnitCosts(1.0, 0.0, 0.1, 1.0, 0.1, 1.0, 1, "1 x cpu"))
+    quiet = {"progress": lambda _: None}
+    expected = project(study, measured, 1, "h100", **quiet), checkpoint_lines(study)
+    built = _count_documents(monkeypatch)
+    documents = StudyDocuments(study)
+    found = (
+        project(study, measured, 1, "h100", **quiet, grids=documents.grids, resolve=documents.config),
+        checkpoint_lines(study, documents.grids, documents.config),
+    )
+    assert found == expected
+    assert set(built.values()) == {1}
+    assert len(built) == sum(len(study.seeds_of(n)) * len(grid_points(a)) for n, a in study.ablations.items())

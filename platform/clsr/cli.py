@@ -322,8 +322,9 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.action == "validate":
         from clsr.study.dotted import parse_override
         from clsr.study.load import load_study
-        from clsr.study.plan import count_trials, seed_notes
+        from clsr.study.plan import seed_notes
         from clsr.study.sources import NeedsHub, require_sources
+        from clsr.study.study_plan import StudyDocuments
 
         try:
             overrides = [parse_override(o) for o in args.overrides]
@@ -334,7 +335,9 @@ def cmd_study(args: argparse.Namespace) -> int:
         for path in paths:
             try:
                 study = load_study(path, overrides, smoke=args.smoke)
-                sources = require_sources(study, path)  # every model.name and data.train is here
+                documents = StudyDocuments(study)  # each trial resolved once: the checks and counts share it
+                # every model.name and data.train is here
+                sources = require_sources(study, path, documents.grids, documents.config)
             except NeedsHub as err:  # right as written; the hub is out of reach here
                 needs_hub.append(path)
                 print(err, file=sys.stderr)
@@ -343,7 +346,7 @@ def cmd_study(args: argparse.Namespace) -> int:
                 failed += 1
                 print(err, file=sys.stderr)
                 continue
-            trials, distinct = count_trials(study)
+            trials, distinct = documents.counts()
             print(f"ok  {path}: {trials} trial{'s' if trials != 1 else ''} ({distinct} distinct)")
             for line in sources.lines("unavailable"):  # skip_unavailable: true
                 print(f"    skipped when run here: {line.splitlines()[0]}")
@@ -473,25 +476,35 @@ def cmd_study_plan(args: argparse.Namespace) -> int:
             "error: --probe measures here; --from reads a recorded study: give one of them", file=sys.stderr
         )
         return 2
+    from clsr.study.study_plan import StudyDocuments
+
     try:
         study = _load(args.study, args.overrides, smoke=args.smoke)
-        measured = _probed(args, study) if args.probe else _recorded(args, study)
-        projection = project(study, measured, args.gpus, args.gpu, args.gpu_speedup, args.price)
+        documents = StudyDocuments(study)  # each trial resolved once: probe, prices, checkpoints
+        measured = _probed(args, study, documents) if args.probe else _recorded(args, study)
+        projection = project(
+            study, measured, args.gpus, args.gpu, args.gpu_speedup, args.price,
+            grids=documents.grids, resolve=documents.config,
+        )  # fmt: skip
     except (StudyError, NoMeasurements, ValueError) as err:
         print(err if isinstance(err, StudyError) else f"error: {err}", file=sys.stderr)
         return 2
     print(render(projection, args.gpu, args.gpus))
     from clsr.study.plan import checkpoint_lines
 
-    print("\n".join(checkpoint_lines(study)))
+    print("\n".join(checkpoint_lines(study, documents.grids, documents.config)))
     return 0
 
 
-def _probed(args: argparse.Namespace, study):
-    """Unit costs measured here by short probe trials (no Ray, no MLflow: a lone GPU box can run it)."""
+def _probed(args: argparse.Namespace, study, documents):
+    """Unit costs measured here by short probe trials (no Ray, no MLflow: a lone GPU box can run it),
+    of the trials ``documents`` (the study's ``StudyDocuments``) resolved."""
     from clsr.study.probe import probe
 
-    return probe(study, args.probe_copies, args.probe_ablation, args.probe_steps)
+    return probe(
+        study, args.probe_copies, args.probe_ablation, args.probe_steps,
+        grids=documents.grids, resolve=documents.config,
+    )  # fmt: skip
 
 
 def _recorded(args: argparse.Namespace, study):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from clsr.methods import get_method
@@ -304,12 +305,18 @@ def planned_trials(study: Study) -> int:
     return sum(ablation_trials(study, name) for name in study.ablations)
 
 
-def count_trials(study: Study) -> tuple[int, int]:
+def count_trials(
+    study: Study,
+    grids: dict[str, list[dict[str, Any]]] | None = None,
+    resolve: Callable[[str, dict[str, Any], int], TrialConfig] | None = None,
+) -> tuple[int, int]:
     """(trials, distinct trials): a trial is (ablation, point, seed) of a grid/points ablation, plus
     ``search.num_samples`` × seeds per sampled ablation; distinct counts the different ``trial_identity``s (the
     same configuration in two ablations runs once). A staged trial counts with its upstream trials'
     placeholders, so two that would read the same checkpoint count twice. Resolves every point: call it
-    on a validated study only (at most ``MAX_TRIALS`` trials)."""
+    on a validated study only (at most ``MAX_TRIALS`` trials). ``grids`` (ablation -> its
+    ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation, overrides and seed): the study's
+    documents (``clsr.study.study_plan.StudyDocuments``); by default built here."""
     total, sampled, identities = 0, 0, set()
     for name, ablation in study.ablations.items():
         if ablation.space:
@@ -317,10 +324,14 @@ def count_trials(study: Study) -> tuple[int, int]:
             continue
         if ablation.confirm is not None:  # its best configurations are not known yet: each counts
             sampled += ablation.confirm.top_k * len(study.seeds_of(name))
-        for point in grid_points(ablation):
+        for point in grid_points(ablation) if grids is None else grids[name]:
             for seed in study.seeds_of(name):
                 total += 1
-                identities.add(trial_identity(study, name, point["overrides"], seed))
+                identities.add(
+                    trial_identity(study, name, point["overrides"], seed)
+                    if resolve is None
+                    else config_identity(resolve(name, point["overrides"], seed))
+                )
     return total + sampled, len(identities) + sampled
 
 
@@ -337,11 +348,16 @@ def _canonical(value: Any) -> str:
 # --- what checkpoints take ------------------------------------------------------------------------
 
 
-def checkpoint_lines(study: Study) -> list[str]:
+def checkpoint_lines(
+    study: Study,
+    grids: dict[str, list[dict[str, Any]]] | None = None,
+    resolve: Callable[[str, dict[str, Any], int], TrialConfig] | None = None,
+) -> list[str]:
     """``study plan``'s line on checkpoint bytes per trial, estimated from each model's parameter count
     (fp32): while a trial trains, its weights, the optimizer's moments (Adam's two; SGD's momentum) and
     the best weights; after the study, the weights and the best weights (``clsr.study.retention``), or
-    all of it with ``keep_checkpoints: true``. Models whose size is unknown here are named instead."""
+    all of it with ``keep_checkpoints: true``. Models whose size is unknown here are named instead.
+    ``grids`` and ``resolve``: as ``count_trials`` takes them."""
     from clsr.study.retention import human_bytes
 
     counts: dict[str, int | None] = {}
@@ -349,10 +365,15 @@ def checkpoint_lines(study: Study) -> list[str]:
     total_after, unknown = 0, set()
     for name, ablation in study.ablations.items():
         dynamic = bool(ablation.space) or ablation.confirm is not None  # its base stands for its trials
-        points = [{"overrides": {}}] if dynamic else grid_points(ablation)
+        points = [{"overrides": {}}] if dynamic else grid_points(ablation) if grids is None else grids[name]
         per_point = ablation_trials(study, name) if dynamic else len(study.seeds_of(name))
         for point in points:
-            trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
+            first_seed = study.seeds_of(name)[0]
+            trial = (
+                resolve_trial(study, name, point["overrides"], first_seed)
+                if resolve is None
+                else resolve(name, point["overrides"], first_seed)
+            )
             model = trial.model.name if trial.model.type == "transformer" else None
             if model is not None and model not in counts:
                 counts[model] = trained_parameters(model, trial.model.pooling)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -29,10 +30,15 @@ from clsr.train.config import TrialConfig
 
 
 def probe_trial(
-    study: Study, ablation: str | None = None, steps: int | None = None
+    study: Study,
+    ablation: str | None = None,
+    steps: int | None = None,
+    grids: dict[str, list[dict[str, Any]]] | None = None,
+    resolve: Callable[[str, dict[str, Any], int], TrialConfig] | None = None,
 ) -> tuple[str, TrialConfig]:
     """The probe's trial and its label: ``ablation``'s first point and seed, cut to ``steps`` optimiser steps (default:
-    two evaluation intervals, at least 10 steps, at most the trial's own)."""
+    two evaluation intervals, at least 10 steps, at most the trial's own). ``grids`` and ``resolve``:
+    the study's documents (``clsr.study.study_plan.StudyDocuments``); by default built here."""
     from clsr.data.training import training_rows
     from clsr.runtime.steps import eval_interval
     from clsr.train.loop import build_method
@@ -42,9 +48,15 @@ def probe_trial(
         raise ValueError(f"--probe-ablation {name!r}: study {study.name!r} has {', '.join(study.ablations)}")
     if study.ablations[name].space:
         raise ValueError(f"--probe-ablation {name!r} is a search space: name one of the study's grids")
-    points = grid_points(study.ablations[name])  # a confirm ablation may have none: its base stands in
+    # a confirm ablation may have no points: its base stands in
+    points = grid_points(study.ablations[name]) if grids is None else grids[name]
     point = points[0] if points else {"label": "base", "overrides": {}}
-    trial = resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0])
+    first_seed = study.seeds_of(name)[0]
+    trial = (
+        resolve_trial(study, name, point["overrides"], first_seed)
+        if resolve is None
+        else resolve(name, point["overrides"], first_seed)
+    )
     method = build_method(trial)
     steps_per_epoch, total = method.plan_steps(
         len(method.rows_for_training(training_rows(trial), trial)), trial, 1
@@ -101,14 +113,17 @@ def probe(
     ablations: list[str] | None = None,
     steps: int | None = None,
     progress=print,
+    grids: dict[str, list[dict[str, Any]]] | None = None,
+    resolve: Callable[[str, dict[str, Any], int], TrialConfig] | None = None,
 ) -> Measured:
     """Run ``copies`` (default: as many as share one GPU) of each named ablation's probe trial at once
-    (default: the study's first ablation); the first one's unit costs price the ablations not probed."""
+    (default: the study's first ablation); the first one's unit costs price the ablations not probed.
+    ``grids`` and ``resolve``: as ``probe_trial`` takes them."""
     share = gpus_per_trial(study)
     copies = copies or (max(1, round(1 / share)) if 0 < share < 1 else 1)
     by_ablation, described = {}, []
     for ablation in ablations or [next(iter(study.ablations))]:
-        label, trial = probe_trial(study, ablation, steps)
+        label, trial = probe_trial(study, ablation, steps, grids, resolve)
         progress(
             f"probe: {copies} cop{'y' if copies == 1 else 'ies'} of {label} at once, "
             f"{trial.trainer.max_steps} steps each, on this machine ..."

@@ -18,6 +18,7 @@ import heapq
 import math
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -233,8 +234,18 @@ def project(
     speedup: float | None = None,
     usd_per_gpu_hour: float | None = None,
     progress=print,
+    grids: dict[str, list[dict[str, Any]]] | None = None,
+    resolve: Callable[[str, dict[str, Any], int], TrialConfig] | None = None,
 ) -> Projection:
-    """Price every distinct trial of ``study`` and pack each stage onto ``gpus`` GPUs of kind ``gpu``."""
+    """Price every distinct trial of ``study`` and pack each stage onto ``gpus`` GPUs of kind ``gpu``.
+    ``grids`` (ablation -> its ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation,
+    overrides and seed): the study's documents (``clsr.study.study_plan.StudyDocuments``), each trial
+    resolved once; by default built here."""
+    if resolve is None:
+
+        def resolve(ablation: str, overrides: dict[str, Any], seed: int) -> TrialConfig:
+            return resolve_trial(study, ablation, overrides, seed)
+
     target = GPUS[gpu]
     measured_on_target = gpu.lower() in measured.overall.device.lower()
     per_trial_gpus = gpus_per_trial(study)
@@ -256,15 +267,19 @@ def project(
         samples = study.search.num_samples if ablation.space else 0
         samples = ablation.confirm.top_k if ablation.confirm is not None else samples
         points = [{"label": "sample", "overrides": {}, "sampled": True}] * samples
-        points += [] if ablation.space else grid_points(ablation)
+        points += [] if ablation.space else grid_points(ablation) if grids is None else grids[name]
         entries += [{"ablation": name, **p, "seed": seed} for p in points for seed in study.seeds_of(name)]
-    distinct = merge_identical(study, [e for e in entries if not e.get("sampled")])
+    distinct = merge_identical(
+        study,
+        [e for e in entries if not e.get("sampled")],
+        resolved=lambda e: resolve(e["ablation"], e["overrides"], e["seed"]),
+    )
     distinct += [e for e in entries if e.get("sampled")]
     progress(f"pricing {len(distinct)} distinct trials (of {len(entries)}); reading their training rows ...")
     rows_cache: dict[str, int | str] = {}
     plans = []
     for entry in distinct:
-        trial = resolve_trial(study, entry["ablation"], entry["overrides"], entry["seed"])
+        trial = resolve(entry["ablation"], entry["overrides"], entry["seed"])
         rows = count_rows(trial, rows_cache)
         work = trial_work(trial, rows) if isinstance(rows, int) else None
         costs = measured.for_ablation(entry["ablation"])

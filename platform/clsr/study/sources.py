@@ -166,10 +166,15 @@ def check_sources(
     return report
 
 
-def require_sources(study: Study, source: str) -> SourceReport:
+def require_sources(
+    study: Study,
+    source: str,
+    grids: dict[str, list[dict[str, Any]]] | None = None,
+    resolve: Callable[[str, dict[str, Any], int], Any] | None = None,
+) -> SourceReport:
     """The report, or StudyError naming every problem (and every unavailable point unless the study
-    skips those: ``skip_unavailable``)."""
-    report = check_sources(study)
+    skips those: ``skip_unavailable``). ``grids`` and ``resolve``: as ``check_sources`` takes them."""
+    report = check_sources(study, grids, resolve)
     lines = report.lines("problems")
     if report.unavailable and not study.skip_unavailable:
         lines += report.lines("unavailable")

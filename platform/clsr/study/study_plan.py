@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from clsr.study.fingerprint import fingerprint, trial_key
-from clsr.study.plan import experiments, grid_points, trial_document
+from clsr.study.plan import count_trials, experiments, grid_points, trial_document
 from clsr.study.schema import Study, StudyError
 from clsr.train.config import TrialConfig
 
@@ -60,6 +61,7 @@ class StudyPlan:
     trials: tuple[PlannedTrial, ...]
     waves: tuple[tuple[str, str | None, list[str]], ...]
     fingerprint: dict[str, str]
+    documents: StudyDocuments | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:  # each trial by its key, for ``config_of``
         object.__setattr__(self, "_index", {(t.ablation, t.label, t.seed): t for t in self.trials})
@@ -74,15 +76,30 @@ class StudyPlan:
         planned = self._index.get((trial["ablation"], trial.get("label"), trial["seed"]))
         return planned.config if planned is not None and planned.overrides == trial["overrides"] else None
 
+    def counts(self) -> tuple[int, int]:
+        """``(trials, distinct trials)`` of the study as written (unavailable points too), as
+        ``clsr.study.plan.count_trials`` counts them, from the plan's documents."""
+        return (self.documents or StudyDocuments(self.study)).counts()
 
-class _Documents:
+
+class StudyDocuments:
     """Each trial document (with placeholders for upstream outputs) and its validated configuration,
-    built once per (ablation, overrides, seed)."""
+    built once per (ablation, overrides, seed); ``grids``: each ablation's points, built once. What a
+    command that needs no full plan (``study validate``, ``study plan``) resolves the study with."""
 
     def __init__(self, study: Study):
         self.study = study
         self._docs: dict[tuple[str, str, int], dict[str, Any]] = {}
         self._configs: dict[tuple[str, str, int], TrialConfig] = {}
+
+    @cached_property
+    def grids(self) -> dict[str, list[dict[str, Any]]]:
+        """Ablation -> its ``grid_points`` (none for a sampled ablation)."""
+        return {name: [] if a.space else grid_points(a) for name, a in self.study.ablations.items()}
+
+    def counts(self) -> tuple[int, int]:
+        """``count_trials`` of the study, from these grids and configurations."""
+        return count_trials(self.study, self.grids, self.config)
 
     @staticmethod
     def _key(ablation: str, overrides: dict[str, Any], seed: int) -> tuple[str, str, int]:
@@ -105,8 +122,8 @@ def plan_study(study: Study) -> StudyPlan:
     """The plan of a validated study; StudyError when a point can never run as written (its sources:
     ``clsr.study.sources``). Unavailable points are listed, not refused: ``runner.refuse_unavailable``
     decides (``skip_unavailable``)."""
-    docs = _Documents(study)
-    grids = {name: [] if a.space else grid_points(a) for name, a in study.ablations.items()}
+    docs = StudyDocuments(study)
+    grids = docs.grids
     # first, while every document is as trial_document built it: the configurations share its parts
     prints = fingerprint(study, grids, docs.document)
     points, unavailable = check_points(study, grids, docs.config)
@@ -124,7 +141,7 @@ def plan_study(study: Study) -> StudyPlan:
         for seed in study.seeds_of(p["ablation"])
     )
     waves = tuple((name, sampled, wave) for name, sampled, wave in experiments(study))
-    return StudyPlan(study, tuple(points), tuple(unavailable), trials, waves, prints)
+    return StudyPlan(study, tuple(points), tuple(unavailable), trials, waves, prints, docs)
 
 
 def check_points(
