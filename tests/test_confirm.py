@@ -249,7 +249,8 @@ def test_counted_trials_stages_and_fingerprint(tmp_path):
 
 
 def test_confirm_runs_after_the_search_as_a_grid_without_early_stopping(tmp_path):
-    from clsr.study.runner import _scheduler, experiments
+    from clsr.study.plan import experiments
+    from clsr.study.runner import _scheduler
 
     doc = {**copy.deepcopy(STUDY), "scheduler": {"type": "asha"}}
     study = study_of(tmp_path, doc)

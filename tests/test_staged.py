@@ -15,8 +15,8 @@ from mlflow.tracking import MlflowClient
 from clsr.encoders.trained import is_checkpoint, load_trained_encoder
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder
 from clsr.study.load import study_from_dict
-from clsr.study.plan import grid_points, resolve_trial, stages, trial_document
-from clsr.study.runner import expand_trials, experiments, ready_trials, shared_inputs
+from clsr.study.plan import experiments, grid_points, resolve_trial, stages, trial_document
+from clsr.study.runner import expand_trials, ready_trials, shared_inputs
 from clsr.study.schema import StudyError
 from clsr.tracking.study_runs import (
     CHECKPOINT_TAG,

@@ -151,7 +151,7 @@ def _stub_run(monkeypatch, calls: list):
 def test_study_run_plans_once_and_takes_the_plan_as_given(which, tmp_path, monkeypatch):
     study = STUDIES[which](tmp_path)
     expected_fingerprint, expected_trials = fingerprint(study), expand_trials(study, plan_points(study)[0])
-    counted = {"trial_document": 0, "grid_points": 0}
+    counted = {"trial_document": 0, "study_grids": 0}
 
     def counting(name, real):
         def wrapper(*args, **kwargs):
@@ -164,9 +164,10 @@ def test_study_run_plans_once_and_takes_the_plan_as_given(which, tmp_path, monke
         raise AssertionError("the plan's documents and points are taken as given")
 
     monkeypatch.setattr(study_plan, "trial_document", counting("trial_document", study_plan.trial_document))
-    monkeypatch.setattr(study_plan, "grid_points", counting("grid_points", study_plan.grid_points))
+    monkeypatch.setattr(study_plan, "study_grids", counting("study_grids", study_plan.study_grids))
     for module in ("clsr.study.fingerprint", "clsr.study.sources", "clsr.study.runner"):
-        monkeypatch.setattr(f"{module}.grid_points", refused)
+        for builder in ("grid_points", "study_grids"):  # whichever the module builds points with
+            monkeypatch.setattr(f"{module}.{builder}", refused, raising=False)
     for module in ("clsr.study.sources", "clsr.study.runner", "clsr.study.plan"):
         monkeypatch.setattr(f"{module}.resolve_trial", refused)
     monkeypatch.setattr("clsr.study.fingerprint.trial_document", refused)
@@ -176,7 +177,7 @@ def test_study_run_plans_once_and_takes_the_plan_as_given(which, tmp_path, monke
         runner._run_study(study, "", resume=False, allow_changes=False, new=False)
     assert counted == {
         "trial_document": expected_documents(study),
-        "grid_points": sum(not a.space for a in study.ablations.values()),
+        "study_grids": 1,  # every ablation's points, built once
     }
     (check, (_, current), lease, (_, plan)) = calls
     assert (check, lease) == ("check_storage", "lease")
@@ -367,3 +368,46 @@ def test_study_plan_prices_and_sizes_from_documents_resolved_once(monkeypatch):
     assert found == expected
     assert set(built.values()) == {1}
     assert len(built) == sum(len(study.seeds_of(n)) * len(grid_points(a)) for n, a in study.ablations.items())
+
+
+# sha256 of each study's fingerprint (json, sorted keys) as computed by the code before the plan (088bcd8),
+# on these files: a resume compares fingerprints, so the plan must hash every trial exactly as before.
+GOLDEN_FINGERPRINTS = {
+    ("smoke.yaml", False): "c0e43cb46a84cb10e72aa20ff2743ad2f9afd1f0faea26fc89cd0f83a17ccf53",
+    ("rcl_ablations.yaml", True): "9fb215bd8dc58a73fb1df228b4aea0fb35bad459da063e285135dfacb563fbcd",
+    ("simcse_tuning.yaml", False): "9522c17578d0f86539b46898cf2b1fbd35a845ee51024b411f9d6ccb1e7ae396",
+    ("supmpn_ablations.yaml", True): "417460d2132a64e882d62f036c59960f31e12431585f555da20193a2f5ac4010",
+}
+
+
+@pytest.mark.parametrize(("name", "smoke"), list(GOLDEN_FINGERPRINTS), ids=lambda v: str(v))
+def test_the_plans_fingerprint_is_the_one_recorded_before_the_plan(name, smoke):
+    import hashlib
+    import json
+
+    prints = plan_study(shipped(name, smoke=smoke)).fingerprint
+    digest = hashlib.sha256(json.dumps(prints, sort_keys=True).encode()).hexdigest()
+    assert digest == GOLDEN_FINGERPRINTS[(name, smoke)]
+
+
+def test_a_trials_configuration_is_found_by_its_overrides_not_by_an_equal_looking_value(tmp_path):
+    """``1``, ``1.0`` and ``True`` compare equal in Python; as overrides they are other points."""
+    study = sampled_study(
+        tmp_path,
+        search={"algorithm": "grid"},
+        ablations={"steps": {"points": [
+            {"label": "one step", "set": {"trainer.max_steps": 1}},
+            {"label": "log each", "set": {"trainer.log_every": 1}},
+        ]}},
+    )  # fmt: skip
+    plan = plan_study(study)
+    trials = plan.wave_trials(["steps"])
+    assert len(trials) == 2 * 2  # two points, two seeds
+    for trial in trials:
+        config = plan.config_of(trial)
+        resolved = resolve_trial(study, "steps", trial["overrides"], trial["seed"])
+        assert config is not None and config.model_dump() == resolved.model_dump()
+        trial["overrides"]["trainer.max_steps"] = 5  # the runner's copy: the plan stays as planned
+    assert [t.overrides.get("trainer.max_steps") for t in plan.trials] == [1, 1, None, None]
+    assert plan.config_of({"ablation": "steps", "overrides": {"trainer.max_steps": 1.0}, "seed": 1}) is None
+    assert plan.config_of({"ablation": "steps", "overrides": {"trainer.max_steps": 1}, "seed": 1}) is not None

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from clsr.study.plan import grid_points, trial_document
+from clsr.study.plan import study_grids, trial_document
 from clsr.study.schema import Study
 
 STUDY_ENTRY = "(study) metric, mode, scheduler, search"
@@ -40,7 +40,7 @@ def fingerprint(
     -> its ``grid_points``) and ``document`` (``trial_document`` of an ablation, overrides and seed):
     the study plan's, built once (``clsr.study.study_plan``); by default built here."""
     if grids is None:
-        grids = {name: [] if a.space else grid_points(a) for name, a in study.ablations.items()}
+        grids = study_grids(study)
     if document is None:
 
         def document(ablation: str, overrides: dict[str, Any], seed: int) -> dict[str, Any]:

@@ -54,6 +54,11 @@ def grid_points(ablation: Ablation) -> list[dict[str, Any]]:
     return points
 
 
+def study_grids(study: Study) -> dict[str, list[dict[str, Any]]]:
+    """Ablation -> its ``grid_points`` (none for a sampled ablation: its points are sampled)."""
+    return {name: [] if a.space else grid_points(a) for name, a in study.ablations.items()}
+
+
 def _without_averaged(ablation: Ablation, overrides: dict[str, Any]) -> dict[str, Any]:
     """A point's overrides without its ``average_over`` key: the report row's own."""
     return {k: v for k, v in overrides.items() if k != ablation.average_over}

@@ -22,7 +22,6 @@ from clsr.study.interrupt import Interrupted, Interrupts
 from clsr.study.lease import Lease
 from clsr.study.plan import (
     UpstreamMissing,
-    experiments,  # noqa: F401  (runner.experiments: the plan holds the waves; tests read them here)
     grid_points,
     missing_upstream,
     resolve_trial,
@@ -484,10 +483,11 @@ def run_study(
 
 
 def _run_study(study: Study, study_text: str, resume: bool, allow_changes: bool, new: bool) -> StudyOutcome:
-    # validate: the tracking server answers, and every point's sources are checked ...
+    # validated (load_study), and the tracking server answers ...
     uri = resolve_tracking_uri(study.tracking_uri)
     check_reachable(uri)
-    # ... plan: every trial, its configuration, its wave and the fingerprint, built once ...
+    # ... plan: every point's sources checked, every trial, its configuration, its wave and the fingerprint,
+    # built once ...
     plan = plan_study(study)
     refuse_unavailable(study, plan.unavailable)  # before anything is recorded
     check_storage(study)

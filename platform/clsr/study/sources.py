@@ -12,7 +12,7 @@ from clsr.data.external import data_source_problem
 from clsr.encoders.registry import model_source_problem
 from clsr.eval.custom import source_problems as custom_task_problems
 from clsr.methods import get_method
-from clsr.study.plan import grid_points, resolve_trial
+from clsr.study.plan import resolve_trial, study_grids
 from clsr.study.schema import Study, StudyError
 
 MAX_PLACES = 3  # points named per problem line; the rest counted
@@ -137,7 +137,7 @@ def check_sources(
     from clsr.data.sources import data_folder_problem
 
     if grids is None:
-        grids = {name: [] if a.space else grid_points(a) for name, a in study.ablations.items()}
+        grids = study_grids(study)
     if resolve is None:
 
         def resolve(ablation: str, overrides: dict[str, Any], seed: int) -> Any:

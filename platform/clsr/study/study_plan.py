@@ -10,16 +10,23 @@ configuration in the plan: it resolves only once those outputs exist (``runner.r
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from pydantic import ValidationError
+
 from clsr.study.fingerprint import fingerprint, trial_key
-from clsr.study.plan import count_trials, experiments, grid_points, trial_document
+from clsr.study.plan import count_trials, experiments, study_grids, trial_document
 from clsr.study.schema import Study, StudyError
 from clsr.train.config import TrialConfig
+
+
+def overrides_key(overrides: dict[str, Any]) -> str:
+    """Equal only for the same overrides: their ``repr`` keeps key order and value types (``1``, ``1.0``
+    and ``True`` differ, as do ``1`` and ``"1"``), which ``set_dotted`` applies in that order."""
+    return repr(overrides)
 
 
 @dataclass(frozen=True)
@@ -42,8 +49,8 @@ class PlannedTrial:
         return {
             "ablation": self.ablation,
             "label": self.label,
-            "overrides": self.overrides,
-            "paper": self.paper,
+            "overrides": dict(self.overrides),  # the runner's own copies: the plan stays as planned
+            "paper": dict(self.paper),
             "seed": self.seed,
         }
 
@@ -62,9 +69,11 @@ class StudyPlan:
     waves: tuple[tuple[str, str | None, list[str]], ...]
     fingerprint: dict[str, str]
     documents: StudyDocuments | None = field(default=None, compare=False, repr=False)
+    _index: dict[tuple[str, str, int], PlannedTrial] = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:  # each trial by its key, for ``config_of``
-        object.__setattr__(self, "_index", {(t.ablation, t.label, t.seed): t for t in self.trials})
+    def __post_init__(self) -> None:  # each trial by what resolves it, for ``config_of``
+        index = {(t.ablation, overrides_key(t.overrides), t.seed): t for t in self.trials}
+        object.__setattr__(self, "_index", index)  # frozen: set once here
 
     def wave_trials(self, wave: list[str]) -> list[dict[str, Any]]:
         """The runner's trials of the ablations in ``wave``, in plan order."""
@@ -73,8 +82,8 @@ class StudyPlan:
     def config_of(self, trial: dict[str, Any]) -> TrialConfig | None:
         """The plan's configuration of a runner's trial; None for one it has none of (a staged trial,
         a confirmed configuration, an adaptive round's seed, a sampled ablation's base): resolve it."""
-        planned = self._index.get((trial["ablation"], trial.get("label"), trial["seed"]))
-        return planned.config if planned is not None and planned.overrides == trial["overrides"] else None
+        planned = self._index.get((trial["ablation"], overrides_key(trial["overrides"]), trial["seed"]))
+        return planned.config if planned is not None else None
 
     def counts(self) -> tuple[int, int]:
         """``(trials, distinct trials)`` of the study as written (unavailable points too), as
@@ -95,7 +104,7 @@ class StudyDocuments:
     @cached_property
     def grids(self) -> dict[str, list[dict[str, Any]]]:
         """Ablation -> its ``grid_points`` (none for a sampled ablation)."""
-        return {name: [] if a.space else grid_points(a) for name, a in self.study.ablations.items()}
+        return study_grids(self.study)
 
     def counts(self) -> tuple[int, int]:
         """``count_trials`` of the study, from these grids and configurations."""
@@ -103,7 +112,7 @@ class StudyDocuments:
 
     @staticmethod
     def _key(ablation: str, overrides: dict[str, Any], seed: int) -> tuple[str, str, int]:
-        return ablation, json.dumps(overrides, sort_keys=True, default=repr), seed
+        return ablation, overrides_key(overrides), seed
 
     def document(self, ablation: str, overrides: dict[str, Any], seed: int) -> dict[str, Any]:
         key = self._key(ablation, overrides, seed)
@@ -135,13 +144,23 @@ def plan_study(study: Study) -> StudyPlan:
             p["overrides"],
             p["paper"],
             seed,
-            None if p["ablation"] in staged else docs.config(p["ablation"], p["overrides"], seed),
+            None if p["ablation"] in staged else _config(docs, p, seed),
         )
         for p in points
         for seed in study.seeds_of(p["ablation"])
     )
-    waves = tuple((name, sampled, wave) for name, sampled, wave in experiments(study))
+    waves = tuple(experiments(study))
     return StudyPlan(study, tuple(points), tuple(unavailable), trials, waves, prints, docs)
+
+
+def _config(docs: StudyDocuments, point: dict[str, Any], seed: int) -> TrialConfig:
+    """A point's configuration with ``seed``; validation checked the first seed only, so another one
+    that does not validate is a StudyError naming the trial, before anything starts."""
+    try:
+        return docs.config(point["ablation"], point["overrides"], seed)
+    except ValidationError as err:
+        where = trial_key(point["ablation"], point["label"], seed)
+        raise StudyError(docs.study.name, [f"{where}: {err.errors()[0]['msg']}"]) from None
 
 
 def check_points(
@@ -157,7 +176,7 @@ def check_points(
     from clsr.train.loop import build_method
 
     if grids is None:
-        grids = {name: [] if a.space else grid_points(a) for name, a in study.ablations.items()}
+        grids = study_grids(study)
     if resolve is None:
 
         def resolve(ablation: str, overrides: dict[str, Any], seed: int) -> TrialConfig:
