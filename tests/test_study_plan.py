@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clsr.study import plan as plan_module
 from clsr.study import probe, projection, runner, study_plan  # noqa: F401 (imported before any is patched)
 from clsr.study.fingerprint import fingerprint
 from clsr.study.load import load_study
@@ -149,13 +150,19 @@ def _stub_run(monkeypatch, calls: list):
 
 @pytest.mark.parametrize("which", ["grid", "staged", "sampled"])
 def test_study_run_plans_once_and_takes_the_plan_as_given(which, tmp_path, monkeypatch):
-    study = STUDIES[which](tmp_path)
-    expected_fingerprint, expected_trials = fingerprint(study), expand_trials(study, plan_points(study)[0])
+    """From ``load_study`` (validation) to the waves, each trial document is built once: the plan
+    reads the documents validation resolved."""
+    reference = STUDIES[which](tmp_path)
+    expected_fingerprint = fingerprint(reference)
+    expected_trials = expand_trials(reference, plan_points(reference)[0])
     counted = {"trial_document": 0, "study_grids": 0}
+    built: set = set()
 
     def counting(name, real):
         def wrapper(*args, **kwargs):
             counted[name] += 1
+            if name == "trial_document":
+                built.add(repr(args[1:]))
             return real(*args, **kwargs)
 
         return wrapper
@@ -163,22 +170,24 @@ def test_study_run_plans_once_and_takes_the_plan_as_given(which, tmp_path, monke
     def refused(*args, **kwargs):
         raise AssertionError("the plan's documents and points are taken as given")
 
-    monkeypatch.setattr(study_plan, "trial_document", counting("trial_document", study_plan.trial_document))
-    monkeypatch.setattr(study_plan, "study_grids", counting("study_grids", study_plan.study_grids))
+    monkeypatch.setattr(plan_module, "trial_document", counting("trial_document", plan_module.trial_document))
+    monkeypatch.setattr(plan_module, "study_grids", counting("study_grids", plan_module.study_grids))
+    study = STUDIES[which](tmp_path)  # validated with the counters in place
     for module in ("clsr.study.fingerprint", "clsr.study.sources", "clsr.study.runner"):
         for builder in ("grid_points", "study_grids"):  # whichever the module builds points with
             monkeypatch.setattr(f"{module}.{builder}", refused, raising=False)
     for module in ("clsr.study.sources", "clsr.study.runner", "clsr.study.plan"):
-        monkeypatch.setattr(f"{module}.resolve_trial", refused)
+        monkeypatch.setattr(f"{module}.resolve_trial", refused, raising=False)
     monkeypatch.setattr("clsr.study.fingerprint.trial_document", refused)
     calls: list = []
     _stub_run(monkeypatch, calls)
     with pytest.raises(_Stop):
         runner._run_study(study, "", resume=False, allow_changes=False, new=False)
     assert counted == {
-        "trial_document": expected_documents(study),
+        "trial_document": expected_documents(study) + 1,  # and the study's base (validation checks it)
         "study_grids": 1,  # every ablation's points, built once
     }
+    assert len(built) == counted["trial_document"]
     (check, (_, current), lease, (_, plan)) = calls
     assert (check, lease) == ("check_storage", "lease")
     assert current is plan.fingerprint and current == expected_fingerprint
@@ -298,16 +307,15 @@ def _count_documents(monkeypatch) -> dict:
     import json
 
     built: dict = {}
-    real = study_plan.trial_document
+    real = plan_module.trial_document
 
     def counting(study, ablation, overrides, seed, *rest):
         key = (ablation, json.dumps(overrides, sort_keys=True, default=repr), seed)
         built[key] = built.get(key, 0) + 1
         return real(study, ablation, overrides, seed, *rest)
 
-    monkeypatch.setattr(study_plan, "trial_document", counting)
-    for name in ("sources", "plan", "projection", "probe"):
-        monkeypatch.setattr(f"clsr.study.{name}.resolve_trial", _refused)
+    monkeypatch.setattr(plan_module, "trial_document", counting)
+    monkeypatch.setattr("clsr.study.plan.resolve_trial", _refused)
     monkeypatch.setattr("clsr.study.plan.trial_identity", _refused)
     monkeypatch.setattr("clsr.study.distinct.trial_identity", _refused)
     return built
@@ -327,9 +335,8 @@ VALIDATED = {
 
 @pytest.mark.parametrize("which", list(VALIDATED))
 def test_study_validate_builds_each_trial_document_once(which, tmp_path, monkeypatch, capsys):
-    """Its source checks and counts share one ``StudyDocuments``: every grid point × seed (a sampled
-    ablation's base at its first seed) built once. ``load_study``'s own validation
-    (``clsr.study.load._check_trials``) still resolves each point's first-seed trial by itself."""
+    """Validation, the source checks and the counts share one ``StudyDocuments``: every grid point ×
+    seed (a sampled ablation's base at its first seed), and the study's base, built once."""
     from clsr.cli import main
 
     path = VALIDATED[which](tmp_path)
@@ -346,7 +353,7 @@ def test_study_validate_builds_each_trial_document_once(which, tmp_path, monkeyp
     assert (
         out.splitlines()[0] == f"ok  {path}: {trials} trial{'s' if trials != 1 else ''} ({distinct} distinct)"
     )
-    assert set(built.values()) == {1} and len(built) == expected
+    assert set(built.values()) == {1} and len(built) == expected + 1  # + the study's base
 
 
 def test_study_plan_prices_and_sizes_from_documents_resolved_once(monkeypatch):

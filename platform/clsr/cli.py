@@ -322,9 +322,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.action == "validate":
         from clsr.study.dotted import parse_override
         from clsr.study.load import load_study
-        from clsr.study.plan import seed_notes
+        from clsr.study.plan import StudyDocuments, seed_notes
         from clsr.study.sources import NeedsHub, require_sources
-        from clsr.study.study_plan import StudyDocuments
 
         try:
             overrides = [parse_override(o) for o in args.overrides]
@@ -335,7 +334,9 @@ def cmd_study(args: argparse.Namespace) -> int:
         for path in paths:
             try:
                 study = load_study(path, overrides, smoke=args.smoke)
-                documents = StudyDocuments(study)  # each trial resolved once: the checks and counts share it
+                documents = StudyDocuments.of(
+                    study
+                )  # the trials validation resolved: the checks and counts share them
                 # every model.name and data.train is here
                 sources = require_sources(study, path, documents.grids, documents.config)
             except NeedsHub as err:  # right as written; the hub is out of reach here
@@ -476,11 +477,11 @@ def cmd_study_plan(args: argparse.Namespace) -> int:
             "error: --probe measures here; --from reads a recorded study: give one of them", file=sys.stderr
         )
         return 2
-    from clsr.study.study_plan import StudyDocuments
+    from clsr.study.plan import StudyDocuments
 
     try:
         study = _load(args.study, args.overrides, smoke=args.smoke)
-        documents = StudyDocuments(study)  # each trial resolved once: probe, prices, checkpoints
+        documents = StudyDocuments.of(study)  # the trials validation resolved: probe, prices, checkpoints
         measured = _probed(args, study, documents) if args.probe else _recorded(args, study)
         projection = project(
             study, measured, args.gpus, args.gpu, args.gpu_speedup, args.price,

@@ -12,11 +12,11 @@ from pydantic import BaseModel, ValidationError
 from clsr.methods import METHODS, get_method
 from clsr.study.dotted import deep_merge, set_dotted
 from clsr.study.plan import (
+    StudyDocuments,
     find_point,
     grid_points,
     most_trials,
     report_points,
-    resolve_trial,
     stages,
     upstream_points,
 )
@@ -176,8 +176,11 @@ def _check_dotted_key(key: str) -> str | None:
 def _check_trials(study: Study) -> list[str]:
     """Resolve every grid point (and each sampled ablation's base), so a bad value fails now and not in
     trial 37. A problem the study's base gives every trial is reported once, as ``base.<field>``; one
-    the base has but the ablations fix (e.g. a field ``needs`` fills) is not a problem."""
+    the base has but the ablations fix (e.g. a field ``needs`` fills) is not a problem. The trials are
+    resolved through the study's documents (``StudyDocuments.of``), which stay with it: what the command
+    does next (the plan, the checks, the report) reads them instead of resolving them again."""
     problems: list[str] = _check_references(study)
+    resolve = StudyDocuments.of(study).config
     per_trial: list[tuple[str, str]] = []  # (where, rest): where + rest is the line
     for name, ablation in study.ablations.items():
         keys = list(ablation.grid) + [k for p in ablation.points for k in p.set] + list(ablation.space)
@@ -191,21 +194,17 @@ def _check_trials(study: Study) -> list[str]:
             where = f"ablations.{name}[{point['label']}]"
             problems += _label_problems(where, point["label"])
             found = _format_pydantic_or_none(
-                lambda point=point, name=name, seed=seed: resolve_trial(
-                    study, name, point["overrides"], seed
-                ),
+                lambda point=point, name=name, seed=seed: resolve(name, point["overrides"], seed),
                 f"{where}.",
                 TrialConfig,
             )
             per_trial += [(where, p.removeprefix(where)) for p in found]
             if not found:
-                trial = resolve_trial(study, name, point["overrides"], seed)
+                trial = resolve(name, point["overrides"], seed)
                 per_trial += [
                     (where, rest) for rest in _metric_problems(study, trial) + _device_problems(study, trial)
                 ]
-    base = _format_pydantic_or_none(
-        lambda: resolve_trial(study, None, {}, study.seeds[0]), "base.", TrialConfig
-    )
+    base = _format_pydantic_or_none(lambda: resolve(None, {}, study.seeds[0]), "base.", TrialConfig)
     shared = [p.removeprefix("base") for p in base]
     shared = [p for p in shared if any(p == rest for _, rest in per_trial)]
     return (

@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 from clsr.methods import get_method
@@ -20,6 +21,8 @@ from clsr.study.schema import (
     Study,
 )
 from clsr.train.config import TrialConfig
+
+Resolve = Callable[[str | None, dict[str, Any], int], TrialConfig]  # (ablation, overrides, seed) -> config
 
 # --- trial expansion ---------------------------------------------------------------------------
 
@@ -152,6 +155,68 @@ def config_identity(config: TrialConfig) -> str:
 
 
 # --- staged studies: ablations whose trials need upstream trials' outputs ----------------------------
+
+
+def overrides_key(overrides: dict[str, Any]) -> str:
+    """Equal only for the same overrides: their ``repr`` keeps key order and value types (``1``, ``1.0``
+    and ``True`` differ, as do ``1`` and ``"1"``), which ``set_dotted`` applies in that order."""
+    return repr(overrides)
+
+
+class StudyDocuments:
+    """Each trial document (with placeholders for upstream outputs) and its validated configuration,
+    built once per (ablation, overrides, seed); ``grids``: each ablation's points, built once.
+
+    ``load_study`` validates a study with its documents and keeps them with it, so everything a command
+    does afterwards (the plan, the source checks, the counts, the prices, the report) reads the trials
+    validation resolved (``of``) instead of resolving them again. A document is read, never changed."""
+
+    def __init__(self, study: Study):
+        self.study = study
+        self._state = study.model_dump_json()  # what the documents were built from (``of``)
+        self._docs: dict[tuple[str | None, str, int], dict[str, Any]] = {}
+        self._configs: dict[tuple[str | None, str, int], TrialConfig] = {}
+
+    @classmethod
+    def of(cls, study: Study) -> StudyDocuments:
+        """The documents kept with ``study`` (those ``load_study`` validated it with), or new ones, kept
+        with it from now on, when it has none or was changed since they were built."""
+        kept = study._documents
+        if not isinstance(kept, cls) or kept.study is not study or kept._state != study.model_dump_json():
+            kept = cls(study)
+            study._documents = kept
+        return kept
+
+    @cached_property
+    def grids(self) -> dict[str, list[dict[str, Any]]]:
+        """Ablation -> its ``grid_points`` (none for a sampled ablation)."""
+        return study_grids(self.study)
+
+    def counts(self) -> tuple[int, int]:
+        """``count_trials`` of the study, from these grids and configurations."""
+        return count_trials(self.study, self.grids, self.config)
+
+    @staticmethod
+    def _key(ablation: str | None, overrides: dict[str, Any], seed: int) -> tuple[str | None, str, int]:
+        return ablation, overrides_key(overrides), seed
+
+    def document(self, ablation: str | None, overrides: dict[str, Any], seed: int) -> dict[str, Any]:
+        key = self._key(ablation, overrides, seed)
+        if key not in self._docs:
+            self._docs[key] = trial_document(self.study, ablation, overrides, seed)
+        return self._docs[key]
+
+    def config(self, ablation: str | None, overrides: dict[str, Any], seed: int) -> TrialConfig:
+        key = self._key(ablation, overrides, seed)
+        if key not in self._configs:
+            self._configs[key] = TrialConfig.model_validate(self.document(ablation, overrides, seed))
+        return self._configs[key]
+
+
+def resolver(study: Study, resolve: Resolve | None = None) -> Resolve:
+    """``resolve`` when given, else the study's documents' (``StudyDocuments.of``): every function that
+    takes a ``resolve`` reads the trials validation resolved."""
+    return resolve if resolve is not None else StudyDocuments.of(study).config
 
 
 class UpstreamMissing(LookupError):
@@ -321,8 +386,9 @@ def count_trials(
     placeholders, so two that would read the same checkpoint count twice. Resolves every point: call it
     on a validated study only (at most ``MAX_TRIALS`` trials). ``grids`` (ablation -> its
     ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation, overrides and seed): the study's
-    documents (``clsr.study.study_plan.StudyDocuments``); by default built here."""
+    documents (``clsr.study.plan.StudyDocuments``); by default those kept with the study."""
     total, sampled, identities = 0, 0, set()
+    resolve = resolver(study, resolve)
     for name, ablation in study.ablations.items():
         if ablation.space:
             sampled += ablation_trials(study, name)
@@ -332,11 +398,7 @@ def count_trials(
         for point in grid_points(ablation) if grids is None else grids[name]:
             for seed in study.seeds_of(name):
                 total += 1
-                identities.add(
-                    trial_identity(study, name, point["overrides"], seed)
-                    if resolve is None
-                    else config_identity(resolve(name, point["overrides"], seed))
-                )
+                identities.add(config_identity(resolve(name, point["overrides"], seed)))
     return total + sampled, len(identities) + sampled
 
 
@@ -365,6 +427,7 @@ def checkpoint_lines(
     ``grids`` and ``resolve``: as ``count_trials`` takes them."""
     from clsr.study.retention import human_bytes
 
+    resolve = resolver(study, resolve)
     counts: dict[str, int | None] = {}
     largest = (0, 0)  # bytes while training, after the study
     total_after, unknown = 0, set()
@@ -374,11 +437,7 @@ def checkpoint_lines(
         per_point = ablation_trials(study, name) if dynamic else len(study.seeds_of(name))
         for point in points:
             first_seed = study.seeds_of(name)[0]
-            trial = (
-                resolve_trial(study, name, point["overrides"], first_seed)
-                if resolve is None
-                else resolve(name, point["overrides"], first_seed)
-            )
+            trial = resolve(name, point["overrides"], first_seed)
             model = trial.model.name if trial.model.type == "transformer" else None
             if model is not None and model not in counts:
                 counts[model] = trained_parameters(model, trial.model.pooling)

@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from clsr.study.dotted import set_dotted
-from clsr.study.plan import grid_points, resolve_trial
+from clsr.study.plan import grid_points, resolver
 from clsr.study.projection import Measured, Sample, costs_of, gpus_per_trial
 from clsr.study.schema import Study
 from clsr.train.config import TrialConfig
@@ -38,7 +38,7 @@ def probe_trial(
 ) -> tuple[str, TrialConfig]:
     """The probe's trial and its label: ``ablation``'s first point and seed, cut to ``steps`` optimiser steps (default:
     two evaluation intervals, at least 10 steps, at most the trial's own). ``grids`` and ``resolve``:
-    the study's documents (``clsr.study.study_plan.StudyDocuments``); by default built here."""
+    the study's documents (``clsr.study.plan.StudyDocuments``); by default those kept with the study."""
     from clsr.data.training import training_rows
     from clsr.runtime.steps import eval_interval
     from clsr.train.loop import build_method
@@ -52,11 +52,7 @@ def probe_trial(
     points = grid_points(study.ablations[name]) if grids is None else grids[name]
     point = points[0] if points else {"label": "base", "overrides": {}}
     first_seed = study.seeds_of(name)[0]
-    trial = (
-        resolve_trial(study, name, point["overrides"], first_seed)
-        if resolve is None
-        else resolve(name, point["overrides"], first_seed)
-    )
+    trial = resolver(study, resolve)(name, point["overrides"], first_seed)
     method = build_method(trial)
     steps_per_epoch, total = method.plan_steps(
         len(method.rows_for_training(training_rows(trial), trial)), trial, 1

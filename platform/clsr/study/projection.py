@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clsr.study.distinct import merge_identical
-from clsr.study.plan import grid_points, resolve_trial, stages
+from clsr.study.plan import grid_points, resolver, stages
 from clsr.study.schema import Study
 from clsr.train.config import TrialConfig
 
@@ -239,13 +239,9 @@ def project(
 ) -> Projection:
     """Price every distinct trial of ``study`` and pack each stage onto ``gpus`` GPUs of kind ``gpu``.
     ``grids`` (ablation -> its ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation,
-    overrides and seed): the study's documents (``clsr.study.study_plan.StudyDocuments``), each trial
-    resolved once; by default built here."""
-    if resolve is None:
-
-        def resolve(ablation: str, overrides: dict[str, Any], seed: int) -> TrialConfig:
-            return resolve_trial(study, ablation, overrides, seed)
-
+    overrides and seed): the study's documents (``clsr.study.plan.StudyDocuments``), each trial
+    resolved once; by default those kept with the study."""
+    resolve = resolver(study, resolve)
     target = GPUS[gpu]
     measured_on_target = gpu.lower() in measured.overall.device.lower()
     per_trial_gpus = gpus_per_trial(study)

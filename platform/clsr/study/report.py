@@ -53,7 +53,7 @@ from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
 from clsr.study.effects import Effects, coerce, grid_effects, sampled_effects
 from clsr.study.pareto import ParetoFront, pareto_front
-from clsr.study.plan import find_point, grid_points, report_points, resolve_trial, trial_identity
+from clsr.study.plan import StudyDocuments, config_identity, find_point, grid_points, report_points
 from clsr.study.schema import Ablation, Study
 from clsr.study.verdict import Verdict, legend, verdict
 from clsr.study.yaml_safe import YAMLSafetyError, read_yaml_file
@@ -514,12 +514,13 @@ def planned_config(study: Study, name: str, overrides: dict[str, Any]) -> tuple[
     """The hash of the point's validated trial config at a fixed seed (pydantic fills defaults and
     coerces types, so a point that writes out a default equals one that inherits it), and whether it
     trains nothing (``trainer.max_steps: 0``); (None, False) when the point no longer resolves (a
-    ``--name`` report of a study recorded by an older clsr)."""
+    ``--name`` report of a study recorded by an older clsr). Resolved once, through the study's
+    documents (``StudyDocuments.of``)."""
     try:
-        identity = trial_identity(study, name, overrides, 0)
+        config = StudyDocuments.of(study).config(name, overrides, 0)
     except ValueError:  # pydantic's ValidationError included
         return None, False
-    return identity, resolve_trial(study, name, overrides, 0).trainer.max_steps == 0
+    return config_identity(config), config.trainer.max_steps == 0
 
 
 def mark_duplicates(ablations: list[AblationReport]) -> None:

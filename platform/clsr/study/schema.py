@@ -454,6 +454,7 @@ class Study(Strict):
         "max", description="whether a higher metric is better; with several metrics one mode, or one each"
     )
     _several: list[tuple[str, str]] | None = PrivateAttr(None)  # (metric, mode) when several
+    _documents: Any = PrivateAttr(None)  # its trials as validation resolved them: plan.StudyDocuments.of
     search: Search = Field(default_factory=Search)
     report: ReportOptions = Field(
         default_factory=ReportOptions,

@@ -12,7 +12,7 @@ from clsr.data.external import data_source_problem
 from clsr.encoders.registry import model_source_problem
 from clsr.eval.custom import source_problems as custom_task_problems
 from clsr.methods import get_method
-from clsr.study.plan import resolve_trial, study_grids
+from clsr.study.plan import resolver, study_grids
 from clsr.study.schema import Study, StudyError
 
 MAX_PLACES = 3  # points named per problem line; the rest counted
@@ -133,16 +133,13 @@ def check_sources(
 ) -> SourceReport:
     """The data folder, then every grid point's trial (a sampled ablation's base trial), first seed.
     ``grids`` (ablation -> its ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation,
-    overrides and seed): the study plan's (``clsr.study.study_plan``); by default built here."""
+    overrides and seed): the study plan's (``clsr.study.study_plan``); by default the study's documents
+    (``clsr.study.plan.StudyDocuments.of``)."""
     from clsr.data.sources import data_folder_problem
 
     if grids is None:
         grids = study_grids(study)
-    if resolve is None:
-
-        def resolve(ablation: str, overrides: dict[str, Any], seed: int) -> Any:
-            return resolve_trial(study, ablation, overrides, seed)
-
+    resolve = resolver(study, resolve)
     report = SourceReport()
     if problem := data_folder_problem((study.base.get("data") or {}).get("data_dir")):
         report.problems[problem] = ["base.data"]

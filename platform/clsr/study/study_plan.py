@@ -12,21 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 from pydantic import ValidationError
 
 from clsr.study.fingerprint import fingerprint, trial_key
-from clsr.study.plan import count_trials, experiments, study_grids, trial_document
+from clsr.study.plan import StudyDocuments, experiments, overrides_key, resolver, study_grids
 from clsr.study.schema import Study, StudyError
 from clsr.train.config import TrialConfig
-
-
-def overrides_key(overrides: dict[str, Any]) -> str:
-    """Equal only for the same overrides: their ``repr`` keeps key order and value types (``1``, ``1.0``
-    and ``True`` differ, as do ``1`` and ``"1"``), which ``set_dotted`` applies in that order."""
-    return repr(overrides)
 
 
 @dataclass(frozen=True)
@@ -88,50 +81,14 @@ class StudyPlan:
     def counts(self) -> tuple[int, int]:
         """``(trials, distinct trials)`` of the study as written (unavailable points too), as
         ``clsr.study.plan.count_trials`` counts them, from the plan's documents."""
-        return (self.documents or StudyDocuments(self.study)).counts()
-
-
-class StudyDocuments:
-    """Each trial document (with placeholders for upstream outputs) and its validated configuration,
-    built once per (ablation, overrides, seed); ``grids``: each ablation's points, built once. What a
-    command that needs no full plan (``study validate``, ``study plan``) resolves the study with."""
-
-    def __init__(self, study: Study):
-        self.study = study
-        self._docs: dict[tuple[str, str, int], dict[str, Any]] = {}
-        self._configs: dict[tuple[str, str, int], TrialConfig] = {}
-
-    @cached_property
-    def grids(self) -> dict[str, list[dict[str, Any]]]:
-        """Ablation -> its ``grid_points`` (none for a sampled ablation)."""
-        return study_grids(self.study)
-
-    def counts(self) -> tuple[int, int]:
-        """``count_trials`` of the study, from these grids and configurations."""
-        return count_trials(self.study, self.grids, self.config)
-
-    @staticmethod
-    def _key(ablation: str, overrides: dict[str, Any], seed: int) -> tuple[str, str, int]:
-        return ablation, overrides_key(overrides), seed
-
-    def document(self, ablation: str, overrides: dict[str, Any], seed: int) -> dict[str, Any]:
-        key = self._key(ablation, overrides, seed)
-        if key not in self._docs:
-            self._docs[key] = trial_document(self.study, ablation, overrides, seed)
-        return self._docs[key]
-
-    def config(self, ablation: str, overrides: dict[str, Any], seed: int) -> TrialConfig:
-        key = self._key(ablation, overrides, seed)
-        if key not in self._configs:
-            self._configs[key] = TrialConfig.model_validate(self.document(ablation, overrides, seed))
-        return self._configs[key]
+        return (self.documents or StudyDocuments.of(self.study)).counts()
 
 
 def plan_study(study: Study) -> StudyPlan:
     """The plan of a validated study; StudyError when a point can never run as written (its sources:
     ``clsr.study.sources``). Unavailable points are listed, not refused: ``runner.refuse_unavailable``
     decides (``skip_unavailable``)."""
-    docs = StudyDocuments(study)
+    docs = StudyDocuments.of(study)  # the documents load_study validated the study with
     grids = docs.grids
     # first, while every document is as trial_document built it: the configurations share its parts
     prints = fingerprint(study, grids, docs.document)
@@ -171,17 +128,12 @@ def check_points(
     """Every grid point, and why each point that cannot run here can't (its model or data is not here,
     or its method says so); StudyError when a point can never run as written (``clsr.study.sources``).
     ``grids`` and ``resolve``: the plan's points and configurations (default: built here)."""
-    from clsr.study.plan import resolve_trial
     from clsr.study.sources import check_sources, trial_source_problems
     from clsr.train.loop import build_method
 
     if grids is None:
         grids = study_grids(study)
-    if resolve is None:
-
-        def resolve(ablation: str, overrides: dict[str, Any], seed: int) -> TrialConfig:
-            return resolve_trial(study, ablation, overrides, seed)
-
+    resolve = resolver(study, resolve)
     report = check_sources(study, grids, resolve)
     if report.problems:
         raise StudyError(study.name, report.lines("problems"))
