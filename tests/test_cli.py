@@ -45,8 +45,14 @@ def test_the_shipped_tune_then_confirm_study_builds_its_searcher(tmp_path):
 
 
 def test_points_that_cannot_run_offline_are_refused_or_skipped(monkeypatch, capsys):
-    from clsr.study.runner import runnable_points
+    from clsr.study.runner import refuse_unavailable
     from clsr.study.schema import StudyError
+    from clsr.study.study_plan import plan_study
+
+    def runnable_points(study):  # what `study run` does before anything is recorded
+        plan = plan_study(study)
+        refuse_unavailable(study, plan.unavailable)
+        return plan.points
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     study = load_study(REPO_ROOT / "studies" / "gclsr_ablations.yaml")

@@ -379,7 +379,7 @@ def test_a_confirm_ablation_without_points_is_checked_and_probed_through_its_bas
     """Its points come from the search: validation checks its base trial's sources (a model that is not
     here is named), and `study plan --probe-ablation` probes the base instead of failing."""
     from clsr.study.probe import probe_trial
-    from clsr.study.runner import plan_points
+    from clsr.study.study_plan import check_points as plan_points
 
     doc = copy.deepcopy(STUDY)
     doc["ablations"]["confirm"] = {"confirm": {"of": "lr", "top_k": 2}, "seeds": [7]}

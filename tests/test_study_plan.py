@@ -16,9 +16,9 @@ from clsr.study import probe, projection, runner, study_plan  # noqa: F401 (impo
 from clsr.study.fingerprint import fingerprint
 from clsr.study.load import load_study
 from clsr.study.plan import count_trials, experiments, grid_points, resolve_trial
-from clsr.study.runner import expand_trials, plan_points
+from clsr.study.runner import expand_trials
 from clsr.study.schema import StudyError
-from clsr.study.study_plan import StudyDocuments, plan_study
+from clsr.study.study_plan import StudyDocuments, check_points, plan_study
 from conftest import hub_model_ids, stub_datasets_cache, stub_hub_cache
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def expected_documents(study) -> int:
 def test_the_plan_equals_what_the_separate_functions_compute(which, tmp_path):
     study = STUDIES[which](tmp_path)
     plan = plan_study(study)
-    points, unavailable = plan_points(study)
+    points, unavailable = check_points(study)
     assert list(plan.points) == points
     assert list(plan.unavailable) == unavailable
     assert [t.entry() for t in plan.trials] == expand_trials(study, points)
@@ -154,7 +154,7 @@ def test_study_run_plans_once_and_takes_the_plan_as_given(which, tmp_path, monke
     reads the documents validation resolved."""
     reference = STUDIES[which](tmp_path)
     expected_fingerprint = fingerprint(reference)
-    expected_trials = expand_trials(reference, plan_points(reference)[0])
+    expected_trials = expand_trials(reference, check_points(reference)[0])
     counted = {"trial_document": 0, "study_grids": 0}
     built: set = set()
 
@@ -203,7 +203,7 @@ def test_unavailable_points_are_refused_before_storage_and_record(tmp_path, monk
         runner._run_study(study, "", resume=False, allow_changes=False, new=False)
     assert calls == []
     assert refused.value.problems[-1].startswith("fix the above, or set skip_unavailable: true")
-    assert refused.value.problems[:-1] == plan_points(study)[1]
+    assert refused.value.problems[:-1] == check_points(study)[1]
 
 
 def test_skipped_points_are_said_before_storage_is_checked(tmp_path, monkeypatch, capsys):
@@ -215,7 +215,9 @@ def test_skipped_points_are_said_before_storage_is_checked(tmp_path, monkeypatch
     with pytest.raises(_Stop):
         runner._run_study(study, "", resume=False, allow_changes=False, new=False)
     said = calls[0].splitlines()
-    assert said == [f"skipped (not available here): {line.splitlines()[0]}" for line in plan_points(study)[1]]
+    assert said == [
+        f"skipped (not available here): {line.splitlines()[0]}" for line in check_points(study)[1]
+    ]
     assert len(said) == 2 and calls[-1][1].trials == ()
 
 

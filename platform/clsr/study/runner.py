@@ -40,7 +40,7 @@ from clsr.study.record import (
     take_over,
 )
 from clsr.study.schema import Outputs, Study, StudyError
-from clsr.study.study_plan import StudyPlan, check_points, plan_study
+from clsr.study.study_plan import StudyPlan, plan_study
 from clsr.study.trial import StudyContext, key_of, run_trial
 from clsr.study.tune_state import repair_before_restore
 from clsr.tracking.patient import PatientClient
@@ -68,20 +68,6 @@ QUIET_ENV = {
 }
 # Without --verbose: where Ray's and Tune's output goes instead of the terminal (clsr.study.progress)
 _quiet = None
-
-
-def plan_points(study: Study) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every grid point, and why each point that cannot run here can't (its model or data is not here,
-    or its method says so); StudyError when a point can never run as written (``clsr.study.sources``).
-    A study that runs takes them from its plan (``clsr.study.study_plan``)."""
-    return check_points(study)
-
-
-def runnable_points(study: Study) -> list[dict[str, Any]]:
-    """The points to run; unavailable ones are refused (with what to do) or, if allowed, skipped."""
-    points, unavailable = plan_points(study)
-    refuse_unavailable(study, unavailable)
-    return points
 
 
 def refuse_unavailable(study: Study, unavailable: list[str] | tuple[str, ...]) -> None:
