@@ -61,7 +61,6 @@ class StudyPlan:
     trials: tuple[PlannedTrial, ...]
     waves: tuple[tuple[str, str | None, list[str]], ...]
     fingerprint: dict[str, str]
-    documents: StudyDocuments | None = field(default=None, compare=False, repr=False)
     _index: dict[tuple[str, str, int], PlannedTrial] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:  # each trial by what resolves it, for ``config_of``
@@ -77,11 +76,6 @@ class StudyPlan:
         a confirmed configuration, an adaptive round's seed, a sampled ablation's base): resolve it."""
         planned = self._index.get((trial["ablation"], overrides_key(trial["overrides"]), trial["seed"]))
         return planned.config if planned is not None else None
-
-    def counts(self) -> tuple[int, int]:
-        """``(trials, distinct trials)`` of the study as written (unavailable points too), as
-        ``clsr.study.plan.count_trials`` counts them, from the plan's documents."""
-        return (self.documents or StudyDocuments.of(self.study)).counts()
 
 
 def plan_study(study: Study) -> StudyPlan:
@@ -107,7 +101,7 @@ def plan_study(study: Study) -> StudyPlan:
         for seed in study.seeds_of(p["ablation"])
     )
     waves = tuple(experiments(study))
-    return StudyPlan(study, tuple(points), tuple(unavailable), trials, waves, prints, docs)
+    return StudyPlan(study, tuple(points), tuple(unavailable), trials, waves, prints)
 
 
 def _config(docs: StudyDocuments, point: dict[str, Any], seed: int) -> TrialConfig:
