@@ -15,10 +15,10 @@ from clsr.study import plan as plan_module
 from clsr.study import probe, projection, runner, study_plan  # noqa: F401 (imported before any is patched)
 from clsr.study.fingerprint import fingerprint
 from clsr.study.load import load_study
-from clsr.study.plan import count_trials, experiments, grid_points, resolve_trial
+from clsr.study.plan import StudyDocuments, count_trials, experiments, grid_points, resolve_trial
 from clsr.study.runner import expand_trials
 from clsr.study.schema import StudyError
-from clsr.study.study_plan import StudyDocuments, check_points, plan_study
+from clsr.study.study_plan import check_points, plan_study
 from conftest import hub_model_ids, stub_datasets_cache, stub_hub_cache
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +60,12 @@ STUDIES = {
 }
 
 
+def afresh(study):
+    """A resolve that builds each trial anew (``resolve_trial``), not through the documents validation
+    kept with the study: what the plan's figures are checked against."""
+    return lambda ablation, overrides, seed: resolve_trial(study, ablation, overrides, seed)
+
+
 def expected_documents(study) -> int:
     """Trial documents a plan builds: each grid point × seed, and a base per seed of a sampled or
     confirm ablation."""
@@ -73,7 +79,7 @@ def expected_documents(study) -> int:
 def test_the_plan_equals_what_the_separate_functions_compute(which, tmp_path):
     study = STUDIES[which](tmp_path)
     plan = plan_study(study)
-    points, unavailable = check_points(study)
+    points, unavailable = check_points(study, resolve=afresh(study))  # not through the kept documents
     assert list(plan.points) == points
     assert list(plan.unavailable) == unavailable
     assert [t.entry() for t in plan.trials] == expand_trials(study, points)
@@ -176,8 +182,8 @@ def test_study_run_plans_once_and_takes_the_plan_as_given(which, tmp_path, monke
     for module in ("clsr.study.fingerprint", "clsr.study.sources", "clsr.study.runner"):
         for builder in ("grid_points", "study_grids"):  # whichever the module builds points with
             monkeypatch.setattr(f"{module}.{builder}", refused, raising=False)
-    for module in ("clsr.study.sources", "clsr.study.runner", "clsr.study.plan"):
-        monkeypatch.setattr(f"{module}.resolve_trial", refused, raising=False)
+    for module in ("clsr.study.runner", "clsr.study.plan"):
+        monkeypatch.setattr(f"{module}.resolve_trial", refused)
     monkeypatch.setattr("clsr.study.fingerprint.trial_document", refused)
     calls: list = []
     _stub_run(monkeypatch, calls)
@@ -292,24 +298,24 @@ def test_the_counts_from_the_kept_documents_equal_a_fresh_count(path, smoke, mon
         monkeypatch.setenv(name, str(value))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     study = load_study(path, smoke=smoke)
-    afresh = count_trials(study, resolve=lambda *trial: resolve_trial(study, *trial))
-    assert StudyDocuments.of(study).counts() == afresh
+    counted = count_trials(study, resolve=afresh(study))
+    assert StudyDocuments.of(study).counts() == counted
     plan_study(study)  # the plan reads the same documents
-    assert StudyDocuments.of(study).counts() == afresh
+    assert StudyDocuments.of(study).counts() == counted
 
 
 def test_the_counts_of_a_plan_with_unavailable_points_count_them_too(tmp_path):
     base = {"model": {"name": "no-such-org/no-such-model"}, "trainer": {"max_steps": 20}}
     study = sampled_study(tmp_path, base=base, skip_unavailable=True)
     plan = plan_study(study)
-    afresh = count_trials(study, resolve=lambda *trial: resolve_trial(study, *trial))
+    counted = count_trials(study, resolve=afresh(study))
     assert plan.unavailable and not plan.trials
-    assert StudyDocuments.of(study).counts() == afresh == (8 + 9, 8 + 9)
+    assert StudyDocuments.of(study).counts() == counted == (8 + 9, 8 + 9)
 
 
 def _count_documents(monkeypatch) -> dict:
-    """Each trial document the study's ``StudyDocuments`` builds, counted; resolving a trial any other
-    way (``check_sources``' and ``count_trials``' own, the projection's, the checkpoint estimate's) fails."""
+    """Each trial document a ``StudyDocuments`` builds, counted; resolving a trial any other way
+    (``resolve_trial``, ``trial_identity``) fails."""
     import json
 
     built: dict = {}
@@ -363,15 +369,18 @@ def test_study_validate_builds_each_trial_document_once(which, tmp_path, monkeyp
 
 
 def test_study_plan_prices_and_sizes_from_documents_resolved_once(monkeypatch):
-    """``project`` and ``checkpoint_lines`` given a ``StudyDocuments`` find what they find by resolving
-    each trial themselves, and build each trial document once (the sampled-free GCLSR smoke study)."""
+    """``project`` and ``checkpoint_lines`` given a ``StudyDocuments`` find what they find with each
+    trial resolved afresh, and build each trial document once (the sampled-free GCLSR smoke study)."""
     from clsr.study.plan import checkpoint_lines
     from clsr.study.projection import Measured, UnitCosts, project
 
     study = shipped("gclsr_ablations.yaml", smoke=True)
     measured = Measured("x", UnitCosts(1.0, 0.0, 0.1, 1.0, 0.1, 1.0, 1, "1 x cpu"))
     quiet = {"progress": lambda _: None}
-    expected = project(study, measured, 1, "h100", **quiet), checkpoint_lines(study)
+    expected = (
+        project(study, measured, 1, "h100", **quiet, resolve=afresh(study)),
+        checkpoint_lines(study, resolve=afresh(study)),
+    )
     built = _count_documents(monkeypatch)
     documents = StudyDocuments(study)
     found = (
@@ -424,3 +433,31 @@ def test_a_trials_configuration_is_found_by_its_overrides_not_by_an_equal_lookin
     assert [t.overrides.get("trainer.max_steps") for t in plan.trials] == [1, 1, None, None]
     assert plan.config_of({"ablation": "steps", "overrides": {"trainer.max_steps": 1.0}, "seed": 1}) is None
     assert plan.config_of({"ablation": "steps", "overrides": {"trainer.max_steps": 1}, "seed": 1}) is not None
+
+
+def test_the_kept_documents_follow_the_study(tmp_path):
+    """``load_study`` keeps the documents it validated with; a changed study or a copy builds its own;
+    they never make two loads of one file unequal, nor travel with a pickled study."""
+    import pickle
+
+    path = REPO_ROOT / "studies" / "smoke.yaml"
+    study, again = load_study(path), load_study(path)
+    kept = StudyDocuments.of(study)
+    assert kept is study._documents and study == again
+    unpickled = pickle.loads(pickle.dumps(study))
+    assert unpickled._documents is None and unpickled == study
+    assert StudyDocuments.of(unpickled) is not kept and StudyDocuments.of(copy.deepcopy(study)) is not kept
+    study.base["trainer"]["max_steps"] = 7  # changed after validation: the kept documents are stale
+    renewed = StudyDocuments.of(study)
+    assert renewed is not kept and renewed.config("temperature", {}, 42).trainer.max_steps == 7
+
+
+def test_a_value_that_is_not_text_is_named_by_validation(tmp_path):
+    """Bytes that are not UTF-8 (``!!binary``) where a name belongs: the field is named, as before the
+    documents were kept (their staleness check must not fail first)."""
+    doc = copy.deepcopy(SAMPLED)
+    path = tmp_path / "binary.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False).replace("name: minilm", "name: !!binary /w=="))
+    with pytest.raises(StudyError) as refused:
+        load_study(path)
+    assert any("model.name" in line for line in refused.value.problems), refused.value.problems

@@ -334,9 +334,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         for path in paths:
             try:
                 study = load_study(path, overrides, smoke=args.smoke)
-                documents = StudyDocuments.of(
-                    study
-                )  # the trials validation resolved: the checks and counts share them
+                # the trials validation resolved: the checks and counts share them
+                documents = StudyDocuments.of(study)
                 # every model.name and data.train is here
                 sources = require_sources(study, path, documents.grids, documents.config)
             except NeedsHub as err:  # right as written; the hub is out of reach here

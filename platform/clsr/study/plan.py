@@ -173,7 +173,7 @@ class StudyDocuments:
 
     def __init__(self, study: Study):
         self.study = study
-        self._state = study.model_dump_json()  # what the documents were built from (``of``)
+        self._state = study.model_dump()  # what the documents were built from (``of``)
         self._docs: dict[tuple[str | None, str, int], dict[str, Any]] = {}
         self._configs: dict[tuple[str | None, str, int], TrialConfig] = {}
 
@@ -182,10 +182,18 @@ class StudyDocuments:
         """The documents kept with ``study`` (those ``load_study`` validated it with), or new ones, kept
         with it from now on, when it has none or was changed since they were built."""
         kept = study._documents
-        if not isinstance(kept, cls) or kept.study is not study or kept._state != study.model_dump_json():
+        if not isinstance(kept, cls) or kept.study is not study or kept._state != study.model_dump():
             kept = cls(study)
             study._documents = kept
         return kept
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any other, or to none (a study unpickled or not validated yet): they hold what their
+        study's fields determine, which comparing two studies compares anyway (pydantic compares their
+        private attributes too, so without this two loads of one file would differ)."""
+        return other is None or isinstance(other, StudyDocuments)
+
+    __hash__ = None  # type: ignore[assignment]
 
     @cached_property
     def grids(self) -> dict[str, list[dict[str, Any]]]:
@@ -378,7 +386,7 @@ def planned_trials(study: Study) -> int:
 def count_trials(
     study: Study,
     grids: dict[str, list[dict[str, Any]]] | None = None,
-    resolve: Callable[[str, dict[str, Any], int], TrialConfig] | None = None,
+    resolve: Resolve | None = None,
 ) -> tuple[int, int]:
     """(trials, distinct trials): a trial is (ablation, point, seed) of a grid/points ablation, plus
     ``search.num_samples`` × seeds per sampled ablation; distinct counts the different ``trial_identity``s (the
@@ -418,7 +426,7 @@ def _canonical(value: Any) -> str:
 def checkpoint_lines(
     study: Study,
     grids: dict[str, list[dict[str, Any]]] | None = None,
-    resolve: Callable[[str, dict[str, Any], int], TrialConfig] | None = None,
+    resolve: Resolve | None = None,
 ) -> list[str]:
     """``study plan``'s line on checkpoint bytes per trial, estimated from each model's parameter count
     (fp32): while a trial trains, its weights, the optimizer's moments (Adam's two; SGD's momentum) and

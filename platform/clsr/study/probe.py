@@ -18,12 +18,11 @@ from __future__ import annotations
 import multiprocessing
 import statistics
 import time
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from clsr.study.dotted import set_dotted
-from clsr.study.plan import grid_points, resolver
+from clsr.study.plan import Resolve, grid_points, resolver
 from clsr.study.projection import Measured, Sample, costs_of, gpus_per_trial
 from clsr.study.schema import Study
 from clsr.train.config import TrialConfig
@@ -34,7 +33,7 @@ def probe_trial(
     ablation: str | None = None,
     steps: int | None = None,
     grids: dict[str, list[dict[str, Any]]] | None = None,
-    resolve: Callable[[str, dict[str, Any], int], TrialConfig] | None = None,
+    resolve: Resolve | None = None,
 ) -> tuple[str, TrialConfig]:
     """The probe's trial and its label: ``ablation``'s first point and seed, cut to ``steps`` optimiser steps (default:
     two evaluation intervals, at least 10 steps, at most the trial's own). ``grids`` and ``resolve``:
@@ -110,7 +109,7 @@ def probe(
     steps: int | None = None,
     progress=print,
     grids: dict[str, list[dict[str, Any]]] | None = None,
-    resolve: Callable[[str, dict[str, Any], int], TrialConfig] | None = None,
+    resolve: Resolve | None = None,
 ) -> Measured:
     """Run ``copies`` (default: as many as share one GPU) of each named ablation's probe trial at once
     (default: the study's first ablation); the first one's unit costs price the ablations not probed.

@@ -18,12 +18,11 @@ import heapq
 import math
 import statistics
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from clsr.study.distinct import merge_identical
-from clsr.study.plan import grid_points, resolver, stages
+from clsr.study.plan import Resolve, grid_points, resolver, stages
 from clsr.study.schema import Study
 from clsr.train.config import TrialConfig
 
@@ -235,7 +234,7 @@ def project(
     usd_per_gpu_hour: float | None = None,
     progress=print,
     grids: dict[str, list[dict[str, Any]]] | None = None,
-    resolve: Callable[[str, dict[str, Any], int], TrialConfig] | None = None,
+    resolve: Resolve | None = None,
 ) -> Projection:
     """Price every distinct trial of ``study`` and pack each stage onto ``gpus`` GPUs of kind ``gpu``.
     ``grids`` (ablation -> its ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation,

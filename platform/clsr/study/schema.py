@@ -554,6 +554,15 @@ class Study(Strict):
             self._check_several()
         return self
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (to Ray's workers, say) without the kept trial documents: a copy of the study, being
+        another object, would build its own (``StudyDocuments.of``)."""
+        state = super().__getstate__()
+        private = state.get("__pydantic_private__")
+        if private and private.get("_documents") is not None:
+            state["__pydantic_private__"] = {**private, "_documents": None}
+        return state
+
     def _check_several(self) -> None:
         names = ", ".join(m for m, _ in self._several)
         if self.search.algorithm != "optuna":

@@ -4,7 +4,6 @@ retried worker. Only names, files' headers and the hub's metadata are read, neve
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +11,7 @@ from clsr.data.external import data_source_problem
 from clsr.encoders.registry import model_source_problem
 from clsr.eval.custom import source_problems as custom_task_problems
 from clsr.methods import get_method
-from clsr.study.plan import resolver, study_grids
+from clsr.study.plan import Resolve, StudyDocuments, resolver
 from clsr.study.schema import Study, StudyError
 
 MAX_PLACES = 3  # points named per problem line; the rest counted
@@ -129,16 +128,16 @@ def _model_check(name: str) -> tuple[str | None, str | None]:
 def check_sources(
     study: Study,
     grids: dict[str, list[dict[str, Any]]] | None = None,
-    resolve: Callable[[str, dict[str, Any], int], Any] | None = None,
+    resolve: Resolve | None = None,
 ) -> SourceReport:
     """The data folder, then every grid point's trial (a sampled ablation's base trial), first seed.
     ``grids`` (ablation -> its ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation,
-    overrides and seed): the study plan's (``clsr.study.study_plan``); by default the study's documents
-    (``clsr.study.plan.StudyDocuments.of``)."""
+    overrides and seed): by default the study's documents (``clsr.study.plan.StudyDocuments.of``), which
+    validation resolved."""
     from clsr.data.sources import data_folder_problem
 
     if grids is None:
-        grids = study_grids(study)
+        grids = StudyDocuments.of(study).grids
     resolve = resolver(study, resolve)
     report = SourceReport()
     if problem := data_folder_problem((study.base.get("data") or {}).get("data_dir")):
@@ -167,7 +166,7 @@ def require_sources(
     study: Study,
     source: str,
     grids: dict[str, list[dict[str, Any]]] | None = None,
-    resolve: Callable[[str, dict[str, Any], int], Any] | None = None,
+    resolve: Resolve | None = None,
 ) -> SourceReport:
     """The report, or StudyError naming every problem (and every unavailable point unless the study
     skips those: ``skip_unavailable``). ``grids`` and ``resolve``: as ``check_sources`` takes them."""

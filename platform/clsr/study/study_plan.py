@@ -2,22 +2,22 @@
 its points (each grid's, checked: runnable here, or unavailable and why), every trial of the runnable
 points with its resolved configuration, the waves it runs in, and its fingerprint.
 
-Each trial document is built once here (``clsr.study.plan.trial_document``): the source checks
-(``clsr.study.sources``), the fingerprint (``clsr.study.fingerprint``) and the trials' configurations
-all read the same one. A staged trial (its ablation ``needs`` upstream trials' outputs) has no
+Each trial document is built once (``clsr.study.plan.StudyDocuments``): validation (``load_study``)
+resolves each point's first seed and keeps the documents with the study, and the plan adds the other
+seeds; the source checks (``clsr.study.sources``), the fingerprint (``clsr.study.fingerprint``) and the
+trials' configurations all read the same ones. A staged trial (its ablation ``needs`` upstream trials' outputs) has no
 configuration in the plan: it resolves only once those outputs exist (``runner.ready_trials``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
 from clsr.study.fingerprint import fingerprint, trial_key
-from clsr.study.plan import StudyDocuments, experiments, overrides_key, resolver, study_grids
+from clsr.study.plan import Resolve, StudyDocuments, experiments, overrides_key, resolver
 from clsr.study.schema import Study, StudyError
 from clsr.train.config import TrialConfig
 
@@ -84,7 +84,6 @@ def plan_study(study: Study) -> StudyPlan:
     decides (``skip_unavailable``)."""
     docs = StudyDocuments.of(study)  # the documents load_study validated the study with
     grids = docs.grids
-    # first, while every document is as trial_document built it: the configurations share its parts
     prints = fingerprint(study, grids, docs.document)
     points, unavailable = check_points(study, grids, docs.config)
     staged = {name for name, a in study.ablations.items() if a.needs}  # resolved once upstream ran
@@ -117,16 +116,16 @@ def _config(docs: StudyDocuments, point: dict[str, Any], seed: int) -> TrialConf
 def check_points(
     study: Study,
     grids: dict[str, list[dict[str, Any]]] | None = None,
-    resolve: Callable[[str, dict[str, Any], int], TrialConfig] | None = None,
+    resolve: Resolve | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every grid point, and why each point that cannot run here can't (its model or data is not here,
     or its method says so); StudyError when a point can never run as written (``clsr.study.sources``).
-    ``grids`` and ``resolve``: the plan's points and configurations (default: built here)."""
+    ``grids`` and ``resolve``: the plan's points and configurations (default: the study's documents, ``StudyDocuments.of``)."""
     from clsr.study.sources import check_sources, trial_source_problems
     from clsr.train.loop import build_method
 
     if grids is None:
-        grids = study_grids(study)
+        grids = StudyDocuments.of(study).grids
     resolve = resolver(study, resolve)
     report = check_sources(study, grids, resolve)
     if report.problems:
