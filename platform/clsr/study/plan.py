@@ -154,7 +154,7 @@ def config_identity(config: TrialConfig) -> str:
     return _canonical(config.model_dump(mode="json"))
 
 
-# --- staged studies: ablations whose trials need upstream trials' outputs ----------------------------
+# --- each trial resolved once: the documents a validated study keeps ----------------------------------
 
 
 def overrides_key(overrides: dict[str, Any]) -> str:
@@ -225,6 +225,9 @@ def resolver(study: Study, resolve: Resolve | None = None) -> Resolve:
     """``resolve`` when given, else the study's documents' (``StudyDocuments.of``): every function that
     takes a ``resolve`` reads the trials validation resolved."""
     return resolve if resolve is not None else StudyDocuments.of(study).config
+
+
+# --- staged studies: ablations whose trials need upstream trials' outputs ----------------------------
 
 
 class UpstreamMissing(LookupError):
