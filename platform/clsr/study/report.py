@@ -53,7 +53,7 @@ from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
 from clsr.study.effects import Effects, coerce, grid_effects, sampled_effects
 from clsr.study.pareto import ParetoFront, pareto_front
-from clsr.study.plan import StudyDocuments, config_identity, find_point, grid_points, report_points
+from clsr.study.plan import Resolve, StudyDocuments, config_identity, find_point, grid_points, report_points
 from clsr.study.schema import Ablation, Study
 from clsr.study.verdict import Verdict, legend, verdict
 from clsr.study.yaml_safe import YAMLSafetyError, read_yaml_file
@@ -458,8 +458,9 @@ def plan_rows(study: Study, name: str, trials: list[Trial]) -> list[Row]:
     points = [] if spec.space else grid_points(spec)
     seeds = [] if spec.space else study.seeds_of(name)
     rows = {p["label"]: Row(p["label"], p["overrides"], dict(p["paper"]), list(seeds)) for p in points}
+    resolve = StudyDocuments.of(study).config  # once: its staleness check reads the whole study
     for row in rows.values():
-        row.config, row.planned_eval_only = planned_config(study, name, row.overrides)
+        row.config, row.planned_eval_only = planned_config(resolve, name, row.overrides)
     for (label, seed), trial in sorted(pick_trials(trials).items(), key=lambda kv: kv[1].start_time):
         if label not in rows:  # a confirm ablation's best upstream configurations: its planned seeds
             rows[label] = Row(
@@ -510,14 +511,14 @@ def fold_mean(label: str, seed: int | None, trials: list[Trial | None]) -> Trial
     )
 
 
-def planned_config(study: Study, name: str, overrides: dict[str, Any]) -> tuple[str | None, bool]:
+def planned_config(resolve: Resolve, name: str, overrides: dict[str, Any]) -> tuple[str | None, bool]:
     """The hash of the point's validated trial config at a fixed seed (pydantic fills defaults and
     coerces types, so a point that writes out a default equals one that inherits it), and whether it
     trains nothing (``trainer.max_steps: 0``); (None, False) when the point no longer resolves (a
-    ``--name`` report of a study recorded by an older clsr). Resolved once, through the study's
-    documents (``StudyDocuments.of``)."""
+    ``--name`` report of a study recorded by an older clsr). ``resolve``: the study's documents'
+    (``StudyDocuments.of``), so each point is resolved once."""
     try:
-        config = StudyDocuments.of(study).config(name, overrides, 0)
+        config = resolve(name, overrides, 0)
     except ValueError:  # pydantic's ValidationError included
         return None, False
     return config_identity(config), config.trainer.max_steps == 0
