@@ -92,33 +92,10 @@ class TextCNNEncoder(nn.Module):
         return vectors
 
     def features(self, vectors: torch.Tensor) -> torch.Tensor:
-        """(B, L, dim) word vectors → (B, filters·banks): each bank's ReLU, then max over time."""
-        convolve = convolve_on_cpu if vectors.device.type == "cpu" else convolve_channels_first
-        pooled = [torch.relu(convolve(bank, vectors)).amax(dim=1) for bank in self.banks]
+        channels_first = vectors.transpose(1, 2)  # (B, dim, L)
+        pooled = [torch.relu(bank(channels_first)).amax(dim=-1) for bank in self.banks]
         return torch.cat(pooled, dim=-1)
 
     def forward(self, ids: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Test-time sentence embedding: no self-attention, no mask; padding rows go through the convs."""
         return self.features(self.embed_words(ids, generator))
-
-
-def convolve_channels_first(bank: nn.Conv1d, vectors: torch.Tensor) -> torch.Tensor:
-    """(B, L, dim) → (B, L - r + 1, filters): the bank's own convolution (cuDNN's on a GPU)."""
-    return bank(vectors.transpose(1, 2)).transpose(1, 2)
-
-
-def convolve_on_cpu(bank: nn.Conv1d, vectors: torch.Tensor) -> torch.Tensor:
-    """The same convolution as a sum of r shifted products: one matrix product (B·L × dim) @ (dim ×
-    r·filters), then r - 1 shifted adds. PyTorch's CPU ``conv1d`` unfolds the input instead (r·dim values
-    per position) and took 4-9x as long at an evaluation's shapes (512 sentences of 64 words, 384-d
-    vectors, 8 filters, r = 1 to 20, one thread: 166-186 ms a bank against 19-75 ms). Equal up to float
-    rounding, gradients too (``tests/test_gclsr.py``)."""
-    size, filters = bank.kernel_size[0], bank.out_channels
-    batch, length, dim = vectors.shape
-    weights = bank.weight.permute(1, 2, 0).reshape(dim, size * filters)  # column j·filters + o: W[o, :, j]
-    products = (vectors @ weights).view(batch, length, size, filters)
-    positions = length - size + 1
-    out = products[:, :positions, 0]
-    for offset in range(1, size):  # output position t sums word t + j's product with the kernel's column j
-        out = out + products[:, offset : offset + positions, offset]
-    return out + bank.bias
