@@ -150,3 +150,22 @@ def test_a_command_killed_alone_sends_its_driver_sigterm(tmp_path):
         assert time.time() < deadline, "the driver did not get SIGTERM"
         time.sleep(0.05)
     assert got.read_text() == "SIGTERM"
+
+
+def test_the_command_starts_its_driver_without_importing_torch_ray_or_mlflow(tmp_path):
+    """The command's own start-up comes before the driver's, on every study run: it hands the study to
+    its child before importing what the child imports again (torch alone is seconds)."""
+    probe = (
+        "import sys\n"
+        "import clsr.study.supervise as supervise\n"
+        "from clsr.cli import main\n"
+        "def spawned(argv):\n"
+        "    heavy = sorted(m for m in ('torch', 'ray', 'mlflow', 'transformers') if m in sys.modules)\n"
+        "    print('heavy:', heavy)\n"
+        "    return 0\n"
+        "supervise.supervise = spawned\n"
+        f"sys.exit(main(['study', 'run', {str(tmp_path / 'any.yaml')!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "heavy: []" in done.stdout, done.stdout

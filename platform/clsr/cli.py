@@ -317,8 +317,6 @@ def _transfer_progress(total: int):
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from clsr.study.schema import StudyError
-
     if args.action == "validate":
         from clsr.study.dotted import parse_override
         from clsr.study.load import load_study
@@ -381,6 +379,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     if not is_child():  # the driver runs as a child: whatever ends it, the record gets closed
         return supervise(args.argv)  # the child validates: this process stays light (no torch)
+    from clsr.study.schema import StudyError  # imports the methods, hence torch
+
     try:
         study = _load(args.study, args.overrides, smoke=args.smoke)
     except (StudyError, ValueError) as err:
