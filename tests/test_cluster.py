@@ -120,7 +120,9 @@ def worker_node_ids(cluster: LoopbackCluster) -> set[str]:
 
 
 def wait_until(condition, proc: subprocess.Popen, what: str, timeout_s: float = 600):
-    """Poll ``condition`` until it returns something, failing if the study ends or time runs out."""
+    """Poll ``condition`` until it returns something, failing if the study ends or time runs out. Every
+    2 s: each MLflow request checks the login with MLflow's scrypt hash (about 150 ms of the server's
+    CPU), and two requests every 0.5 s took most of a core from the studies under test."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = condition()
@@ -128,7 +130,7 @@ def wait_until(condition, proc: subprocess.Popen, what: str, timeout_s: float = 
             return found
         if proc.poll() is not None:
             pytest.fail(f"the study ended before {what} (exit {proc.returncode})")
-        time.sleep(0.5)
+        time.sleep(2.0)
     proc.kill()
     pytest.fail(f"timed out waiting for {what}")
 

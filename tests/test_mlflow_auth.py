@@ -65,6 +65,7 @@ def test_server_config_is_private_and_read_by_mlflow_as_written(tmp_path, monkey
     assert len(read.admin_password) >= 40  # token_urlsafe(32); MLflow asks for 12 characters or more
     assert read.database_uri == f"sqlite:///{folder.resolve() / 'basic_auth.db'}"
     assert read.authorization_function == "mlflow.server.auth:authenticate_request_basic_auth"
+    assert read.auth_cache_ttl_seconds == mlflow_auth.AUTH_CACHE_TTL_S > 0  # scrypt once per login
     assert mlflow_auth.server_env(folder) == {
         "MLFLOW_AUTH_CONFIG_PATH": str(config),
         "MLFLOW_FLASK_SERVER_SECRET_KEY": (folder / "secret_key").read_text(),
