@@ -868,4 +868,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    from clsr.study.driver_link import exit_driver, is_child
+
+    if is_child():  # the study's driver, which its command waits for: no interpreter teardown
+        exit_driver(code or 0)
+    sys.exit(code)
