@@ -171,19 +171,17 @@ def test_the_command_starts_its_driver_without_importing_torch_ray_or_mlflow(tmp
     assert "heavy: []" in done.stdout, done.stdout
 
 
-def test_the_driver_child_exits_with_its_threads_joined_its_exit_functions_run_and_its_output_flushed(
-    tmp_path,
-):
-    """``exit_driver`` skips only the interpreter's teardown: a non-daemon thread still running is
+def test_the_command_exits_with_its_threads_joined_its_exit_functions_run_and_its_output_flushed(tmp_path):
+    """``exit_now`` skips only the interpreter's teardown: a non-daemon thread still running is
     waited for, ``atexit`` functions run, buffered output reaches the pipe, and the status is kept."""
     done = tmp_path / "thread-done"
     probe = (
         "import atexit, sys, threading, time\n"
-        "from clsr.study.driver_link import exit_driver\n"
+        "from clsr.cli import exit_now\n"
         f"threading.Thread(target=lambda: (time.sleep(0.3), open({str(done)!r}, 'w').close())).start()\n"
         "atexit.register(lambda: print('atexit ran', end=' '))\n"
         "sys.stdout.write('buffered ')\n"
-        "exit_driver(3)\n"
+        "exit_now(3)\n"
     )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3, proc.stderr

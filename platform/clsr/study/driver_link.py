@@ -10,13 +10,10 @@ supervisor's pid (the one to name to the user and to signal).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
-import sys
-import threading
-from typing import Any, NoReturn
+from typing import Any
 
 LINK_ENV = "CLSR_DRIVER_LINK"
 SUPERVISOR_ENV = "CLSR_DRIVER_SUPERVISOR"
@@ -51,18 +48,3 @@ def tell(**entry: Any) -> None:
         return
     with contextlib.suppress(OSError), open(path, "a") as link:
         link.write(json.dumps(entry) + "\n")
-
-
-def exit_driver(code: int) -> NoReturn:
-    """End the driver child as the interpreter would, less its teardown: its other non-daemon threads
-    joined and the ``atexit`` functions run (Ray's shutdown, logging's flush, MLflow's), the output
-    flushed, then ``os._exit``. Python's own teardown of torch's, Ray's and MLflow's modules takes about
-    1.5 s on 2 cores after the study is over, and the command waits for this process."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # what the interpreter runs at exit, in its order (CPython's own function)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
