@@ -179,6 +179,9 @@ def test_the_command_exits_with_its_threads_joined_its_exit_functions_run_and_it
         "import atexit, sys, threading, time\n"
         "from clsr.cli import exit_now\n"
         f"threading.Thread(target=lambda: (time.sleep(0.3), open({str(done)!r}, 'w').close())).start()\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "pool = ThreadPoolExecutor(1)\n"
+        "pool.submit(int)\n"  # an idle pool worker (held): threading's exit hook tells it to stop
         "atexit.register(lambda: print('atexit ran', end=' '))\n"
         "sys.stdout.write('buffered ')\n"
         "exit_now(3)\n"

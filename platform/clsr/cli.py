@@ -883,10 +883,10 @@ def exit_now(code: int | None) -> NoReturn:
     import os
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # what the interpreter runs at exit, in its order (CPython's own function)
+    # what the interpreter runs at exit, in its order (CPython's own functions): threading's exit hooks
+    # (idle thread pools told to stop) and the joins of non-daemon threads, then the atexit functions
+    threading._shutdown()
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
