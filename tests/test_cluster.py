@@ -121,8 +121,8 @@ def worker_node_ids(cluster: LoopbackCluster) -> set[str]:
 
 def wait_until(condition, proc: subprocess.Popen, what: str, timeout_s: float = 600):
     """Poll ``condition`` until it returns something, failing if the study ends or time runs out. Every
-    2 s: each MLflow request checks the login with MLflow's scrypt hash (about 150 ms of the server's
-    CPU), and two requests every 0.5 s took most of a core from the studies under test."""
+    2 s: two MLflow requests every 0.5 s, each checked against MLflow's scrypt hash (about 150 ms of the
+    server's CPU) before its credential cache was on, took most of a core from the studies under test."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = condition()

@@ -885,8 +885,11 @@ def exit_now(code: int | None) -> NoReturn:
 
     # what the interpreter runs at exit, in its order (CPython's own functions): threading's exit hooks
     # (idle thread pools told to stop) and the joins of non-daemon threads, then the atexit functions
-    threading._shutdown()
-    atexit._run_exitfuncs()
+    shutdown, exit_functions = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
+    if shutdown is None or exit_functions is None:  # another Python: its own exit
+        sys.exit(code)
+    shutdown()
+    exit_functions()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

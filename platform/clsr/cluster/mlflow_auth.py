@@ -20,8 +20,9 @@ the config at its first start only, so a new password would no longer match):
 MLflow checks the password of every request with its scrypt hash, about 150 ms of the server's CPU on
 the machines here, and a study makes several requests a second (each trial's metrics, the lease's
 heartbeat, a dashboard polling): the config turns on MLflow's own credential cache
-(``auth_cache_ttl_seconds``), so a server worker checks a login once per ``AUTH_CACHE_TTL_S``. The cost:
-a password changed through the API stops working on the server's other worker up to that long after.
+(``auth_cache_ttl_seconds``): a server worker checks a user's password once per ``AUTH_CACHE_TTL_S``
+(successful checks only are kept). The cost: a password change, a user's deletion or admin flag made
+through the API reaches the server's other worker up to that long after.
 
 Secrets reach the server through that file and the environment, never its command line: ``ps`` shows
 every process's arguments to every user, while ``/proc/<pid>/environ`` is the owner's alone.
