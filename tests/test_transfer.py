@@ -623,6 +623,45 @@ def test_fits_on_the_gpu_score_as_on_the_cpu() -> None:
     assert abs(cpu["acc"] - gpu["acc"]) <= 2.0 and cpu["fits"] == gpu["fits"]
 
 
+def test_groups_are_cut_into_the_fewest_stacks_of_near_equal_size() -> None:
+    """A lockstep group is cut into the fewest stacks of at most STACK_FITS, of near-equal size: SUBJ's
+    100 inner fits of one penalty run as 50 + 50, MR's 58 as one stack."""
+    import clsr.eval.transfer as transfer
+
+    def group(count: int, size: int) -> list[Job]:
+        return [Job(np.arange(size), [np.arange(size)], 1e-4, np.arange(size)) for _ in range(count)]
+
+    assert transfer.STACK_FITS == 64
+    assert [len(s) for s in transfer.stacks(group(100, 30))] == [50, 50]
+    assert [len(s) for s in transfer.stacks(group(58, 30) + group(129, 31))] == [58, 43, 43, 43]
+    assert sorted(i for s in transfer.stacks(group(129, 31)) for i in s) == list(range(129))
+
+
+def test_a_full_stack_equals_its_fits_alone() -> None:
+    """STACK_FITS fits of MiniLM's width, one batched product of that many matrices whose gathered rows
+    outgrow the cache, predict and stop as each fit run alone."""
+    import clsr.eval.transfer as transfer
+
+    X, y = overlapping_blobs(460, 2, dim=384, seed=13)
+    features = torch.from_numpy(X.astype(np.float32))
+    fit = FitSettings("senteval_pytorch", MODES["fast"].torch, n_classes=2)
+    rng = np.random.default_rng(3)
+    test = np.arange(400, 460)
+    jobs = [
+        Job(np.sort(rng.choice(400, 360, replace=False)), [test], 1e-4) for _ in range(transfer.STACK_FITS)
+    ]
+    assert [len(s) for s in transfer.stacks(jobs)] == [transfer.STACK_FITS]
+    torch.set_num_threads(1)
+    stacked = transfer._torch_fit_group(features, y, jobs, fit)
+    for i in range(0, len(jobs), 9):
+        (got, got_stopped), (want, want_stopped) = (
+            stacked[i],
+            transfer._torch_fit_group(features, y, [jobs[i]], fit)[0],
+        )
+        assert got_stopped == want_stopped
+        np.testing.assert_array_equal(got[0], want[0])
+
+
 def test_stacks_do_not_depend_on_n_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A group larger than a stack is cut the same way in one process and over several workers,
     whose chunks hold whole stacks: the same predictions for every n_jobs."""

@@ -70,7 +70,10 @@ if TYPE_CHECKING:  # not imported at run time: joblib workers import this module
     from clsr.eval.embed import Embedder
 
 SEED = 1111
-STACK_FITS = 16  # PyTorch fits stepped together at most (fixed: a fit's stack must not depend on n_jobs)
+# PyTorch fits stepped together at most (fixed: a fit's stack must not depend on n_jobs). A step's cost is
+# about 0.5 ms of fixed overhead plus 20-35 µs a fit on one CPU thread; past 64 fits the gathered rows
+# leave the cache and a fit-step costs more again (benchmarks/results/2026-12-02-cpu2).
+STACK_FITS = 64
 MAX_ITER = 2000  # L-BFGS on raw (unnormalised) embeddings with C up to 32 needs more than the default 100
 CLASSIFIERS = ("senteval_pytorch", "liblinear", "lbfgs")
 L2_GRID = tuple(10.0**t for t in range(-5, -1))  # SentEval's PyTorch weight decays, every scheme
@@ -363,13 +366,14 @@ def _torch_fit_group(X, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> lis
         for _ in range(s.epoch_size):
             shuffled = torch.from_numpy(rng.permutation(train_rows.shape[1])).to(device)
             for batch in shuffled.split(s.batch_size):
-                rows = train_rows[:, batch]
+                rows = train_rows.index_select(1, batch)  # index_select: 5× advanced indexing's speed
+                flat = rows.view(-1)
                 # [fits, classes, rows]: autograd then forms the weights' gradient as (classes × rows)
                 # @ (rows × dim), a fast shape; x @ wᵀ would give it as dim × classes, 3-10× slower
-                into = gathered[: rows.numel()]  # index_select: 5× X[rows]'s speed
-                inputs = torch.index_select(X, 0, rows.flatten(), out=into).view(*rows.shape, -1)
+                inputs = torch.index_select(X, 0, flat, out=gathered[: flat.numel()]).view(*rows.shape, -1)
                 logits = torch.baddbmm(bias.unsqueeze(2), weight, inputs.transpose(1, 2))
-                losses = torch.nn.functional.cross_entropy(logits, labels[rows], reduction="none")
+                targets = labels.index_select(0, flat).view(rows.shape)
+                losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
                 optimizer.zero_grad()
                 losses.mean(1).sum().backward()  # each fit's batch mean, as SentEval's loss
                 optimizer.step()
@@ -456,12 +460,17 @@ def _fit_stacks(
 
 def stacks(jobs: Sequence[Job]) -> list[list[int]]:
     """Indices of ``jobs`` in the stacks they are fitted in: grouped by :func:`lockstep_key` (first-seen
-    order), each group cut into runs of ``STACK_FITS``. A fit's stack, hence its arithmetic, is then
-    the same whether the fits run in one process, on a GPU, or spread over any number of workers."""
+    order), each group cut into the fewest stacks of at most ``STACK_FITS``, of near-equal size (100 fits:
+    50 and 50, not 64 and 36). A fit's stack, hence its arithmetic, is then the same whether the fits run
+    in one process, on a GPU, or spread over any number of workers."""
     groups: dict[tuple, list[int]] = {}
     for i, job in enumerate(jobs):
         groups.setdefault(lockstep_key(job), []).append(i)
-    return [group[i : i + STACK_FITS] for group in groups.values() for i in range(0, len(group), STACK_FITS)]
+    return [
+        piece.tolist()
+        for group in groups.values()
+        for piece in np.array_split(np.array(group), -(-len(group) // STACK_FITS))
+    ]
 
 
 class _Runner:
