@@ -634,30 +634,37 @@ def test_groups_are_cut_into_the_fewest_stacks_of_near_equal_size() -> None:
     assert transfer.STACK_FITS == 64
     assert [len(s) for s in transfer.stacks(group(100, 30))] == [50, 50]
     assert [len(s) for s in transfer.stacks(group(58, 30) + group(129, 31))] == [58, 43, 43, 43]
-    assert sorted(i for s in transfer.stacks(group(129, 31)) for i in s) == list(range(129))
+    indices = [i for s in transfer.stacks(group(129, 31)) for i in s]
+    assert sorted(indices) == list(range(129)) and all(type(i) is int for i in indices)
 
 
-def test_a_full_stack_equals_its_fits_alone() -> None:
+def test_a_full_stack_equals_its_fits_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """STACK_FITS fits of MiniLM's width, one batched product of that many matrices whose gathered rows
-    outgrow the cache, predict and stop as each fit run alone."""
+    outgrow the cache, predict and stop as each fit run alone, also after the stack has shrunk."""
     import clsr.eval.transfer as transfer
 
-    X, y = overlapping_blobs(460, 2, dim=384, seed=13)
+    informative, y = overlapping_blobs(700, 3, seed=13)  # 8 columns; 376 of noise: the fits stop apart
+    X = np.hstack([informative, np.random.default_rng(13).normal(size=(700, 376))])
     features = torch.from_numpy(X.astype(np.float32))
-    fit = FitSettings("senteval_pytorch", MODES["fast"].torch, n_classes=2)
+    fit = FitSettings("senteval_pytorch", MODES["fast"].torch, n_classes=3)
     rng = np.random.default_rng(3)
-    test = np.arange(400, 460)
-    jobs = [
-        Job(np.sort(rng.choice(400, 360, replace=False)), [test], 1e-4) for _ in range(transfer.STACK_FITS)
-    ]
+    test = np.arange(400, 700)
+    trains = [np.sort(rng.choice(400, 360, replace=False)) for _ in range(transfer.STACK_FITS)]
+    jobs = [Job(train, [test], 1e-4, np.setdiff1d(np.arange(400), train)) for train in trains]
     assert [len(s) for s in transfer.stacks(jobs)] == [transfer.STACK_FITS]
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    stacked = transfer._torch_fit_group(features, y, jobs, fit)
-    for i in range(0, len(jobs), 9):
-        (got, got_stopped), (want, want_stopped) = (
-            stacked[i],
-            transfer._torch_fit_group(features, y, [jobs[i]], fit)[0],
-        )
+    cuts: list[int] = []  # fits kept each time the stack shrank
+    keep_fits = transfer._keep_fits
+    monkeypatch.setattr(transfer, "_keep_fits", lambda *a: cuts.append(len(a[-1])) or keep_fits(*a))
+    try:
+        stacked = transfer._torch_fit_group(features, y, jobs, fit)
+        monkeypatch.setattr(transfer, "_keep_fits", keep_fits)
+        alone = [transfer._torch_fit_group(features, y, [job], fit)[0] for job in jobs]
+    finally:
+        torch.set_num_threads(threads)
+    assert any(0 < kept < len(jobs) for kept in cuts)  # some fits trained on after others stopped
+    for (got, got_stopped), (want, want_stopped) in zip(stacked, alone, strict=True):
         assert got_stopped == want_stopped
         np.testing.assert_array_equal(got[0], want[0])
 

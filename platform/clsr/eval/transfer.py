@@ -72,7 +72,8 @@ if TYPE_CHECKING:  # not imported at run time: joblib workers import this module
 SEED = 1111
 # PyTorch fits stepped together at most (fixed: a fit's stack must not depend on n_jobs). A step's cost is
 # about 0.5 ms of fixed overhead plus 20-35 µs a fit on one CPU thread; past 64 fits the gathered rows
-# leave the cache and a fit-step costs more again (benchmarks/results/2026-12-02-cpu2).
+# leave the cache and a fit-step costs more again (benchmarks/results/2026-12-02-cpu2; measured at 384-d
+# and batch 64 only: 768-d features or fast mode's batch 128 reach those bytes at 32 fits).
 STACK_FITS = 64
 MAX_ITER = 2000  # L-BFGS on raw (unnormalised) embeddings with C up to 32 needs more than the default 100
 CLASSIFIERS = ("senteval_pytorch", "liblinear", "lbfgs")
