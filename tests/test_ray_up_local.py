@@ -27,6 +27,7 @@ import contextlib
 import copy
 import getpass
 import os
+import random
 import re
 import shlex
 import shutil
@@ -398,6 +399,25 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _free_service_ports(n: int) -> list[int]:
+    """Free ports for services started after Ray's head (MLflow): below the kernel's ephemeral range,
+    where the head's own processes take their ports (bind to port 0), and above Ray's worker ports
+    (10002-19999). A port from ``_free_ports`` is one of those ephemeral ports, and the head once took
+    it before MLflow started (``Address already in use``), as a user's fixed port would never be."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    chosen: list[int] = []
+    for port in random.Random(os.getpid()).sample(range(20000, low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        chosen.append(port)
+        if len(chosen) == n:
+            return chosen
+    raise RuntimeError(f"no {n} free ports between 20000 and {low}")
+
+
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
@@ -627,7 +647,7 @@ def test_ray_up_runs_the_smoke_study_and_ray_down_stops_everything(
 
     ray.shutdown()  # `ray up`/`ray down` run `ray stop`, which ends every Ray of this machine: ours too
 
-    ports = dict(zip(("ray", "dashboard", "mlflow"), _free_ports(3), strict=True))
+    ports = dict(zip(("ray", "dashboard", "mlflow"), _free_service_ports(3), strict=True))
     laptop = tmp_path / "laptop-home"
     (laptop / ".ray").mkdir(parents=True)
     env = {
@@ -738,7 +758,8 @@ def test_ray_up_runs_the_smoke_study_and_ray_down_stops_everything(
         print("timings (s):", {k: round(v, 1) for k, v in timings.items()})
     finally:
         if up_tried and not down_done:
-            _ray("down", "-y", str(config), env=env, timeout=180)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # what it left is killed below, by pid
+                _ray("down", "-y", str(config), env=env, timeout=180)
         if pgid_file.exists():  # the MLflow server, by its recorded process group
             pgid = int(pgid_file.read_text())
             for sig in (signal.SIGTERM, signal.SIGKILL):
