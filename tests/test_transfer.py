@@ -625,15 +625,15 @@ def test_fits_on_the_gpu_score_as_on_the_cpu() -> None:
 
 def test_groups_are_cut_into_the_fewest_stacks_of_near_equal_size() -> None:
     """A lockstep group is cut into the fewest stacks of at most STACK_FITS, of near-equal size: SUBJ's
-    100 inner fits of one penalty run as 50 + 50, MR's 58 as one stack."""
+    100 inner fits of one penalty run as 4 × 25, MR's 58 as 29 + 29."""
     import clsr.eval.transfer as transfer
 
     def group(count: int, size: int) -> list[Job]:
         return [Job(np.arange(size), [np.arange(size)], 1e-4, np.arange(size)) for _ in range(count)]
 
-    assert transfer.STACK_FITS == 64
-    assert [len(s) for s in transfer.stacks(group(100, 30))] == [50, 50]
-    assert [len(s) for s in transfer.stacks(group(58, 30) + group(129, 31))] == [58, 43, 43, 43]
+    assert transfer.STACK_FITS == 32
+    assert [len(s) for s in transfer.stacks(group(100, 30))] == [25, 25, 25, 25]
+    assert [len(s) for s in transfer.stacks(group(58, 30) + group(129, 31))] == [29, 29, 26, 26, 26, 26, 25]
     indices = [i for s in transfer.stacks(group(129, 31)) for i in s]
     assert sorted(indices) == list(range(129)) and all(type(i) is int for i in indices)
 

@@ -70,11 +70,11 @@ if TYPE_CHECKING:  # not imported at run time: joblib workers import this module
     from clsr.eval.embed import Embedder
 
 SEED = 1111
-# PyTorch fits stepped together at most (fixed: a fit's stack must not depend on n_jobs). A step's cost is
-# about 0.5 ms of fixed overhead plus 20-35 µs a fit on one CPU thread; past 64 fits the gathered rows
-# leave the cache and a fit-step costs more again (benchmarks/results/2026-12-02-cpu2; measured at 384-d
-# and batch 64 only: 768-d features or fast mode's batch 128 reach those bytes at 32 fits).
-STACK_FITS = 64
+# PyTorch fits stepped together at most (fixed: a fit's stack must not depend on n_jobs). With the step
+# formed by hand a step costs about 0.2 ms of fixed work plus about 30 µs a fit on one CPU thread; past
+# 32 fits the gathered rows leave the cache and a fit-step costs more again (benchmarks/results/
+# 2026-12-02-cpu2; measured at 384-d and batch 64: 768-d features or batch 128 reach those bytes sooner).
+STACK_FITS = 32
 MAX_ITER = 2000  # L-BFGS on raw (unnormalised) embeddings with C up to 32 needs more than the default 100
 CLASSIFIERS = ("senteval_pytorch", "liblinear", "lbfgs")
 L2_GRID = tuple(10.0**t for t in range(-5, -1))  # SentEval's PyTorch weight decays, every scheme
@@ -450,8 +450,8 @@ def _fit_stacks(
 
 def stacks(jobs: Sequence[Job]) -> list[list[int]]:
     """Indices of ``jobs`` in the stacks they are fitted in: grouped by :func:`lockstep_key` (first-seen
-    order), each group cut into the fewest stacks of at most ``STACK_FITS``, of near-equal size (100 fits:
-    50 and 50, not 64 and 36). A fit's stack, hence its arithmetic, is then the same whether the fits run
+    order), each group cut into the fewest stacks of at most ``STACK_FITS``, of near-equal size (58 fits:
+    29 and 29, not 32 and 26). A fit's stack, hence its arithmetic, is then the same whether the fits run
     in one process, on a GPU, or spread over any number of workers."""
     groups: dict[tuple, list[int]] = {}
     for i, job in enumerate(jobs):
