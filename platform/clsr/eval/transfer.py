@@ -70,11 +70,11 @@ if TYPE_CHECKING:  # not imported at run time: joblib workers import this module
     from clsr.eval.embed import Embedder
 
 SEED = 1111
-# PyTorch fits stepped together at most (fixed: a fit's stack must not depend on n_jobs). A step's cost is
-# about 0.5 ms of fixed overhead plus 20-35 µs a fit on one CPU thread; past 64 fits the gathered rows
-# leave the cache and a fit-step costs more again (benchmarks/results/2026-12-02-cpu2; measured at 384-d
-# and batch 64 only: 768-d features or fast mode's batch 128 reach those bytes at 32 fits).
-STACK_FITS = 64
+# PyTorch fits stepped together at most (fixed: a fit's stack must not depend on n_jobs). With the step
+# formed by hand a step costs about 0.2 ms of fixed work plus about 30 µs a fit on one CPU thread; past
+# 32 fits the gathered rows leave the cache and a fit-step costs more again (benchmarks/results/
+# 2026-12-02-cpu2; measured at 384-d and batch 64: 768-d features or batch 128 reach those bytes sooner).
+STACK_FITS = 32
 MAX_ITER = 2000  # L-BFGS on raw (unnormalised) embeddings with C up to 32 needs more than the default 100
 CLASSIFIERS = ("senteval_pytorch", "liblinear", "lbfgs")
 L2_GRID = tuple(10.0**t for t in range(-5, -1))  # SentEval's PyTorch weight decays, every scheme
@@ -332,8 +332,11 @@ def _torch_fit_group(X, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> lis
     """SentEval's ``PyTorchClassifier.fit`` (``nhid=0``) for fits of one :func:`lockstep_key`, stepped
     together: one stacked linear layer ``[fits, classes, dim]`` instead of a Python loop per fit
     (written here: SentEval and PyTorch fit one classifier at a time). Each fit keeps its own
-    validation rows, best state and early stop; a stopped fit leaves the stack."""
+    validation rows, best state and early stop; a stopped fit leaves the stack. The steps' gradients and
+    updates are formed by hand, bit for bit autograd's and ``torch.optim``'s (:mod:`clsr.eval.stacked_steps`)."""
     import torch
+
+    from clsr.eval.stacked_steps import StackedOptimizer, gradients
 
     s = fit.torch
     rng = np.random.RandomState(fit.seed)  # SentEval reseeds numpy's global RNG for every classifier
@@ -349,10 +352,9 @@ def _torch_fit_group(X, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> lis
         torch.manual_seed(fit.seed)
         init = torch.nn.Linear(X.shape[1], fit.n_classes)
     count, device = len(jobs), X.device
-    weight = init.weight.detach().to(device).expand(count, -1, -1).clone().requires_grad_()
-    bias = init.bias.detach().to(device).expand(count, -1).clone().requires_grad_()
-    optim = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}[s.optim]
-    optimizer = optim([weight, bias], weight_decay=jobs[0].reg)
+    weight = init.weight.detach().to(device).expand(count, -1, -1).clone()
+    bias = init.bias.detach().to(device).expand(count, -1).clone()
+    optimizer = StackedOptimizer(s.optim, weight, bias, weight_decay=jobs[0].reg)
     labels = torch.from_numpy(y).to(device)
     train_rows = torch.from_numpy(np.stack(trains)).to(device)  # [fits, rows]
     valid_rows = [torch.from_numpy(rows).to(device) for rows in valids]
@@ -369,24 +371,20 @@ def _torch_fit_group(X, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> lis
             for batch in shuffled.split(s.batch_size):
                 rows = train_rows.index_select(1, batch)  # index_select: 5× advanced indexing's speed
                 flat = rows.view(-1)
-                # [fits, classes, rows]: autograd then forms the weights' gradient as (classes × rows)
-                # @ (rows × dim), a fast shape; x @ wᵀ would give it as dim × classes, 3-10× slower
                 inputs = torch.index_select(X, 0, flat, out=gathered[: flat.numel()]).view(*rows.shape, -1)
-                logits = torch.baddbmm(bias.unsqueeze(2), weight, inputs.transpose(1, 2))
                 targets = labels.index_select(0, flat).view(rows.shape)
-                losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
-                optimizer.zero_grad()
-                losses.mean(1).sum().backward()  # each fit's batch mean, as SentEval's loss
-                optimizer.step()
+                # each fit's batch-mean cross-entropy, as SentEval's loss
+                optimizer.step(gradients(inputs, targets, optimizer.weight, optimizer.bias))
         epoch += s.epoch_size
         keep = []
         with torch.no_grad():
             for slot, f in enumerate(live):
                 rows = valid_rows[f]
-                logits = torch.nn.functional.linear(X[rows], weight[slot], bias[slot])
+                w, b = optimizer.weight[slot], optimizer.bias[slot]
+                logits = torch.nn.functional.linear(X[rows], w, b)
                 correct = int((logits.argmax(1) == labels[rows]).sum())
                 if correct > best[f]:
-                    best[f], best_state[f] = correct, (weight[slot].clone(), bias[slot].clone())
+                    best[f], best_state[f] = correct, (w.clone(), b.clone())
                 elif misses[f] >= s.tenacity:  # SentEval counts every round without improvement
                     stopped[f] = True
                     continue
@@ -394,7 +392,7 @@ def _torch_fit_group(X, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> lis
                     misses[f] += 1
                 keep.append(slot)
         if len(keep) < len(live):
-            weight, bias, optimizer = _keep_fits(optimizer, weight, bias, keep)
+            _keep_fits(optimizer, keep)
             live = [live[slot] for slot in keep]
             train_rows = train_rows[keep]
     results = []
@@ -409,20 +407,11 @@ def _torch_fit_group(X, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> lis
     return results
 
 
-def _keep_fits(optimizer, weight, bias, keep: list[int]):
-    """The stack and its optimizer state cut to the fits ``keep`` (stack slots)."""
+def _keep_fits(optimizer, keep: list[int]) -> None:
+    """The stack and its optimizer's moments cut to the fits ``keep`` (stack slots)."""
     import torch
 
-    index = torch.tensor(keep, dtype=torch.long, device=weight.device)
-    kept = [weight.detach()[index].requires_grad_(), bias.detach()[index].requires_grad_()]
-    cut = type(optimizer)(kept, **optimizer.defaults)
-    for old, new in zip((weight, bias), kept, strict=True):
-        state = optimizer.state.get(old, {})
-        cut.state[new] = {
-            key: value[index] if torch.is_tensor(value) and value.dim() > 0 else value
-            for key, value in state.items()
-        }
-    return kept[0], kept[1], cut
+    optimizer.keep(torch.tensor(keep, dtype=torch.long, device=optimizer.weight.device))
 
 
 def fit_predict(X, y: np.ndarray, job: Job, fit: FitSettings) -> tuple[list[np.ndarray], bool]:
@@ -461,8 +450,8 @@ def _fit_stacks(
 
 def stacks(jobs: Sequence[Job]) -> list[list[int]]:
     """Indices of ``jobs`` in the stacks they are fitted in: grouped by :func:`lockstep_key` (first-seen
-    order), each group cut into the fewest stacks of at most ``STACK_FITS``, of near-equal size (100 fits:
-    50 and 50, not 64 and 36). A fit's stack, hence its arithmetic, is then the same whether the fits run
+    order), each group cut into the fewest stacks of at most ``STACK_FITS``, of near-equal size (58 fits:
+    29 and 29, not 32 and 26). A fit's stack, hence its arithmetic, is then the same whether the fits run
     in one process, on a GPU, or spread over any number of workers."""
     groups: dict[tuple, list[int]] = {}
     for i, job in enumerate(jobs):
