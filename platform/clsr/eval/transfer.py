@@ -40,8 +40,8 @@ Schemes (SentEval's ``tools/validation.py``, seed 1111):
   every classifier, so such fits draw the same shuffles and take their optimizer steps in lockstep;
   each keeps its own validation rows, best state and early stop. On the CPU its predictions equal
   those of its fit run alone, and do not depend on ``n_jobs`` (tested; a stack is at most
-  ``STACK_FITS`` fits, cut the same way in every path). On one CPU thread that is 3-5× faster than a
-  loop of fits. On a GPU (``device``) a fit's last bits may depend on its stack's size.
+  ``STACK_FITS`` fits, cut the same way in every path). On one CPU thread that was 3-5× faster than a
+  loop of fits with autograd, before the step was formed by hand (``clsr.eval.stacked_steps``). On a GPU (``device``) a fit's last bits may depend on its stack's size.
 
 ``mode="fast"`` (SimCSE's "fasttest", for training-time or smoke runs): 5 folds everywhere, the
 fasttest PyTorch settings above, the same penalty grids. ``max_examples`` caps every split at a
@@ -71,9 +71,9 @@ if TYPE_CHECKING:  # not imported at run time: joblib workers import this module
 
 SEED = 1111
 # PyTorch fits stepped together at most (fixed: a fit's stack must not depend on n_jobs). With the step
-# formed by hand a step costs about 0.2 ms of fixed work plus about 30 µs a fit on one CPU thread; past
-# 32 fits the gathered rows leave the cache and a fit-step costs more again (benchmarks/results/
-# 2026-12-02-cpu2; measured at 384-d and batch 64: 768-d features or batch 128 reach those bytes sooner).
+# formed by hand a step costs about 0.2 ms of fixed work plus about 23 µs a fit on one CPU thread, and
+# 32 was the fastest of the stack sizes measured (1, 8, 16, 32, 48, 64), at 384-d and test mode's batch
+# 64 only: tuned for MiniLM (benchmarks/results/2026-12-02-cpu2).
 STACK_FITS = 32
 MAX_ITER = 2000  # L-BFGS on raw (unnormalised) embeddings with C up to 32 needs more than the default 100
 CLASSIFIERS = ("senteval_pytorch", "liblinear", "lbfgs")
