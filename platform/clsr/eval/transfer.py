@@ -41,7 +41,8 @@ Schemes (SentEval's ``tools/validation.py``, seed 1111):
   each keeps its own validation rows, best state and early stop. On the CPU its predictions equal
   those of its fit run alone, and do not depend on ``n_jobs`` (tested; a stack is at most
   ``STACK_FITS`` fits, cut the same way in every path). On one CPU thread that was 3-5× faster than a
-  loop of fits with autograd, before the step was formed by hand (``clsr.eval.stacked_steps``). On a GPU (``device``) a fit's last bits may depend on its stack's size.
+  loop of fits with autograd, before the step was formed by hand (``clsr.eval.stacked_steps``). On a
+  GPU (``device``) a fit's last bits may depend on its stack's size.
 
 ``mode="fast"`` (SimCSE's "fasttest", for training-time or smoke runs): 5 folds everywhere, the
 fasttest PyTorch settings above, the same penalty grids. ``max_examples`` caps every split at a
@@ -332,8 +333,9 @@ def _torch_fit_group(X, y: np.ndarray, jobs: list[Job], fit: FitSettings) -> lis
     """SentEval's ``PyTorchClassifier.fit`` (``nhid=0``) for fits of one :func:`lockstep_key`, stepped
     together: one stacked linear layer ``[fits, classes, dim]`` instead of a Python loop per fit
     (written here: SentEval and PyTorch fit one classifier at a time). Each fit keeps its own
-    validation rows, best state and early stop; a stopped fit leaves the stack. The steps' gradients and
-    updates are formed by hand, bit for bit autograd's and ``torch.optim``'s (:mod:`clsr.eval.stacked_steps`)."""
+    validation rows, best state and early stop; a stopped fit leaves the stack. The steps' gradients
+    and updates are formed by hand, bit for bit autograd's and ``torch.optim``'s
+    (:mod:`clsr.eval.stacked_steps`)."""
     import torch
 
     from clsr.eval.stacked_steps import StackedOptimizer, gradients
