@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from clsr.cluster.loopback import free_ports
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
 
@@ -30,17 +32,6 @@ def why_unavailable() -> str | None:
 
 def _daemon(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 class LocalSlurm:
@@ -77,7 +68,7 @@ class LocalSlurm:
         )  # fmt: skip
 
     def _conf(self) -> None:
-        ctld_port, slurmd_port = _free_ports(2)
+        ctld_port, slurmd_port = free_ports(2)
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 2
         r = self.root
         lines = [

@@ -50,3 +50,22 @@ def test_ray_node_ports_are_distinct():
     flags = loopback._node_ports()
     values = [flag.split("=")[1] for flag in flags]
     assert len(set(values)) == len(values) == 4
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_above_rays_worker_ports():
+    """Port 0 hands out an ephemeral port, which a Ray process or an outgoing connection may take before
+    the server chosen for it binds; the draw stays between Ray's worker ports and the ephemeral range."""
+    low, _ = loopback._ephemeral_range()
+    for port in free_ports(50):
+        assert loopback.SERVICE_PORTS_FROM <= port < low
+
+
+def test_free_ports_fall_back_to_the_kernel_where_every_port_is_ephemeral(monkeypatch):
+    monkeypatch.setattr(loopback, "_ephemeral_range", lambda: (1024, 65535))
+    ports = free_ports(5)
+    assert len(set(ports)) == 5 and all(1024 <= port <= 65535 for port in ports)
+
+
+def test_free_ports_above_an_ephemeral_range_low_in_the_space(monkeypatch):
+    monkeypatch.setattr(loopback, "_ephemeral_range", lambda: (20500, 40000))
+    assert all(40000 < port < 65536 for port in free_ports(10))

@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 from playwright.sync_api import expect, sync_playwright
+
+from clsr.cluster.loopback import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "mlflow_ui"
@@ -100,17 +101,11 @@ def study(smoke_study):
     return experiment, parents[0], children
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mlflow_ui(smoke_study, tmp_path_factory):
     """``mlflow server`` on 127.0.0.1 over the smoke study's store; yields its base URL; stopped after."""
     folder = smoke_study.folder
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("mlflow-server") / "server.log"
     cmd = [
         sys.executable, "-m", "mlflow", "server",

@@ -27,7 +27,6 @@ import contextlib
 import copy
 import getpass
 import os
-import random
 import re
 import shlex
 import shutil
@@ -46,6 +45,8 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 from ray.autoscaler._private.util import prepare_config, validate_config
+
+from clsr.cluster.loopback import free_port, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_LOCAL_YAML = REPO_ROOT / "cluster.local.yaml"
@@ -386,38 +387,6 @@ def test_every_node_exports_the_tracking_uri_and_the_head_the_ray_address(cfg):
 # ---- end to end: ray up / exec / down against a throw-away sshd -----------------------------------
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _free_service_ports(n: int) -> list[int]:
-    """Free ports for services started after Ray's head (MLflow): below the kernel's ephemeral range,
-    where the head's own processes take their ports (bind to port 0), and above Ray's worker ports
-    (10002-19999). A port from ``_free_ports`` is one of those ephemeral ports, and the head once took
-    it before MLflow started (``Address already in use``), as a user's fixed port would never be."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    chosen: list[int] = []
-    for port in random.Random(os.getpid()).sample(range(20000, low), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        chosen.append(port)
-        if len(chosen) == n:
-            return chosen
-    raise RuntimeError(f"no {n} free ports between 20000 and {low}")
-
-
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
@@ -465,7 +434,7 @@ class ThrowAwaySshd:
     def __init__(self, folder: Path, server_home: Path):
         self.folder = folder
         self.home = server_home
-        self.port = _free_ports(1)[0]
+        self.port = free_port()
         self.key = folder / "id_ed25519"
         self.pid_file = folder / "sshd.pid"
         self.log = folder / "sshd.log"
@@ -647,7 +616,7 @@ def test_ray_up_runs_the_smoke_study_and_ray_down_stops_everything(
 
     ray.shutdown()  # `ray up`/`ray down` run `ray stop`, which ends every Ray of this machine: ours too
 
-    ports = dict(zip(("ray", "dashboard", "mlflow"), _free_service_ports(3), strict=True))
+    ports = dict(zip(("ray", "dashboard", "mlflow"), free_ports(3), strict=True))
     laptop = tmp_path / "laptop-home"
     (laptop / ".ray").mkdir(parents=True)
     env = {

@@ -8,7 +8,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from clsr.cluster.loopback import free_port
 from clsr.study.lease import read_state
 from clsr.tracking.study_runs import run_labels
 from conftest import sqlite_uri
@@ -251,17 +251,11 @@ OUTAGE_S = 45  # well past the MLflow client's retries, which the test shortens 
 CLIENT_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class MlflowServer:
     """``mlflow server`` on 127.0.0.1 over a SQLite store, stopped and started again on the same port."""
 
     def __init__(self, folder: Path):
-        self.folder, self.port = folder, _free_port()
+        self.folder, self.port = folder, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import secrets
 import shlex
 import shutil
@@ -55,6 +56,7 @@ TRIAL_RESOURCE = "trial_node"
 STATE = "cluster.json"
 ENV_FILE = "env.sh"
 START_TIMEOUT_S = 120
+SERVICE_PORTS_FROM = 20000  # above Ray's default worker ports
 NODE_START_ATTEMPTS = 3  # a worker node start Ray itself timed out is tried again, this many times in all
 
 
@@ -68,9 +70,49 @@ def free_port() -> int:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1: held open together while chosen, so no two are the
-    same (ports chosen one at a time, each closed before the next, may repeat or collide with a server's
-    derived port; SeaweedFS's gRPC ports are therefore named, not left at HTTP port + 10000)."""
+    """``count`` distinct free TCP ports on 127.0.0.1 for servers started a moment later: held open
+    together while chosen, so no two are the same (ports chosen one at a time, each closed before the next,
+    may repeat or collide with a server's derived port; SeaweedFS's gRPC ports are therefore named, not left
+    at HTTP port + 10000). Drawn at random from ``SERVICE_PORTS_FROM`` up to the kernel's ephemeral range,
+    not from the port 0 hands out: that one is ephemeral, so until its server binds it a Ray process's own
+    port 0 or any outgoing connection may take it (a test's MLflow server once lost its port to the Ray
+    head started just before it). Ray's worker ports (10002-19999 by default) lie below the draw."""
+    low, high = _ephemeral_range()
+    candidates = (
+        range(SERVICE_PORTS_FROM, low) if low - SERVICE_PORTS_FROM >= 1000 else range(high + 1, 65536)
+    )
+    if len(candidates) < 1000:  # the whole space is ephemeral: the kernel's choice is all there is
+        return _kernel_ports(count)
+    chosen: list[socket.socket] = []
+    try:
+        for port in random.SystemRandom().sample(candidates, min(len(candidates), 50 * count)):
+            sock = socket.socket()
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            chosen.append(sock)
+            if len(chosen) == count:
+                return [sock.getsockname()[1] for sock in chosen]
+        raise ClusterError(
+            f"no {count} free TCP ports on 127.0.0.1 between {candidates.start} and {candidates.stop}"
+        )
+    finally:
+        for sock in chosen:
+            sock.close()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for port 0 and outgoing connections (Linux's default where it cannot be read)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    except (OSError, ValueError):
+        return 32768, 60999
+    return int(low), int(high)
+
+
+def _kernel_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     try:
         for sock in sockets:
