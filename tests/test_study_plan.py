@@ -184,7 +184,6 @@ def test_study_run_plans_once_and_takes_the_plan_as_given(which, tmp_path, monke
             monkeypatch.setattr(f"{module}.{builder}", refused, raising=False)
     for module in ("clsr.study.runner", "clsr.study.plan"):
         monkeypatch.setattr(f"{module}.resolve_trial", refused)
-    monkeypatch.setattr("clsr.study.fingerprint.trial_document", refused)
     calls: list = []
     _stub_run(monkeypatch, calls)
     with pytest.raises(_Stop):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from clsr.study.plan import study_grids, trial_document
+from clsr.study.plan import StudyDocuments
 from clsr.study.schema import Study
 
 STUDY_ENTRY = "(study) metric, mode, scheduler, search"
@@ -38,14 +38,11 @@ def fingerprint(
 ) -> dict[str, str]:
     """trial key -> hash of its resolved configuration (and the study-wide entry). ``grids`` (ablation
     -> its ``grid_points``) and ``document`` (``trial_document`` of an ablation, overrides and seed):
-    the study plan's, built once (``clsr.study.study_plan``); by default built here."""
-    if grids is None:
-        grids = study_grids(study)
-    if document is None:
-
-        def document(ablation: str, overrides: dict[str, Any], seed: int) -> dict[str, Any]:
-            return trial_document(study, ablation, overrides, seed)
-
+    the study plan's, built once (``clsr.study.study_plan``); by default the study's documents'
+    (``StudyDocuments.of``), as ``resolver`` gives."""
+    documents = StudyDocuments.of(study)
+    grids = documents.grids if grids is None else grids
+    document = documents.document if document is None else document
     entries = {
         STUDY_ENTRY: digest(
             {
