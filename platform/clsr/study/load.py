@@ -180,7 +180,8 @@ def _check_trials(study: Study) -> list[str]:
     resolved through the study's documents (``StudyDocuments.of``), which stay with it: what the command
     does next (the plan, the checks, the report) reads them instead of resolving them again."""
     problems: list[str] = _check_references(study)
-    resolve = StudyDocuments.of(study).config
+    documents = StudyDocuments.of(study)
+    resolve = documents.config
     per_trial: list[tuple[str, str]] = []  # (where, rest): where + rest is the line
     for name, ablation in study.ablations.items():
         keys = list(ablation.grid) + [k for p in ablation.points for k in p.set] + list(ablation.space)
@@ -188,7 +189,7 @@ def _check_trials(study: Study) -> list[str]:
         problems += [f"ablations.{name}: key {k!r} {_check_dotted_key(k)}" for k in bad_keys]
         if bad_keys:
             continue
-        points = grid_points(ablation) if not ablation.space else [{"label": "space", "overrides": {}}]
+        points = documents.grids[name] if not ablation.space else [{"label": "space", "overrides": {}}]
         seed = study.seeds_of(name)[0]
         for point in points:
             where = f"ablations.{name}[{point['label']}]"
