@@ -689,26 +689,29 @@ def test_stacks_do_not_depend_on_n_jobs(monkeypatch: pytest.MonkeyPatch) -> None
                 np.testing.assert_array_equal(p, q)
 
 
+@pytest.mark.parametrize("classes", [3, 6])  # 6: TREC's
 @pytest.mark.parametrize("optim", ["adam", "rmsprop"])
-def test_stacked_steps_equal_autograd_and_torch_optim(optim: str) -> None:
+def test_stacked_steps_equal_autograd_and_torch_optim(optim: str, classes: int) -> None:
     """The hand-formed gradients and updates (clsr.eval.stacked_steps) equal autograd's backward of the
-    batch-mean cross-entropy and torch.optim's step bit for bit: 300 steps of a 5-fit stack (3
-    classes, 384-d, batches of 64 and 37 rows, an L2 penalty), two fits leaving the stack halfway."""
+    batch-mean cross-entropy and torch.optim's step bit for bit: 300 steps of a 5-fit stack (384-d,
+    batches of 64, 37 and 1 rows (an epoch's last batch may hold one), an L2 penalty), two fits leaving
+    the stack halfway, then four steps of the one fit left."""
     from clsr.eval.stacked_steps import StackedOptimizer, gradients
 
     gen = torch.Generator().manual_seed(0)
     X = torch.randn(500, 384, generator=gen)
-    y = torch.randint(0, 3, (500,), generator=gen)
-    w0, b0 = 0.05 * torch.randn(5, 3, 384, generator=gen), 0.05 * torch.randn(5, 3, generator=gen)
+    y = torch.randint(0, classes, (500,), generator=gen)
+    w0 = 0.05 * torch.randn(5, classes, 384, generator=gen)
+    b0 = 0.05 * torch.randn(5, classes, generator=gen)
     w, b = w0.clone().requires_grad_(), b0.clone().requires_grad_()
     reference = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}[optim]([w, b], weight_decay=1e-3)
     mine = StackedOptimizer(optim, w0.clone(), b0.clone(), weight_decay=1e-3)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for step in range(300):
-            if step == 150:  # fits 1 and 3 stop: the reference's stack and moments cut by hand
-                index = torch.tensor([0, 2, 4])
+        for step in range(304):
+            if step in (150, 300):  # fits 1 and 3 stop, then all but one: the reference cut by hand
+                index = torch.tensor([0, 2, 4] if step == 150 else [1])
                 kept = [w.detach()[index].requires_grad_(), b.detach()[index].requires_grad_()]
                 cut = type(reference)(kept, **reference.defaults)
                 for old, new in zip((w, b), kept, strict=True):
@@ -717,7 +720,8 @@ def test_stacked_steps_equal_autograd_and_torch_optim(optim: str) -> None:
                     }
                 (w, b), reference = kept, cut
                 mine.keep(index)
-            rows = torch.randint(0, 500, (w.shape[0], 64 if step % 3 else 37), generator=gen)
+            batch = 1 if step % 50 == 7 else 64 if step % 3 else 37
+            rows = torch.randint(0, 500, (w.shape[0], batch), generator=gen)
             inputs, targets = X[rows], y[rows]
             logits = torch.baddbmm(b.unsqueeze(2), w, inputs.transpose(1, 2))
             loss = torch.nn.functional.cross_entropy(logits, targets, reduction="none").mean(1).sum()
