@@ -9,6 +9,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from torch import nn
 
+from clsr.encoders.dropout_masks import use_uniform_dropout
 from clsr.encoders.packing import register_sdpa_packed
 from clsr.encoders.pooling import Pooler, PoolingName
 from clsr.encoders.registry import describe_load_failure, resolve_model_path
@@ -251,6 +252,7 @@ class TransformerEncoder(nn.Module):
         )
         if cfg.drophead:
             add_drophead(self.backbone, cfg.drophead)
+        use_uniform_dropout(self.backbone)  # the same dropout, its CPU masks drawn faster
         hidden = self.backbone.config.hidden_size
         init_std = getattr(self.backbone.config, "initializer_range", 0.02)
         self.pooler = Pooler(cfg.pooling, hidden, mlp_only_train=cfg.mlp_only_train, init_std=init_std)
