@@ -34,6 +34,47 @@ def test_bench_train_prints_both_trainers_and_a_ratio(data_dir, tiny_bert, tmp_p
         assert 0 <= figures[side]["padding_share"] < 1
 
 
+def test_bench_train_alternates_rounds_and_gives_their_median(data_dir, tiny_bert, tmp_path, capsys):
+    """Three rounds of two steps, clsr's round before sentence-transformers' each time: each side times
+    six steps over the same rows (equal real tokens), and the median is of the rounds' own ratios."""
+    from clsr.bench import train
+
+    order: list[str] = []
+    step = train.PlatformStep.__call__
+
+    def logged(self, indices):
+        order.append("clsr")
+        return step(self, indices)
+
+    clock_tick = train.StepClock.tick
+
+    def ticked(self, at):
+        order.append(f"st{at}")
+        return clock_tick(self, at)
+
+    out = tmp_path / "train.json"
+    args = ["bench", "train", "--steps", "2", "--warmup", "0", "--rounds", "3", "--batch", "8"]
+    args += ["--length", "16", "--model", tiny_bert, "--attention", "eager", "--device", "cpu"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train.PlatformStep, "__call__", logged)
+        patch.setattr(train.StepClock, "tick", ticked)
+        assert main([*args, "--json", str(out)]) == 0
+    # at each round's start (before sentence-transformers' first step, after its second and fourth)
+    # clsr's round: with no warm-up, each side's six steps are one epoch of the same 48 rows
+    rounds = [["clsr", "clsr", "st1", "st2"], ["clsr", "clsr", "st3", "st4"], ["clsr", "clsr", "st5", "st6"]]
+    assert order == ["st0", *rounds[0], *rounds[1], *rounds[2]]
+    figures = json.loads(out.read_text())
+    assert figures["rounds"] == 3 and len(figures["round_ratios"]) == 3
+    assert figures["ratio_median_of_rounds"] == sorted(figures["round_ratios"])[1]
+    assert figures["clsr"]["tokens"] == figures["sentence_transformers"]["tokens"]
+    assert figures["clsr"]["s_per_step"] > 0 and figures["sentence_transformers"]["s_per_step"] > 0
+    text = capsys.readouterr().out
+    assert "6 timed steps after 0 warm-up steps, in 3 alternating rounds of 2" in text
+    said = re.search(r"rounds \(clsr's, then sentence-transformers'\): (.*); median (\S+)", text)
+    assert said and said.group(1).split() == [f"{r:.2f}" for r in figures["round_ratios"]]
+    assert said.group(2) == f"{figures['ratio_median_of_rounds']:.2f}"
+
+
 def test_bench_sts_eval_scores_match_sentence_transformers(data_dir, capsys):
     args = ["bench", "sts-eval", "--tasks", "sts16", "--max-pairs", "100", "--device", "cpu"]
     assert main(args) == 0

@@ -50,7 +50,7 @@ def add_bench_parser(commands: Any) -> None:
     train = add(
         "train",
         "training throughput of the platform's trainer step vs sentence-transformers' MNRL training "
-        "(same model, rows, batch, length, precision, AdamW), in this process one after the other",
+        "(same model, rows, batch, length, precision, AdamW), in this process, alternating in --rounds",
     )
     train.add_argument("--method", default="simcse_sup", choices=["simcse_sup", "supmpn"])
     train.add_argument("--model", default="minilm")
@@ -58,6 +58,13 @@ def add_bench_parser(commands: Any) -> None:
     train.add_argument("--length", type=_positive, default=32, help="max tokens per sentence")
     train.add_argument("--steps", type=_positive, default=20, help="timed optimiser steps")
     train.add_argument("--warmup", type=_count, default=3, help="untimed steps first")
+    train.add_argument(
+        "--rounds",
+        type=_positive,
+        default=1,
+        help="alternate the two sides in this many rounds of --steps each, clsr's first; prints each "
+        "round's ratio and their median, the figure to read on a machine whose speed drifts",
+    )
     train.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
     train.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     train.add_argument("--lr", type=float, default=5e-5)
@@ -174,6 +181,7 @@ def _run_bench(args: argparse.Namespace) -> int:
             length_group=args.length_group,
             compile=args.compile,
             attention=args.attention,
+            rounds=args.rounds,
         )
     elif args.bench == "memory":
         from clsr.bench.memory import format_memory as show

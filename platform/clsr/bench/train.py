@@ -2,7 +2,11 @@
 
 Both sides train the same encoder (mean pooling) on the same batches of the same rows, with the same
 sequence length, precision, learning rate, AdamW, gradient clipping at 1.0 and a linear schedule, one
-after the other in this process; warm-up steps are not timed. The clsr side is one optimiser step of
+after the other in this process; warm-up steps are not timed. With ``rounds`` (``--rounds``) the timed
+steps are cut into rounds that alternate, clsr's round then sentence-transformers' (clsr's run from the
+other trainer's step callback, untimed there): a machine whose speed drifts by tens of per cent within
+minutes (a shared VM) slows both sides of a round alike, and the median of the rounds' ratios is the
+figure to read there. The clsr side is one optimiser step of
 ``clsr.train.loop.fit`` (collate, forward, loss, backward, clip, step) without evaluation or logging;
 it tokenises every row once per trial (``method.prepare_rows``, timed apart), as the trainer does.
 The sentence-transformers side is what a user of it runs: ``SentenceTransformerTrainer`` with its
@@ -16,7 +20,7 @@ tool a user would otherwise use.
 
 from __future__ import annotations
 
-import gc
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -154,9 +158,12 @@ def sentence_transformers_trainer(
     steps: int,
     warmup: int,
     attention: str | None = None,
-) -> tuple[float, int, int]:
-    """(seconds, real tokens, encoder tokens with padding) of ``steps`` optimiser steps of
-    ``SentenceTransformerTrainer`` after ``warmup`` untimed ones, as a user trains MNRL."""
+    rounds: int = 1,
+    between: Callable[[int], None] | None = None,
+) -> tuple[list[float], int, int]:
+    """(seconds of each round, real tokens, encoder tokens with padding) of ``rounds`` × ``steps``
+    optimiser steps of ``SentenceTransformerTrainer`` after ``warmup`` untimed ones, as a user trains
+    MNRL; ``between(r)`` runs, untimed, before round ``r``."""
     import tempfile
 
     from datasets import Dataset
@@ -178,7 +185,7 @@ def sentence_transformers_trainer(
     st_model = SentenceTransformer(resolve_model_path(model), device=str(device), model_kwargs=kwargs)
     st_model.max_seq_length = length
     data = Dataset.from_list([{c: row[c] for c in columns} for row in rows])
-    clock = StepClock(warmup, device)
+    clock = StepClock(warmup, steps, rounds, device, between)
 
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **_):
@@ -190,7 +197,7 @@ def sentence_transformers_trainer(
 
     with tempfile.TemporaryDirectory(prefix="clsr-bench-st-") as out:
         args = SentenceTransformerTrainingArguments(
-            output_dir=out, max_steps=warmup + steps, per_device_train_batch_size=batch,
+            output_dir=out, max_steps=warmup + rounds * steps, per_device_train_batch_size=batch,
             learning_rate=lr, lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.0,
             max_grad_norm=1.0, bf16=precision == "bf16", fp16=precision == "fp16",
             use_cpu=device.type == "cpu", seed=0, data_seed=0, dataloader_drop_last=True,
@@ -206,32 +213,49 @@ def sentence_transformers_trainer(
 
 
 class StepClock:
-    """Times optimiser steps after the first ``warmup`` and counts the tokens of the batches collated
-    for them (the collator runs a batch ahead of its step only by the loader's prefetch: equal counts)."""
+    """Times each round of ``steps`` optimiser steps after the first ``warmup``, ``between(r)`` run
+    untimed before round ``r``, and counts the tokens of the batches collated for them (the collator
+    runs a batch ahead of its step only by the loader's prefetch: equal counts)."""
 
-    def __init__(self, warmup: int, device: torch.device) -> None:
-        self.warmup, self.device = warmup, device
+    def __init__(
+        self,
+        warmup: int,
+        steps: int,
+        rounds: int,
+        device: torch.device,
+        between: Callable[[int], None] | None = None,
+    ) -> None:
+        self.warmup, self.steps, self.rounds, self.device = warmup, steps, rounds, device
+        self.between = between
         self.started: float | None = None
-        self.ended = 0.0
+        self.rounds_s: list[float] = []
         self.batches = 0
         self.tokens = self.padded = 0
 
     def tick(self, step: int) -> None:
+        """At the end of optimiser step ``step`` (0: before the first, when nothing is warm-up)."""
         synchronize(self.device)
-        now = time.perf_counter()
-        if step == self.warmup and self.started is None:
-            self.started = now
-        self.ended = now
+        done = step - self.warmup
+        if done < 0 or done % self.steps:
+            return
+        if self.started is not None:
+            self.rounds_s.append(time.perf_counter() - self.started)
+            self.started = None
+        if done // self.steps < self.rounds:
+            if self.between is not None:
+                self.between(done // self.steps)
+                synchronize(self.device)
+            self.started = time.perf_counter()
 
     def count(self, real: int, ran: int) -> None:
         self.batches += 1
-        if self.batches > self.warmup:
+        if self.warmup < self.batches <= self.warmup + self.rounds * self.steps:
             self.tokens, self.padded = self.tokens + real, self.padded + ran
 
-    def seconds(self) -> float:
-        if self.started is None:
+    def seconds(self) -> list[float]:
+        if len(self.rounds_s) < self.rounds:
             raise RuntimeError("sentence-transformers' trainer stopped before the timed steps")
-        return self.ended - self.started
+        return self.rounds_s
 
 
 class CountingCollator:
@@ -258,15 +282,11 @@ def grouped_width_tokens(mask: torch.Tensor, group: int | None) -> int:
     return sum(len(extent[i : i + size]) * extent[i : i + size][-1] for i in range(0, len(extent), size))
 
 
-def timed(
-    step: Callable[[Any], tuple[int, int]], batches: Sequence[Any], warmup: int, device
-) -> tuple[float, int, int]:
-    """(seconds, real tokens, encoder tokens with padding) of the steps after the first ``warmup`` ones."""
-    for batch in batches[:warmup]:
-        step(batch)
+def timed(step: Callable[[Any], tuple[int, int]], batches: Sequence[Any], device) -> tuple[float, int, int]:
+    """(seconds, real tokens, encoder tokens with padding) of a step on each of ``batches``."""
     synchronize(device)
     started, tokens, padded = time.perf_counter(), 0, 0
-    for batch in batches[warmup:]:
+    for batch in batches:
         real, ran = step(batch)
         tokens, padded = tokens + real, padded + ran
     synchronize(device)
@@ -309,15 +329,19 @@ def run_train(
     length_group: int | str | None = "auto",
     compile: bool = False,
     attention: str | None = "auto",
+    rounds: int = 1,
 ) -> dict[str, Any]:
-    """Time ``steps`` optimiser steps (after ``warmup`` untimed ones) of clsr, then of sentence-transformers."""
+    """Time ``rounds`` × ``steps`` optimiser steps (after ``warmup`` untimed ones) of clsr and of
+    sentence-transformers, round by round, clsr's round first."""
     from clsr.data.catalog import load_rows
 
     if method not in DATASETS:
         raise ValueError(f"--method must be one of {', '.join(DATASETS)}")
+    if rounds < 1:
+        raise ValueError(f"--rounds must be 1 or more, got {rounds}")
     dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
-    total = warmup + steps
+    total = warmup + rounds * steps
     rows = load_rows(DATASETS[method], data_dir, max_rows=batch * total, seed=0)
     trial = trial_config(
         method,
@@ -338,27 +362,32 @@ def run_train(
     params = sum(p.numel() for p in clsr_step.model.parameters())
     dense = sum(p.numel() for n, p in clsr_step.model.named_parameters() if "embeddings" not in n)
     peak = peak_flops(dev)
-    clsr_seconds, clsr_tokens, clsr_padded = timed(clsr_step, batches, warmup, dev)
+    for warm in batches[:warmup]:
+        clsr_step(warm)
+    clsr_rounds: list[tuple[float, int, int]] = []
+
+    def clsr_round(index: int) -> None:  # run by sentence-transformers' trainer before its round
+        first = warmup + index * steps
+        clsr_rounds.append(timed(clsr_step, batches[first : first + steps], dev))
+
+    torch.manual_seed(0)
+    st_rounds, st_tokens, st_padded = sentence_transformers_trainer(
+        model, columns, rows, batch, length, precision, lr, dev, steps, warmup, attention, rounds, clsr_round
+    )
     if not torch.isfinite(clsr_step.last_loss):
         raise FloatingPointError(f"the clsr loss became {clsr_step.last_loss.item()}; lower --lr")
     group = clsr_step.trial.trainer.resolved_length_group_size()
     clsr_attention = clsr_step.model.backbone.config._attn_implementation  # what the model runs
     tokenise_s = clsr_step.tokenise_s
     collate_ms = 1000 * sum(clsr_step.collate_s[warmup:]) / max(len(clsr_step.collate_s[warmup:]), 1)
-    del clsr_step
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
 
-    torch.manual_seed(0)
-    st_seconds, st_tokens, st_padded = sentence_transformers_trainer(
-        model, columns, rows, batch, length, precision, lr, dev, steps, warmup, attention
-    )
-    gc.collect()
-
-    sentences = steps * batch * len(columns)
-    clsr = side_figures(clsr_seconds, clsr_tokens, clsr_padded, steps, sentences, dense, peak)
-    st = side_figures(st_seconds, st_tokens, st_padded, steps, sentences, dense, peak)
+    clsr_seconds = sum(r[0] for r in clsr_rounds)
+    clsr_tokens, clsr_padded = sum(r[1] for r in clsr_rounds), sum(r[2] for r in clsr_rounds)
+    round_ratios = [st / ours for (ours, _, _), st in zip(clsr_rounds, st_rounds, strict=True)]
+    timed_steps = rounds * steps
+    sentences = timed_steps * batch * len(columns)
+    clsr = side_figures(clsr_seconds, clsr_tokens, clsr_padded, timed_steps, sentences, dense, peak)
+    st = side_figures(sum(st_rounds), st_tokens, st_padded, timed_steps, sentences, dense, peak)
     return {
         "benchmark": "train",
         "method": method,
@@ -368,6 +397,7 @@ def run_train(
         "batch": batch,
         "length": length,
         "steps": steps,
+        "rounds": rounds,
         "warmup": warmup,
         "precision": precision,
         "device": str(dev),
@@ -384,6 +414,8 @@ def run_train(
         "clsr": clsr,
         "sentence_transformers": st,
         "ratio_clsr_over_st": clsr["sentences_per_s"] / st["sentences_per_s"],
+        "round_ratios": round_ratios,  # each round's: the same steps, sentences and rows' count
+        "ratio_median_of_rounds": statistics.median(round_ratios),
     }
 
 
@@ -418,11 +450,20 @@ def format_train(f: dict[str, Any]) -> str:
             f"batch {f['batch']} rows = {f['batch'] * len(f['columns'])} sentences, length {f['length']}, "
             f"{f['precision']} on {f['device']}, AdamW lr {f['lr']:g}, {f['attention']} attention"
             f"{', torch.compile' if f['compile'] else ''}; "
-            f"{f['steps']} timed steps after {f['warmup']} warm-up steps",
+            f"{f.get('rounds', 1) * f['steps']} timed steps after {f['warmup']} warm-up steps"
+            + (f", in {f['rounds']} alternating rounds of {f['steps']}" if f.get("rounds", 1) > 1 else ""),
             "",
             table,
             "",
             f"ratio clsr / sentence-transformers (sentences/s): {f['ratio_clsr_over_st']:.2f}",
+            *(
+                [
+                    f"rounds (clsr's, then sentence-transformers'): {' '.join(f'{r:.2f}' for r in f['round_ratios'])}; "
+                    f"median {f['ratio_median_of_rounds']:.2f}"
+                ]
+                if f.get("rounds", 1) > 1
+                else []
+            ),
             f"note: sentence-transformers tokenises every batch in the timed step (its data collator); clsr "
             f"tokenises every row once per trial, outside the step ({f['clsr_tokenised_rows']} rows in "
             f"{f['clsr_tokenise_once_s']:.2f} s, not in the figures above); building a batch from its "
