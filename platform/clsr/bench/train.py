@@ -1,14 +1,15 @@
 """Training throughput: the platform's trainer step against sentence-transformers' MNRL training.
 
 Both sides train the same encoder (mean pooling) on the same batches of the same rows, with the same
-sequence length, precision, learning rate, AdamW, gradient clipping at 1.0 and a linear schedule, one
-after the other in this process; warm-up steps are not timed. With ``rounds`` (``--rounds``) the timed
-steps are cut into rounds that alternate, clsr's round then sentence-transformers' (clsr's run from the
-other trainer's step callback, untimed there): a machine whose speed drifts by tens of per cent within
-minutes (a shared VM) slows both sides of a round alike, and the median of the rounds' ratios is the
-figure to read there. The clsr side is one optimiser step of
-``clsr.train.loop.fit`` (collate, forward, loss, backward, clip, step) without evaluation or logging;
-it tokenises every row once per trial (``method.prepare_rows``, timed apart), as the trainer does.
+sequence length, precision, learning rate, AdamW, gradient clipping at 1.0 and a linear schedule, in
+this process, both models loaded; warm-up steps are not timed. The timed steps come in ``rounds``
+(``--rounds``, 1 by default) that alternate, clsr's round then sentence-transformers' (clsr's run from
+the other trainer's step callback, untimed there): a machine whose speed drifts by tens of per cent
+within minutes (a shared VM) slows both sides of a round alike, and the median of the rounds' ratios is
+the figure to read there. On a GPU, clsr's cached blocks are handed back after each of its rounds. The
+clsr side is one optimiser step of ``clsr.train.loop.fit`` (collate, forward, loss, backward, clip, step)
+without evaluation or logging; it tokenises every row once per trial (``method.prepare_rows``, timed
+apart), as the trainer does.
 The sentence-transformers side is what a user of it runs: ``SentenceTransformerTrainer`` with its
 ``MultipleNegativesRankingLoss``, its data collator (tokenising every batch), its default batch sampler
 and its AdamW, linear schedule, clipping and autocast (``bf16``/``fp16`` arguments), on the same rows,
@@ -369,6 +370,8 @@ def run_train(
     def clsr_round(index: int) -> None:  # run by sentence-transformers' trainer before its round
         first = warmup + index * steps
         clsr_rounds.append(timed(clsr_step, batches[first : first + steps], dev))
+        if dev.type == "cuda":  # the other trainer's round gets the memory clsr's left cached
+            torch.cuda.empty_cache()
 
     torch.manual_seed(0)
     st_rounds, st_tokens, st_padded = sentence_transformers_trainer(
@@ -458,8 +461,9 @@ def format_train(f: dict[str, Any]) -> str:
             f"ratio clsr / sentence-transformers (sentences/s): {f['ratio_clsr_over_st']:.2f}",
             *(
                 [
-                    f"rounds (clsr's, then sentence-transformers'): {' '.join(f'{r:.2f}' for r in f['round_ratios'])}; "
-                    f"median {f['ratio_median_of_rounds']:.2f}"
+                    "rounds (clsr's, then sentence-transformers'): "
+                    + " ".join(f"{r:.2f}" for r in f["round_ratios"])
+                    + f"; median {f['ratio_median_of_rounds']:.2f}"
                 ]
                 if f.get("rounds", 1) > 1
                 else []

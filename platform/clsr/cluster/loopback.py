@@ -96,7 +96,8 @@ def free_ports(count: int) -> list[int]:
             if len(chosen) == count:
                 return [sock.getsockname()[1] for sock in chosen]
         raise ClusterError(
-            f"no {count} free TCP ports on 127.0.0.1 between {candidates.start} and {candidates.stop}"
+            f"no {count} free TCP ports on 127.0.0.1 from {candidates.start} to {candidates.stop - 1}: "
+            "stop what holds them and run this again"
         )
     finally:
         for sock in chosen:

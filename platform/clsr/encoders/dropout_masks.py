@@ -4,9 +4,11 @@ Dropout keeps each value with probability ``1 − p`` and scales the kept ones b
 CPU, PyTorch draws that mask with ``bernoulli_`` on one thread: 9.5 ms for a MiniLM batch's hidden
 states (2,900 tokens × 384) on the 2-core development machine, where NumPy's PCG64 draws as many
 uniform floats in 3.3 ms (``torch.rand``: 4.6 ms). A MiniLM training step on those cores draws 13 such
-masks (the embeddings' and two a layer); drawn here, the step took about 5 % less time (same batches,
-alternated: ``benchmarks/results/2026-12-02-cpu2/``). Attention probabilities keep the kernel's own
-dropout: their masks are smaller, and the kernel's path measured no slower than attention by hand.
+masks (the embeddings' and two a layer); drawn here, the step took about 5 % less time (the same
+batches, alternated: ``benchmarks/results/2026-12-02-cpu2/``). Every ``nn.Dropout`` the model calls
+draws here (MPNet's attention probabilities too); BERT and RoBERTa hand their attention dropout's rate
+to the attention kernel, which keeps its own: those masks are smaller, and attention by hand measured
+no faster.
 
 ``uniform_dropout`` draws ``u ~ U[0, 1)`` (float32) per value and keeps ``u ≥ p``: the same
 distribution as ``bernoulli_(1 − p)`` (to within float32's 2⁻²⁴), other masks. Each call seeds a
@@ -39,7 +41,8 @@ def uniform_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.T
 
 
 class UniformDropout(nn.Dropout):
-    """``nn.Dropout`` (same ``p``, same place in the model) whose CPU masks ``uniform_dropout`` draws."""
+    """``nn.Dropout`` (same ``p``, same place in the model) whose CPU masks ``uniform_dropout`` draws;
+    never in place (the output is the same)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return uniform_dropout(x, self.p, self.training)
@@ -47,12 +50,12 @@ class UniformDropout(nn.Dropout):
 
 def use_uniform_dropout(model: nn.Module) -> int:
     """Replace every plain ``nn.Dropout`` of ``model`` with a ``UniformDropout`` of the same ``p``;
-    returns how many. Attention modules that hand their dropout's ``p`` to an attention kernel keep
-    the module for its ``p`` and do not call it."""
+    returns how many. An attention module that hands its dropout's ``p`` to an attention kernel keeps
+    the module for its ``p`` and does not call it."""
     swapped = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Dropout:
-                setattr(module, name, UniformDropout(child.p, child.inplace))
+                setattr(module, name, UniformDropout(child.p))
                 swapped += 1
     return swapped

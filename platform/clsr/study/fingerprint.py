@@ -40,9 +40,10 @@ def fingerprint(
     -> its ``grid_points``) and ``document`` (``trial_document`` of an ablation, overrides and seed):
     the study plan's, built once (``clsr.study.study_plan``); by default the study's documents'
     (``StudyDocuments.of``), as ``resolver`` gives."""
-    documents = StudyDocuments.of(study)
-    grids = documents.grids if grids is None else grids
-    document = documents.document if document is None else document
+    if grids is None or document is None:
+        documents = StudyDocuments.of(study)
+        grids = documents.grids if grids is None else grids
+        document = documents.document if document is None else document
     entries = {
         STUDY_ENTRY: digest(
             {
