@@ -4,7 +4,7 @@ Dropout keeps each value with probability ``1 − p`` and scales the kept ones b
 CPU, PyTorch draws that mask with ``bernoulli_`` on one thread: 9.5 ms for a MiniLM batch's hidden
 states (2,900 tokens × 384) on the 2-core development machine, where NumPy's PCG64 draws as many
 uniform floats in 3.3 ms (``torch.rand``: 4.6 ms). A MiniLM training step on those cores draws 13 such
-masks (the embeddings' and two a layer); drawn here, the step took about 5 % less time (the same
+masks (the embeddings' and two a layer); drawn here, the step took 4–5 % less time (the same
 batches, alternated: ``benchmarks/results/2026-12-02-cpu2/``). Every ``nn.Dropout`` the model calls
 draws here (MPNet's attention probabilities too); BERT and RoBERTa hand their attention dropout's rate
 to the attention kernel, which keeps its own: those masks are smaller, and attention by hand measured
