@@ -7,6 +7,7 @@ filer's HTTP port, chosen free a moment earlier: ``bind: address already in use`
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 
@@ -70,3 +71,18 @@ def test_free_ports_fall_back_to_the_kernel_where_every_port_is_ephemeral(monkey
 def test_free_ports_above_an_ephemeral_range_low_in_the_space(monkeypatch):
     monkeypatch.setattr(loopback, "_ephemeral_range", lambda: (20500, 40000))
     assert all(40000 < port < 65536 for port in free_ports(10))
+
+
+def test_a_port_held_on_another_address_is_not_free():
+    """A server bound to one address (127.0.0.2 here, a SLURM node's own address there) holds its port:
+    the wildcard probe sees it, where a probe on 127.0.0.1 would not."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.2", 0))
+        held.listen()
+        busy = held.getsockname()[1]
+        assert loopback._probe(busy) is None
+        with socket.socket() as loopback_only:
+            loopback_only.bind(("127.0.0.1", busy))  # what the probe was: it found the port free
+    free = loopback._probe(0)
+    assert free is not None
+    free.close()

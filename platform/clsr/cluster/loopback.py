@@ -70,8 +70,9 @@ def free_port() -> int:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 for servers started a moment later: held open
-    together while chosen, so no two are the same (ports chosen one at a time, each closed before the next,
+    """``count`` distinct TCP ports free on every interface for servers started a moment later (probed
+    on the wildcard address, which a server bound to any one address holds: Ray's servers on a SLURM
+    node listen on its own address too; nothing listens on the probe): held open together while chosen, so no two are the same (ports chosen one at a time, each closed before the next,
     may repeat or collide with a server's derived port; SeaweedFS's gRPC ports are therefore named, not left
     at HTTP port + 10000). Drawn at random from ``SERVICE_PORTS_FROM`` up to the kernel's ephemeral range,
     not from the port 0 hands out: that one is ephemeral, so until its server binds it a Ray process's own
@@ -86,22 +87,30 @@ def free_ports(count: int) -> list[int]:
     chosen: list[socket.socket] = []
     try:
         for port in random.SystemRandom().sample(candidates, min(len(candidates), 50 * count)):
-            sock = socket.socket()
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                sock.close()
+            sock = _probe(port)
+            if sock is None:
                 continue
             chosen.append(sock)
             if len(chosen) == count:
                 return [sock.getsockname()[1] for sock in chosen]
         raise ClusterError(
-            f"no {count} free TCP ports on 127.0.0.1 from {candidates.start} to {candidates.stop - 1}: "
+            f"no {count} free TCP ports from {candidates.start} to {candidates.stop - 1}: "
             "stop what holds them and run this again"
         )
     finally:
         for sock in chosen:
             sock.close()
+
+
+def _probe(port: int) -> socket.socket | None:
+    """A socket bound to ``port`` on the wildcard address, or None where anything holds the port."""
+    sock = socket.socket()
+    try:
+        sock.bind(("", port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -117,7 +126,7 @@ def _kernel_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     try:
         for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
+            sock.bind(("", 0))
         return [sock.getsockname()[1] for sock in sockets]
     finally:
         for sock in sockets:
