@@ -82,11 +82,13 @@ def free_ports(count: int) -> list[int]:
     candidates = (
         range(SERVICE_PORTS_FROM, low) if low - SERVICE_PORTS_FROM >= 1000 else range(high + 1, 65536)
     )
-    if len(candidates) < 1000:  # the whole space is ephemeral: the kernel's choice is all there is
-        return _kernel_ports(count)
+    if len(candidates) < 1000:  # the whole space is ephemeral: port 0, the kernel's choice, is all there is
+        tries = [0] * count
+    else:
+        tries = random.SystemRandom().sample(candidates, min(len(candidates), 50 * count))
     chosen: list[socket.socket] = []
     try:
-        for port in random.SystemRandom().sample(candidates, min(len(candidates), 50 * count)):
+        for port in tries:
             sock = _probe(port)
             if sock is None:
                 continue
@@ -120,17 +122,6 @@ def _ephemeral_range() -> tuple[int, int]:
     except (OSError, ValueError):
         return 32768, 60999
     return int(low), int(high)
-
-
-def _kernel_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _private_file(path: Path, text: str) -> None:
