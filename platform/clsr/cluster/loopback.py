@@ -70,14 +70,15 @@ def free_port() -> int:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on every interface for servers started a moment later (probed
-    on the wildcard address, which a server bound to any one address holds: Ray's servers on a SLURM
-    node listen on its own address too; nothing listens on the probe): held open together while chosen, so no two are the same (ports chosen one at a time, each closed before the next,
-    may repeat or collide with a server's derived port; SeaweedFS's gRPC ports are therefore named, not left
-    at HTTP port + 10000). Drawn at random from ``SERVICE_PORTS_FROM`` up to the kernel's ephemeral range,
-    not from the port 0 hands out: that one is ephemeral, so until its server binds it a Ray process's own
-    port 0 or any outgoing connection may take it (a test's MLflow server once lost its port to the Ray
-    head started just before it). Ray's worker ports (10002-19999 by default) lie below the draw."""
+    """``count`` distinct TCP ports free on every interface for servers started a moment later (probed on
+    the wildcard address, which a server bound to any one address holds: Ray's servers on a SLURM node
+    listen on its own address too; nothing listens on the probe): held open together while chosen, so no two
+    are the same (ports chosen one at a time, each closed before the next, may repeat or collide with a
+    server's derived port; SeaweedFS's gRPC ports are therefore named, not left at HTTP port + 10000). Drawn
+    at random from ``SERVICE_PORTS_FROM`` up to the kernel's ephemeral range, not from the port 0 hands out:
+    that one is ephemeral, so until its server binds it a Ray process's own port 0 or any outgoing
+    connection may take it (a test's MLflow server once lost its port to the Ray head started just before
+    it). Ray's worker ports (10002-19999 by default) lie below the draw."""
     low, high = _ephemeral_range()
     candidates = (
         range(SERVICE_PORTS_FROM, low) if low - SERVICE_PORTS_FROM >= 1000 else range(high + 1, 65536)
