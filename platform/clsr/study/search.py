@@ -96,7 +96,9 @@ def optuna_sampler(study: Study, seed: int):
     if kind == "gp":
         return optuna.samplers.GPSampler(seed=seed, **startup)
     if kind == "nsga2":  # a genetic algorithm: its first generation is its random start
-        return optuna.samplers.NSGAIISampler(seed=seed)
+        from clsr.study.tune_compat import PicklableNSGAIISampler
+
+        return PicklableNSGAIISampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, **startup)
 
 
