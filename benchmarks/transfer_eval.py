@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
-from clsr.eval.embed import transformer_embedder
+from clsr.encoders.embed import transformer_embedder
 from clsr.eval.transfer import (
     CLASSIFIERS,
     DISPLAY_NAMES,

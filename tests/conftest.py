@@ -216,8 +216,8 @@ def hub_model_ids(studies: list[Path]) -> list[str]:
 
 def _shipped_trials(studies: list[Path]) -> list:
     """One resolved trial per point (a sampled ablation's base) of each study."""
-    from clsr.study.load import load_study
-    from clsr.study.plan import grid_points, resolve_trial
+    from clsr.study.plan.load import load_study
+    from clsr.study.plan.resolve import grid_points, resolve_trial
 
     trials = []
     for path in studies:

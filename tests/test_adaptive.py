@@ -17,14 +17,14 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 from statsmodels.stats.weightstats import DescrStatsW
 
-from clsr.study import runner
-from clsr.study.adaptive import half_width, needs_seed
-from clsr.study.fingerprint import fingerprint
-from clsr.study.load import load_study
-from clsr.study.plan import count_trials, seed_notes
-from clsr.study.report import ablation_report, load_trials
-from clsr.study.schema import AdaptiveSeeds, StudyError
-from clsr.study.trial import StudyContext
+from clsr.study.analyse.report import ablation_report, load_trials
+from clsr.study.plan.fingerprint import fingerprint
+from clsr.study.plan.load import load_study
+from clsr.study.plan.resolve import count_trials, seed_notes
+from clsr.study.run import runner
+from clsr.study.run.adaptive import half_width, needs_seed
+from clsr.study.run.trial import StudyContext
+from clsr.study.spec.schema import AdaptiveSeeds, StudyError
 from clsr.tracking.study_runs import close_run, open_child_run, start_parent_run
 from conftest import sqlite_uri
 
@@ -120,7 +120,7 @@ def test_seeds_of_is_the_planned_minimum_and_validate_notes_the_bounds(tmp_path)
 
 
 def test_the_size_limit_counts_every_row_at_its_max_seeds(tmp_path, monkeypatch):
-    from clsr.study import load as load_module
+    from clsr.study.plan import load as load_module
 
     monkeypatch.setattr(load_module, "MAX_TRIALS", 8)  # 6 trials planned, up to 10 with every seed added
     with pytest.raises(StudyError, match=r"ablations: 10 trials \(pooling: 10\); a study may have at most 8"):

@@ -8,8 +8,8 @@ from collections import defaultdict
 
 import pytest
 
-from clsr.study.load import load_study
-from clsr.study.report import build_report
+from clsr.study.analyse.report import build_report
+from clsr.study.plan.load import load_study
 from test_e2e import runs_of
 from test_resilience import run_in_process
 

@@ -9,9 +9,9 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
-from clsr.study.load import load_study
-from clsr.study.runner import build_tuner, param_space
-from clsr.study.trial import StudyContext
+from clsr.study.plan.load import load_study
+from clsr.study.run.runner import build_tuner, param_space
+from clsr.study.run.trial import StudyContext
 from conftest import sqlite_uri
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -23,8 +23,8 @@ def test_the_shipped_tune_then_confirm_study_builds_its_searcher(tmp_path):
     from ray.tune.schedulers import FIFOScheduler
     from ray.tune.search.optuna import OptunaSearch
 
-    from clsr.study.plan import count_trials
-    from clsr.study.search import SeedRepeater
+    from clsr.study.plan.resolve import count_trials
+    from clsr.study.run.search import SeedRepeater
 
     study = load_study(REPO_ROOT / "studies" / "simcse_tuning.yaml")
     ctx = StudyContext(study.model_dump(by_alias=True), "sqlite:///x.db", "parent", str(tmp_path))
@@ -45,9 +45,9 @@ def test_the_shipped_tune_then_confirm_study_builds_its_searcher(tmp_path):
 
 
 def test_points_that_cannot_run_offline_are_refused_or_skipped(monkeypatch, capsys):
-    from clsr.study.runner import refuse_unavailable
-    from clsr.study.schema import StudyError
-    from clsr.study.study_plan import plan_study
+    from clsr.study.plan.study_plan import plan_study
+    from clsr.study.run.runner import refuse_unavailable
+    from clsr.study.spec.schema import StudyError
 
     def runnable_points(study):  # what `study run` does before anything is recorded
         plan = plan_study(study)
@@ -128,7 +128,7 @@ def test_summary_rows_show_the_averages_a_trial_has():
     """Rows come from the trials' MLflow runs (the record), superseded runs left out."""
     from types import SimpleNamespace
 
-    from clsr.study.record import format_rows, summary_rows
+    from clsr.study.record.parent import format_rows, summary_rows
 
     study = load_study(REPO_ROOT / "studies" / "supmpn_ablations.yaml", smoke=True)
 
@@ -229,7 +229,7 @@ def test_version_help_and_folders(tmp_path, capfd):
 def test_trials_get_the_data_folder_as_an_absolute_path(tmp_path, monkeypatch):
     """A relative `export CLSR_DATA_DIR=../shared/data` (as in the README): Ray runs each trial in a folder
     of its own, so the driver hands trials the folder it means, not the relative path."""
-    from clsr.study.runner import _forwarded_env
+    from clsr.study.run.runner import _forwarded_env
 
     (tmp_path / "shared" / "data").mkdir(parents=True)
     (tmp_path / "clsr").mkdir()

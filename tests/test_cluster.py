@@ -31,8 +31,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
-from clsr.cluster.checks import StorageError, check_cloud_storage
 from clsr.cluster.loopback import BUCKET, LoopbackCluster, group_alive
+from clsr.study.run.storage_checks import StorageError, check_cloud_storage
 from conftest import save_tiny_bert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -332,7 +332,7 @@ def test_a_missing_checkpoint_in_the_bucket_is_replaced_by_copying(cluster, tmp_
 
     import pyarrow.fs
 
-    from clsr.study.tune_state import repair_before_restore
+    from clsr.study.run.tune_state import repair_before_restore
     from test_tune_state import (
         EXPERIMENT_STATE,
         SEARCHER_STATE,

@@ -13,7 +13,7 @@ from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
 from clsr.cli import main
-from clsr.study.compare import compare_records
+from clsr.study.analyse.compare import compare_records
 from clsr.tracking.study_runs import start_parent_run
 from conftest import sqlite_uri
 from test_results import child

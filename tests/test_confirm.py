@@ -14,11 +14,11 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from clsr.study.confirm import confirm_points, rank_configurations, typed_value, wave_points
-from clsr.study.fingerprint import fingerprint
-from clsr.study.load import load_study
-from clsr.study.plan import ablation_trials, count_trials, point_label, stages
-from clsr.study.schema import Distribution, StudyError
+from clsr.study.plan.fingerprint import fingerprint
+from clsr.study.plan.load import load_study
+from clsr.study.plan.resolve import ablation_trials, count_trials, point_label, stages
+from clsr.study.run.confirm import confirm_points, rank_configurations, wave_points
+from clsr.study.spec.schema import Distribution, StudyError, typed_value
 from conftest import sqlite_uri
 
 SPACE = {
@@ -150,7 +150,7 @@ def runs(client, parent):
 
 
 def test_top_k_points_and_the_runner_adds_them_over_the_confirm_seeds(tmp_path, store):
-    from clsr.study.runner import confirm_trials, expand_trials, grid_points
+    from clsr.study.run.runner import confirm_trials, expand_trials, grid_points
 
     client, parent, add = store
     fill(add)
@@ -180,7 +180,7 @@ def test_fewer_configurations_than_top_k_are_confirmed_with_a_line(tmp_path, sto
 
 
 def test_none_finished_skips_the_confirm_trials_with_a_reason(tmp_path, store, capsys):
-    from clsr.study.runner import confirm_trials, expand_trials, grid_points
+    from clsr.study.run.runner import confirm_trials, expand_trials, grid_points
 
     client, parent, add = store
     add("lr", 1, 0.5, 1e-05, 8, True, status="failed")
@@ -249,8 +249,8 @@ def test_counted_trials_stages_and_fingerprint(tmp_path):
 
 
 def test_confirm_runs_after_the_search_as_a_grid_without_early_stopping(tmp_path):
-    from clsr.study.plan import experiments
-    from clsr.study.runner import _scheduler
+    from clsr.study.plan.resolve import experiments
+    from clsr.study.run.runner import _scheduler
 
     doc = {**copy.deepcopy(STUDY), "scheduler": {"type": "asha"}}
     study = study_of(tmp_path, doc)
@@ -271,7 +271,7 @@ def test_search_over_seeds_and_two_objectives_then_confirm_through_the_platform_
 
     from scipy import stats
 
-    from clsr.study.report import build_report, fmt_p
+    from clsr.study.analyse.report import build_report, fmt_p
     from test_e2e import platform_cmd, runs_of
     from test_resilience import run_in_process
 
@@ -378,8 +378,8 @@ def test_search_over_seeds_and_two_objectives_then_confirm_through_the_platform_
 def test_a_confirm_ablation_without_points_is_checked_and_probed_through_its_base(tmp_path, monkeypatch):
     """Its points come from the search: validation checks its base trial's sources (a model that is not
     here is named), and `study plan --probe-ablation` probes the base instead of failing."""
-    from clsr.study.probe import probe_trial
-    from clsr.study.study_plan import check_points as plan_points
+    from clsr.study.plan.probe import probe_trial
+    from clsr.study.plan.study_plan import check_points as plan_points
 
     doc = copy.deepcopy(STUDY)
     doc["ablations"]["confirm"] = {"confirm": {"of": "lr", "top_k": 2}, "seeds": [7]}
@@ -399,8 +399,8 @@ def test_an_edited_resume_searches_a_changed_search_again_and_keeps_grid_edits(t
     search: ``--allow-changes`` marks the old search's runs and the runs confirming them superseded and
     names the attempt that starts the new search (its Tune experiment ``lr-vN``), which later resumes
     restore; a changed explicit point of the confirm ablation is an ordinary edit, the search kept."""
-    from clsr.study import record
-    from clsr.study.fingerprint import changed_searches, compare
+    from clsr.study.plan.fingerprint import changed_searches, compare
+    from clsr.study.record import parent as record
 
     monkeypatch.chdir(tmp_path)
     uri = sqlite_uri(tmp_path / "mlflow.db")

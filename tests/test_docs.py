@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from clsr.study.reference import reference_markdown
+from clsr.study.spec.reference import reference_markdown
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

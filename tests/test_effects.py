@@ -13,7 +13,8 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 from scipy import stats
 
-from clsr.study.effects import (
+from clsr.study.spec.schema import Distribution
+from clsr.study.stats.effects import (
     N_RESAMPLES,
     anova_table,
     grid_effects,
@@ -21,7 +22,6 @@ from clsr.study.effects import (
     partial_eta_squared,
     sampled_effects,
 )
-from clsr.study.schema import Distribution
 
 # y[a][b] = three seeds of a balanced 2x2 grid
 Y = {

@@ -1,4 +1,4 @@
-"""An embedder prepares a sentence set once per tokenizer or word table (``clsr.eval.embed._prepared``):
+"""An embedder prepares a sentence set once per tokenizer or word table (``clsr.encoders.embed._prepared``):
 the dev set a trial scores at every evaluation is tokenised and padded once, with the same vectors."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from clsr.encoders import embed as embed_module
+from clsr.encoders.embed import transformer_embedder
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
-from clsr.eval import embed as embed_module
-from clsr.eval.embed import transformer_embedder
 from conftest import save_tiny_bert
 
 SENTENCES = ["a man plays a guitar", "two dogs run in a field", "hello", "a man plays a guitar"]

@@ -12,6 +12,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
+from clsr.encoders.embed import transformer_embedder
 from clsr.encoders.export import (
     ModelLoadError,
     TextCNNModel,
@@ -24,7 +25,6 @@ from clsr.encoders.export import (
 from clsr.encoders.textcnn import TextCNNConfig, TextCNNEncoder
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
 from clsr.encoders.word_vectors import OOV_ID, WordTable, WordTokenizer, build_word_table
-from clsr.eval.embed import transformer_embedder
 from clsr.eval.sts import evaluate_sts, summary_metrics
 from clsr.methods.gclsr import GCLSR, GCLSRConfig, GCLSRShared
 from conftest import sqlite_uri

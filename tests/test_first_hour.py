@@ -59,10 +59,10 @@ def test_running_a_study_again_is_refused_unless_new(tmp_path, monkeypatch):
     report, resume or start another record (``--new``)."""
     from mlflow.tracking import MlflowClient
 
-    from clsr.study import record
-    from clsr.study.fingerprint import fingerprint
-    from clsr.study.load import load_study
-    from clsr.study.record import EarlierRecord
+    from clsr.study.plan.fingerprint import fingerprint
+    from clsr.study.plan.load import load_study
+    from clsr.study.record import parent as record
+    from clsr.study.record.parent import EarlierRecord
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -86,7 +86,7 @@ def test_running_a_study_again_is_refused_unless_new(tmp_path, monkeypatch):
 
 
 def test_a_study_whose_every_trial_failed_is_recorded_failed():
-    from clsr.study.record import all_failed
+    from clsr.study.record.parent import all_failed
 
     assert all_failed([{"status": "failed"}, {"status": "failed"}, {"status": "skipped"}])
     assert not all_failed([{"status": "failed"}, {"status": "finished"}])

@@ -15,8 +15,8 @@ from clsr.augment.pwva import PWVAConfig
 from clsr.encoders.textcnn import TextCNNConfig, TextCNNEncoder
 from clsr.encoders.word_vectors import OOV_ID, PAD_ID, WordTable, WordTokenizer
 from clsr.methods.gclsr import GCLSR, GCLSRConfig, GCLSRModel, grouped_simsiam_loss, word_self_attention
-from clsr.study.load import load_study
-from clsr.study.plan import find_point, grid_points
+from clsr.study.plan.load import load_study
+from clsr.study.plan.resolve import find_point, grid_points
 from clsr.train.config import TrainerConfig, TrialConfig
 from clsr.train.optim import build_optimizer, build_scheduler, schedule_factor, set_momentum, warmup_steps
 

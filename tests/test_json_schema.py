@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from clsr.cli import main
-from clsr.study.json_schema import schema_text
+from clsr.study.spec.json_schema import schema_text
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STUDIES = sorted((REPO_ROOT / "studies").glob("*.yaml"))

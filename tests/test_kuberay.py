@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 import yaml
 
-from clsr.study.dotted import parse_override
-from clsr.study.load import load_study
+from clsr.study.plan.load import load_study
+from clsr.study.spec.dotted import parse_override
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = REPO_ROOT / "deploy" / "kuberay"

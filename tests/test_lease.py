@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-import clsr.study.lease as lease_module
-import clsr.study.record as record
-from clsr.study.lease import (
+import clsr.study.record.lease as lease_module
+import clsr.study.record.parent as record
+from clsr.study.plan.load import load_study
+from clsr.study.record.lease import (
     GENERATION_PARAM,
     LEASE_TAG,
     Lease,
@@ -29,7 +30,6 @@ from clsr.study.lease import (
     pid_namespace,
     read_state,
 )
-from clsr.study.load import load_study
 from clsr.tracking.study_runs import start_parent_run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -271,9 +271,9 @@ def test_a_running_parent_is_refused_while_its_driver_beats_and_called_unclosed_
 SCRIPT = textwrap.dedent(
     """
     import os, sys, time
-    import clsr.study.lease
-    from clsr.study.lease import Lease, LeaseHeld
-    clsr.study.lease.HEARTBEAT_S = 0.5
+    import clsr.study.record.lease
+    from clsr.study.record.lease import Lease, LeaseHeld
+    clsr.study.record.lease.HEARTBEAT_S = 0.5
     uri, run_id, go = sys.argv[1:4]
     lease = Lease(uri, run_id, "race")
     print("ready", flush=True)
@@ -356,7 +356,7 @@ def test_a_lost_lease_stops_the_running_experiment_and_the_driver_exits_75():
     script = textwrap.dedent(
         """
         import os, signal, sys, threading, time
-        from clsr.study.interrupt import Interrupts
+        from clsr.study.control.interrupt import Interrupts
         signal.signal(signal.SIGUSR1, lambda *_: print("tune asked to stop", flush=True))
         Interrupts.GRACE_S = 0.5
         with Interrupts() as interrupts:

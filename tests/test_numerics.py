@@ -173,8 +173,8 @@ def test_step_metrics_are_read_back_a_window_at_a_time_and_divergence_names_its_
 
 def test_flash_attention_is_refused_where_no_gpu_runs_it(tmp_path):
     from clsr.encoders.transformer import ModelConfig, TransformerEncoder
-    from clsr.study.load import study_from_dict
-    from clsr.study.schema import StudyError
+    from clsr.study.plan.load import study_from_dict
+    from clsr.study.spec.schema import StudyError
 
     doc = {
         "name": "fa2",

@@ -346,9 +346,9 @@ def test_model_pooling_auto_trains_with_the_models_own_pooling(source, expected,
     import numpy as np
     from sentence_transformers import SentenceTransformer
 
+    from clsr.encoders.embed import transformer_embedder
     from clsr.encoders.registry import resolve_model_path
     from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
-    from clsr.eval.embed import transformer_embedder
 
     name = str(request.getfixturevalue(source)) if source == "cls_normalize" else source
     config = ModelConfig(name=name, pooling="auto")
@@ -395,8 +395,8 @@ def test_study_validate_says_when_a_pooling_overrides_the_models_own(tmp_path, c
 def test_relative_paths_of_a_study_are_made_absolute_where_it_is_loaded(tmp_path, monkeypatch):
     """Ray runs each trial in a folder of its own: the study carries absolute paths to its workers, and
     grid labels (and the paper: keys that name them) stay as written."""
-    from clsr.study.load import load_study
-    from clsr.study.plan import grid_points, resolve_trial
+    from clsr.study.plan.load import load_study
+    from clsr.study.plan.resolve import grid_points, resolve_trial
 
     write_source("csv", tmp_path)
     (tmp_path / "other.csv").write_text((tmp_path / "pairs.csv").read_text())

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from clsr.methods import get_method
-from clsr.study.load import load_study
-from clsr.study.plan import (
+from clsr.study.analyse.report import ablation_report, fidelity_lines
+from clsr.study.plan.load import load_study
+from clsr.study.plan.resolve import (
     ablation_trials,
     count_trials,
     find_point,
@@ -18,8 +19,7 @@ from clsr.study.plan import (
     report_points,
     resolve_trial,
 )
-from clsr.study.report import ablation_report, fidelity_lines
-from clsr.study.schema import StudyError
+from clsr.study.spec.schema import StudyError
 
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
 RCL, GCLSR, SUPMPN, SIMCSE, SELFCCL = (

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from clsr.study.pareto import pareto_front
+from clsr.study.stats.pareto import pareto_front
 
 
 def dominated(a: np.ndarray, b: np.ndarray, signs: np.ndarray) -> bool:

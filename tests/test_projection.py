@@ -12,9 +12,9 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
-from clsr.study.load import load_study
-from clsr.study.probe import probe, probe_trial
-from clsr.study.projection import measure, pack, project
+from clsr.study.plan.load import load_study
+from clsr.study.plan.probe import probe, probe_trial
+from clsr.study.plan.projection import measure, pack, project
 from clsr.tracking.study_runs import children, close_run, open_child_run, start_parent_run
 from conftest import sqlite_uri
 from test_e2e import REPO_ROOT
@@ -83,7 +83,7 @@ def test_a_cpu_study_is_projected_as_measured_and_a_gpu_study_packed_on_its_gpus
 
 def test_identical_trials_are_priced_once():
     study = load_study(REPO_ROOT / "studies" / "gclsr_ablations.yaml", smoke=True)
-    from clsr.study.projection import Measured, UnitCosts
+    from clsr.study.plan.projection import Measured, UnitCosts
 
     costs = UnitCosts(1.0, 0.0, 0.1, 1.0, 0.1, 1.0, 1, "1 x cpu")
     projection = project(study, Measured("x", costs), gpus=1, gpu="h100", progress=lambda _: None)
@@ -148,7 +148,7 @@ def test_a_probe_needs_neither_mlflow_nor_ray(tmp_path):
         "        if name.split('.')[0] in ('mlflow', 'ray'):\n"
         "            raise ImportError(name)\n"
         "sys.meta_path.insert(0, Refuse())\n"
-        "import clsr.cli, clsr.study.probe, clsr.study.projection, clsr.study.distinct\n"
+        "import clsr.cli, clsr.study.plan.probe, clsr.study.plan.projection, clsr.study.plan.distinct\n"
         "print('imported')\n"
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)

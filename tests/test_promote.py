@@ -10,12 +10,12 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
+from clsr.encoders.embed import transformer_embedder
 from clsr.encoders.export import load_model, make_embedder, save_sentence_transformer
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
-from clsr.eval.embed import transformer_embedder
-from clsr.study.fingerprint import trial_key
-from clsr.study.load import load_study
-from clsr.study.promote import PromoteRefused, promote
+from clsr.study.analyse.promote import PromoteRefused, promote
+from clsr.study.plan.fingerprint import trial_key
+from clsr.study.plan.load import load_study
 from clsr.tracking.study_runs import start_parent_run
 from conftest import sqlite_uri
 from test_results import child

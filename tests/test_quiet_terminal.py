@@ -1,5 +1,5 @@
 """A quiet terminal for ``platform study run``: Ray's and Tune's output in ``driver.log``, the platform's
-own progress table and summary on the terminal (``clsr.study.progress``)."""
+own progress table and summary on the terminal (``clsr.study.run.progress``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from clsr.study.progress import (
+from clsr.study.run.progress import (
     ELLIPSIS,
     DriverLog,
     Progress,

@@ -284,8 +284,8 @@ def test_entropy_models_then_rcl_train_locally(data_dir, tmp_path, tiny_bert):
 def _assert_stage_2_loads_the_scored_weights(model: str, phi: float, session, data_dir) -> None:
     """The weights stage 2 embeds with (entropy_weights: best, the default) are the ones the entropy
     model's trial scored for Table 5: its best-dev weights, scored again here to the same STS-B value."""
+    from clsr.encoders.checkpoint_files import load_tensors
     from clsr.eval.sts import evaluate_sts
-    from clsr.train.checkpoint_files import load_tensors
     from clsr.train.loop import build_method
 
     final = session.reports[-1]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from clsr.study.load import load_study
-from clsr.study.plan import grid_points, report_points, resolve_trial, stages
+from clsr.study.plan.load import load_study
+from clsr.study.plan.resolve import grid_points, report_points, resolve_trial, stages
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import REPO_ROOT  # noqa: E402

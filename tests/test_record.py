@@ -20,7 +20,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from clsr.cluster.loopback import free_port
-from clsr.study.lease import read_state
+from clsr.study.record.lease import read_state
 from clsr.tracking.study_runs import run_labels
 from conftest import sqlite_uri
 from test_e2e import platform_cmd, runs_of
@@ -363,7 +363,7 @@ def test_a_tracking_server_outage_past_mlflows_retries_loses_no_trial_and_no_num
 DASHBOARD_PROBE = """
 import json, os, stat, sys, urllib.error, urllib.request
 import ray
-from clsr.study.runner import init_ray, private_token
+from clsr.study.run.runner import init_ray, private_token
 
 url = init_ray()
 token = private_token().read_text().strip()

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from clsr.study.fingerprint import compare, fingerprint
-from clsr.study.interrupt import Interrupted, Interrupts
-from clsr.study.load import load_study
+from clsr.study.control.interrupt import Interrupted, Interrupts
+from clsr.study.plan.fingerprint import compare, fingerprint
+from clsr.study.plan.load import load_study
 from clsr.tracking.spool import Spool, hand_over, pending_runs, replay_pending
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_a_trial_that_cannot_reach_mlflow_hands_its_writes_to_the_study_storage(
 def test_the_fingerprint_names_added_removed_and_changed_trials():
     import yaml
 
-    from clsr.study.load import study_from_dict
+    from clsr.study.plan.load import study_from_dict
 
     smoke = load_study(REPO_ROOT / "studies" / "smoke.yaml")
     raw = yaml.safe_load((REPO_ROOT / "studies" / "smoke.yaml").read_text())
@@ -106,8 +106,8 @@ def test_the_study_time_limit_stops_the_study_like_a_signal():
 
 
 def test_local_storage_refused_on_a_cluster_of_several_hosts(monkeypatch):
-    import clsr.cluster.checks as checks
-    from clsr.cluster.checks import StorageError, check_local_storage_on_cluster
+    import clsr.study.run.storage_checks as checks
+    from clsr.study.run.storage_checks import StorageError, check_local_storage_on_cluster
 
     monkeypatch.setattr(checks, "cluster_hosts", lambda: {"10.0.0.1", "10.0.0.2"})
     with pytest.raises(StorageError, match=r"local folder, but the Ray cluster spans 2 hosts .*s3://"):

@@ -22,10 +22,7 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 
 from clsr.cli import main
-from clsr.study.effects import grid_effects, sampled_effects
-from clsr.study.load import load_study
-from clsr.study.record import resolved_summary
-from clsr.study.report import (
+from clsr.study.analyse.report import (
     CORRECTION,
     TEST_NAME,
     NoStudyRuns,
@@ -45,7 +42,10 @@ from clsr.study.report import (
     study_from_run,
     write_report,
 )
-from clsr.study.schema import StudyError
+from clsr.study.plan.load import load_study
+from clsr.study.record.parent import resolved_summary
+from clsr.study.spec.schema import StudyError
+from clsr.study.stats.effects import grid_effects, sampled_effects
 from clsr.tracking.study_runs import close_run, open_child_run, record_skipped, start_parent_run
 from conftest import sqlite_uri
 
@@ -327,7 +327,7 @@ def test_learning_curves_read_the_metric_histories(store, report):
 
 
 def test_a_loss_spanning_decades_is_drawn_on_a_log_axis():
-    from clsr.study.report import spans_decades
+    from clsr.study.analyse.report import spans_decades
 
     assert spans_decades([np.array([1.0, 0.1]), np.array([1e-5])])  # the smoke's 1.0 -> 1e-5
     assert not spans_decades([np.array([3.2, 1.1, 0.9])])  # an ordinary loss curve stays linear

@@ -1,6 +1,6 @@
 """A finished study keeps of each finished trial's checkpoint what a later study loads: ``state.pt`` with
 the weights and counters only, ``best_model.pt`` as it was, a manifest that matches them at every moment
-(``clsr.study.retention``); unfinished trials and ``keep_checkpoints: true`` keep theirs whole."""
+(``clsr.study.record.retention``); unfinished trials and ``keep_checkpoints: true`` keep theirs whole."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
+from clsr.encoders import checkpoint_files
+from clsr.encoders.checkpoint_files import MANIFEST
 from clsr.encoders.trained import load_trained_encoder
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder
-from clsr.study import retention
-from clsr.study.plan import checkpoint_lines, trained_parameters
-from clsr.study.retention import RESUME_ONLY, SWAP, shrink_checkpoint, shrink_finished_checkpoints
-from clsr.study.schema import Study
+from clsr.study.plan.resolve import checkpoint_lines, trained_parameters
+from clsr.study.record import retention
+from clsr.study.record.retention import RESUME_ONLY, SWAP, shrink_checkpoint, shrink_finished_checkpoints
+from clsr.study.spec.schema import Study
 from clsr.tracking.study_runs import close_run, open_child_run, start_parent_run
 from clsr.tracking.tags import CHECKPOINT_TAG
-from clsr.train import checkpoint_files
-from clsr.train.checkpoint_files import MANIFEST
 from clsr.train.loop import save_checkpoint, trained_state
 from conftest import sqlite_uri
 

@@ -18,6 +18,8 @@ import torch
 from mlflow.tracking import MlflowClient
 from torch import nn
 
+from clsr.encoders import checkpoint_files
+from clsr.encoders.checkpoint_files import MANIFEST, UntrustedCheckpoint
 from clsr.encoders.trained import load_trained_encoder
 from clsr.encoders.transformer import ModelConfig
 from clsr.tracking import study_runs
@@ -33,8 +35,6 @@ from clsr.tracking.study_runs import (
     trial_run,
     under_root,
 )
-from clsr.train import checkpoint_files
-from clsr.train.checkpoint_files import MANIFEST, UntrustedCheckpoint
 from clsr.train.loop import load_checkpoint, save_checkpoint
 from conftest import sqlite_uri
 

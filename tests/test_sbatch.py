@@ -22,7 +22,7 @@ import pytest
 from clsr.cli import main
 from clsr.cluster import slurm_node
 from clsr.cluster.sbatch import SbatchRequest, check_request, time_limit_s
-from clsr.study.load import load_study
+from clsr.study.plan.load import load_study
 
 SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
 
@@ -292,7 +292,9 @@ def test_a_node_writes_the_address_once_ray_runs_and_removes_its_folder(tmp_path
 
 
 def test_resume_or_run_starts_a_study_with_no_earlier_run(monkeypatch, capsys):
-    from clsr.study import driver_link, record, runner
+    from clsr.study.control import driver_link
+    from clsr.study.record import parent as record
+    from clsr.study.run import runner
 
     calls = []
 

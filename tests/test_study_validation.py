@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from clsr.methods import METHODS
-from clsr.study.dotted import parse_override
-from clsr.study.load import load_study
-from clsr.study.plan import grid_points, resolve_trial
-from clsr.study.schema import StudyError
+from clsr.study.plan.load import load_study
+from clsr.study.plan.resolve import grid_points, resolve_trial
+from clsr.study.spec.dotted import parse_override
+from clsr.study.spec.schema import StudyError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from clsr.study.supervise import say_how_to_continue, settle
+from clsr.study.run.supervise import say_how_to_continue, settle
 from conftest import sqlite_uri
 
 
@@ -135,7 +135,7 @@ def test_a_command_killed_alone_sends_its_driver_sigterm(tmp_path):
     )
     command = (
         "import subprocess, sys, time\n"
-        "from clsr.study.supervise import _stop_with_parent\n"
+        "from clsr.study.run.supervise import _stop_with_parent\n"
         f"subprocess.Popen([sys.executable, '-c', {driver!r}], preexec_fn=_stop_with_parent)\n"
         "time.sleep(60)\n"
     )
@@ -157,7 +157,7 @@ def test_the_command_starts_its_driver_without_importing_torch_ray_or_mlflow(tmp
     its child before importing what the child imports again (torch alone is seconds)."""
     probe = (
         "import sys\n"
-        "import clsr.study.supervise as supervise\n"
+        "import clsr.study.run.supervise as supervise\n"
         "from clsr.cli import main\n"
         "def spawned(argv):\n"
         "    heavy = sorted(m for m in ('torch', 'ray', 'mlflow', 'transformers') if m in sys.modules)\n"

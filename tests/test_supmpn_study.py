@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from clsr.study.load import load_study
-from clsr.study.plan import grid_points, trial_identity
+from clsr.study.plan.load import load_study
+from clsr.study.plan.resolve import grid_points, trial_identity
 from clsr.tracking.study_runs import run_labels
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,4 +1,4 @@
-"""Each private touch of Ray Tune or Optuna in ``clsr.study.tune_compat`` held by a test: a new release
+"""Each private touch of Ray Tune or Optuna in ``clsr.study.run.tune_compat`` held by a test: a new release
 that moves one fails here, naming it.
 
 Every sampler a study may name is pickled as Tune pickles its search algorithm into the experiment's
@@ -11,15 +11,15 @@ import optuna
 import pytest
 from ray import cloudpickle
 
-from clsr.study.schema import SAMPLERS
-from clsr.study.tune_compat import PicklableNSGAIISampler
+from clsr.study.run.tune_compat import PicklableNSGAIISampler
+from clsr.study.spec.schema import SAMPLERS
 from test_search import study_of, tune_config
 
 
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_every_sampler_survives_tunes_pickling_and_still_samples(tmp_path, sampler):
     study = study_of(tmp_path, search={"sampler": sampler})
-    from clsr.study.runner import param_space
+    from clsr.study.run.runner import param_space
 
     repeater = tune_config(study, tmp_path).search_alg
     assert repeater.set_search_properties(study.metric, study.mode, param_space(study, "lr"))

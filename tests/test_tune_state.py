@@ -1,5 +1,5 @@
 """Tune's saved experiment state, checked and repaired before a resume restores it: what a driver killed
-while Tune copied that state to storage leaves behind (clsr.study.tune_state). No Ray cluster runs here;
+while Tune copied that state to storage leaves behind (clsr.study.run.tune_state). No Ray cluster runs here;
 tests/test_record.py resumes a killed driver's study through the real command."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clsr.study.tune_state import UnreadableTuneState, repair_before_restore
+from clsr.study.run.tune_state import UnreadableTuneState, repair_before_restore
 
 SESSION = "2026-11-25_14-07-34"
 TRIAL_DIR = f"run_trial_90249_00000_0_point=one_{SESSION}"

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from scipy import stats
 
-from clsr.study.load import load_study
-from clsr.study.report import build_report, detail_tables, render_text, summary_table, write_report
-from clsr.study.schema import StudyError
-from clsr.study.verdict import (
+from clsr.study.analyse.report import build_report, detail_tables, render_text, summary_table, write_report
+from clsr.study.plan.load import load_study
+from clsr.study.spec.schema import StudyError
+from clsr.study.stats.verdict import (
     INCONCLUSIVE,
     MAX_SEEDS,
     NOT_REPRODUCED,

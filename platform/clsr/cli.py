@@ -14,7 +14,11 @@ from clsr.bench.cli import add_bench_parser, cmd_bench
 from clsr.cluster.cli import add_cluster_parser, cmd_cluster
 from clsr.tracking.secrets import mask_uri
 
-GPU_KINDS = ("a100", "h100", "h200")  # clsr.study.projection.GPUS (not imported here: the CLI starts fast)
+GPU_KINDS = (
+    "a100",
+    "h100",
+    "h200",
+)  # clsr.study.plan.projection.GPUS (not imported here: the CLI starts fast)
 
 EXAMPLES = """examples:
   platform study run studies/smoke.yaml
@@ -283,8 +287,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(path: str, overrides: list[str], smoke: bool = False):
-    from clsr.study.dotted import parse_override
-    from clsr.study.load import load_study
+    from clsr.study.plan.load import load_study
+    from clsr.study.spec.dotted import parse_override
 
     return load_study(path, [parse_override(o) for o in overrides], smoke=smoke)
 
@@ -320,10 +324,10 @@ def _transfer_progress(total: int):
 
 def cmd_study(args: argparse.Namespace) -> int:
     if args.action == "validate":
-        from clsr.study.dotted import parse_override
-        from clsr.study.load import load_study
-        from clsr.study.plan import StudyDocuments, seed_notes
-        from clsr.study.sources import NeedsHub, require_sources
+        from clsr.study.plan.load import load_study
+        from clsr.study.plan.resolve import StudyDocuments, seed_notes
+        from clsr.study.plan.sources import NeedsHub, require_sources
+        from clsr.study.spec.dotted import parse_override
 
         try:
             overrides = [parse_override(o) for o in args.overrides]
@@ -362,8 +366,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.action == "report":
         return cmd_study_report(args)
     if args.action in ("schema", "reference"):
-        from clsr.study.json_schema import schema_text
-        from clsr.study.reference import reference_markdown
+        from clsr.study.spec.json_schema import schema_text
+        from clsr.study.spec.reference import reference_markdown
 
         text = schema_text() if args.action == "schema" else reference_markdown()
         if args.out:
@@ -376,20 +380,20 @@ def cmd_study(args: argparse.Namespace) -> int:
         return cmd_study_sync(args)
     if args.action == "plan":
         return cmd_study_plan(args)
-    from clsr.study.driver_link import is_child
-    from clsr.study.supervise import supervise
+    from clsr.study.control.driver_link import is_child
+    from clsr.study.run.supervise import supervise
 
     if not is_child():  # the driver runs as a child: whatever ends it, the record gets closed
         return supervise(args.argv)  # the child validates: this process stays light (no torch)
-    from clsr.study.schema import StudyError  # imports the methods, hence torch
+    from clsr.study.spec.schema import StudyError  # imports the methods, hence torch
 
     try:
         study = _load(args.study, args.overrides, smoke=args.smoke)
     except (StudyError, ValueError) as err:
         print(err, file=sys.stderr)
         return 2
-    from clsr.study.plan import planned_trials
-    from clsr.study.schema import CONFIRM_TRIALS
+    from clsr.study.plan.resolve import planned_trials
+    from clsr.study.spec.schema import CONFIRM_TRIALS
 
     if (trials := planned_trials(study)) > CONFIRM_TRIALS and not args.yes:
         print(
@@ -397,10 +401,10 @@ def cmd_study(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from clsr.study.driver_link import tell
-    from clsr.study.record import NoEarlierRun, format_rows
-    from clsr.study.runner import run_study
-    from clsr.study.supervise import how_to_continue
+    from clsr.study.control.driver_link import tell
+    from clsr.study.record.parent import NoEarlierRun, format_rows
+    from clsr.study.run.runner import run_study
+    from clsr.study.run.supervise import how_to_continue
 
     started = time.perf_counter()
     resume = args.action == "resume"
@@ -452,8 +456,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 def cmd_study_sync(args: argparse.Namespace) -> int:
     """``platform study sync``: what trials kept while MLflow was down, sent; a killed driver's study closed."""
-    from clsr.study.record import sync_study
-    from clsr.study.schema import StudyError
+    from clsr.study.record.parent import sync_study
+    from clsr.study.spec.schema import StudyError
 
     try:
         study = _load(args.study, args.overrides, smoke=args.smoke)
@@ -470,15 +474,15 @@ def cmd_study_sync(args: argparse.Namespace) -> int:
 
 def cmd_study_plan(args: argparse.Namespace) -> int:
     """``platform study plan``: 0 with the projection printed, 2 for a bad file or nothing measured."""
-    from clsr.study.projection import NoMeasurements, project, render
-    from clsr.study.schema import StudyError
+    from clsr.study.plan.projection import NoMeasurements, project, render
+    from clsr.study.spec.schema import StudyError
 
     if args.probe and args.measured:
         print(
             "error: --probe measures here; --from reads a recorded study: give one of them", file=sys.stderr
         )
         return 2
-    from clsr.study.plan import StudyDocuments
+    from clsr.study.plan.resolve import StudyDocuments
 
     try:
         study = _load(args.study, args.overrides, smoke=args.smoke)
@@ -492,7 +496,7 @@ def cmd_study_plan(args: argparse.Namespace) -> int:
         print(err if isinstance(err, StudyError) else f"error: {err}", file=sys.stderr)
         return 2
     print(render(projection, args.gpu, args.gpus))
-    from clsr.study.plan import checkpoint_lines
+    from clsr.study.plan.resolve import checkpoint_lines
 
     print("\n".join(checkpoint_lines(study, documents.grids, documents.config)))
     return 0
@@ -501,7 +505,7 @@ def cmd_study_plan(args: argparse.Namespace) -> int:
 def _probed(args: argparse.Namespace, study, documents):
     """Unit costs measured here by short probe trials (no Ray, no MLflow: a lone GPU box can run it),
     of the trials ``documents`` (the study's ``StudyDocuments``) resolved."""
-    from clsr.study.probe import probe
+    from clsr.study.plan.probe import probe
 
     return probe(
         study, args.probe_copies, args.probe_ablation, args.probe_steps,
@@ -511,8 +515,8 @@ def _probed(args: argparse.Namespace, study, documents):
 
 def _recorded(args: argparse.Namespace, study):
     """Unit costs of a recorded study's finished trials, read from MLflow."""
-    from clsr.study.projection import NoMeasurements, measure
-    from clsr.study.report import NoStudyRuns, open_study_runs
+    from clsr.study.analyse.report import NoStudyRuns, open_study_runs
+    from clsr.study.plan.projection import NoMeasurements, measure
     from clsr.tracking.study_runs import children, resolve_tracking_uri
 
     measured_name = args.measured or study.name
@@ -570,14 +574,14 @@ def _cmd_compare_or_promote(args: argparse.Namespace) -> int:
     """``study compare`` / ``study promote``: 0 when done, 2 for a bad file, no runs, or a refusal."""
     import tempfile
 
-    from clsr.results import study_name_and_uri
-    from clsr.study.report import NoStudyRuns, study_by_name
-    from clsr.study.schema import StudyError
+    from clsr.study.analyse.frame import study_name_and_uri
+    from clsr.study.analyse.report import NoStudyRuns, study_by_name
+    from clsr.study.spec.schema import StudyError
     from clsr.tracking.study_runs import resolve_tracking_uri
 
     try:
         if args.action == "compare":
-            from clsr.study.compare import compare_records, render
+            from clsr.study.analyse.compare import compare_records, render
 
             found = compare_records(
                 args.a, args.b, args.tracking_uri, args.tracking_uri_b, args.run_a, args.run_b,
@@ -585,7 +589,7 @@ def _cmd_compare_or_promote(args: argparse.Namespace) -> int:
             )  # fmt: skip
             print(render(*found))
             return 0
-        from clsr.study.promote import promote
+        from clsr.study.analyse.promote import promote
 
         name, file_uri = study_name_and_uri(args.study)
         uri = resolve_tracking_uri(args.tracking_uri or file_uri)
@@ -607,7 +611,7 @@ def cmd_study_report(args: argparse.Namespace) -> int:
 
     from mlflow.tracking import MlflowClient
 
-    from clsr.study.report import (
+    from clsr.study.analyse.report import (
         NoStudyRuns,
         record_lines,
         render_json,
@@ -615,7 +619,7 @@ def cmd_study_report(args: argparse.Namespace) -> int:
         report_study,
         study_by_name,
     )
-    from clsr.study.schema import StudyError
+    from clsr.study.spec.schema import StudyError
     from clsr.tracking.study_runs import resolve_tracking_uri
 
     if (args.study is None) == (args.name is None):
@@ -785,7 +789,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _expand_folders(paths: list[str]) -> list[str]:
     """Each folder replaced by its study files (an empty one stays, so load_study says so)."""
-    from clsr.study.load import study_files_in
+    from clsr.study.plan.load import study_files_in
 
     expanded = []
     for path in paths:
@@ -801,7 +805,7 @@ def _custom_tasks(path: str | None) -> dict:
     from pydantic import ValidationError
 
     from clsr.eval.custom import CustomTask, check_name
-    from clsr.study.yaml_safe import YAMLSafetyError, read_yaml_file
+    from clsr.study.spec.yaml_safe import YAMLSafetyError, read_yaml_file
 
     try:
         raw = read_yaml_file(Path(path))

@@ -84,7 +84,7 @@ def run_sts_eval(
     from clsr.encoders.export import eval_max_length
     from clsr.encoders.registry import resolve_model_path
     from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
-    from clsr.eval.embed import transformer_embedder
+    from clsr.encoders.embed import transformer_embedder
     from clsr.eval.sts import expand_tasks
 
     names = expand_tasks(tasks.split(","))

@@ -1,6 +1,6 @@
 """A whole study: wall time, trials per hour, and the share of the time spent outside training steps.
 
-The study runs through ``clsr.study.runner.run_study`` on a temporary MLflow store (SQLite) and
+The study runs through ``clsr.study.run.runner.run_study`` on a temporary MLflow store (SQLite) and
 temporary Ray storage. The time in training steps comes from what the trainer logs to each trial's
 MLflow run (``clsr/train/loop.py``):
 
@@ -67,9 +67,9 @@ def run_study_bench(
     """Run the study on a temporary store and return its time figures, overall and per trial."""
     from mlflow.tracking import MlflowClient
 
-    from clsr.study.dotted import parse_override
-    from clsr.study.load import load_study
-    from clsr.study.runner import run_study
+    from clsr.study.plan.load import load_study
+    from clsr.study.run.runner import run_study
+    from clsr.study.spec.dotted import parse_override
     from clsr.tracking.study_runs import children, find_parent_run
 
     with tempfile.TemporaryDirectory(prefix="clsr-bench-study-") as tmp:

@@ -161,7 +161,7 @@ def eval_and_checkpoint(model: str, device: str) -> dict[str, Any]:
     from clsr.bench import synchronize
     from clsr.encoders.precision import resolved_precision
     from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
-    from clsr.eval.embed import transformer_embedder
+    from clsr.encoders.embed import transformer_embedder
     from clsr.eval.sts import evaluate_sts
     from clsr.train.loop import save_checkpoint
 

@@ -129,9 +129,9 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from clsr.cluster.sbatch import SbatchRequest, batch_script, check_request, notes
-    from clsr.study.dotted import parse_override
-    from clsr.study.load import load_study
-    from clsr.study.sources import require_sources
+    from clsr.study.plan.load import load_study
+    from clsr.study.plan.sources import require_sources
+    from clsr.study.spec.dotted import parse_override
 
     try:
         request = SbatchRequest(

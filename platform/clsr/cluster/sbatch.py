@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from clsr.study.schema import Study
+from clsr.study.spec.schema import Study
 from clsr.tracking.secrets import mask_uri
 
 # SLURM's --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (hours may pass 24: 168:00:00), or no limit

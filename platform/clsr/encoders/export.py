@@ -2,7 +2,7 @@
 
 **Transformer encoders** become a sentence-transformers folder that ``SentenceTransformer(folder)``
 loads offline, without clsr and without ``trust_remote_code``, and that embeds like the platform's
-evaluation (:func:`clsr.eval.embed.transformer_embedder`): same truncation (min(model_max_length, 512)
+evaluation (:func:`clsr.encoders.embed.transformer_embedder`): same truncation (min(model_max_length, 512)
 tokens), eval mode, no normalisation. The pooler maps to built-in modules only:
 
 ==========================  ===========================================================================
@@ -338,7 +338,7 @@ class TextCNNModel:
     config: Any
 
     def encode(self, sentences: Sequence[str], batch_size: int = 512) -> np.ndarray:
-        from clsr.eval.embed import textcnn_embedder
+        from clsr.encoders.embed import textcnn_embedder
 
         return textcnn_embedder(self.encoder, self.table, batch_size=batch_size)(list(sentences))
 
@@ -576,7 +576,7 @@ def make_embedder(encoder: nn.Module, pipeline: Any, batch_size: int = 128, prec
     """The platform's evaluation embedder for what :func:`load_model` returned, on the encoder's device
     (move it first) in ``precision`` (transformers; TextCNN runs in float32)."""
     from clsr.encoders.textcnn import TextCNNEncoder
-    from clsr.eval.embed import sentence_transformers_embedder, textcnn_embedder, transformer_embedder
+    from clsr.encoders.embed import sentence_transformers_embedder, textcnn_embedder, transformer_embedder
 
     if pipeline is None:  # a sentence-transformers model: its own tokenizer, truncation and modules
         return sentence_transformers_embedder(encoder, batch_size=batch_size, precision=precision)

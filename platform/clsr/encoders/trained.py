@@ -11,7 +11,7 @@ A *source* is one of
 The trainer's files hold only weights, so the architecture comes from the consuming trial's ``model``
 section (same ``name``; its pooling decides which heads are needed). They load as tensors and plain
 data only (a file that would run code is refused) and are checked against the folder's
-``manifest.json`` of SHA-256 (``clsr.train.checkpoint_files``). The trainer writes that manifest with
+``manifest.json`` of SHA-256 (``clsr.encoders.checkpoint_files``). The trainer writes that manifest with
 every checkpoint, so its files (``state.pt``, ``best_model.pt``, in a folder or named directly) are
 refused without it; any other ``.pt`` file named directly is a model of the user's own, trained
 elsewhere, and loads without one.
@@ -27,7 +27,7 @@ from typing import Literal
 from torch import nn
 
 from clsr.encoders.transformer import ModelConfig, TransformerEncoder
-from clsr.train.checkpoint_files import load_tensors
+from clsr.encoders.checkpoint_files import load_tensors
 
 Weights = Literal["last", "best"]
 WEIGHT_FILES = {"last": "state.pt", "best": "best_model.pt"}

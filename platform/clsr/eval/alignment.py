@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from clsr.data.sts import STSSplit
-from clsr.eval.embed import Embedder
+from clsr.encoders.embed import Embedder
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:

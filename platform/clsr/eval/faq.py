@@ -44,7 +44,7 @@ from clsr.data.faq import CANDIDATE_FIELDS, FAQ_TASKS, FOLD_SEED, FAQData, fold_
 from clsr.data.sources import DataUnavailableError, resolve_data_dir
 
 if TYPE_CHECKING:
-    from clsr.eval.embed import Embedder
+    from clsr.encoders.embed import Embedder
 
 SEED = FOLD_SEED
 KS = (1, 3, 5)

@@ -16,7 +16,7 @@ import numpy as np
 
 from clsr.data.sources import resolve_data_dir
 from clsr.data.sts import STS_TASKS, STSSplit, load_sts, subsample
-from clsr.eval.embed import Embedder
+from clsr.encoders.embed import Embedder
 from clsr.eval.tables import paper_table
 
 TASK_GROUPS = {"sts": STS_TASKS}

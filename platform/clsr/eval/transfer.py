@@ -68,7 +68,7 @@ from clsr.data.transfer import CV_TASKS, TRANSFER_TASKS, TransferData, TransferS
 from clsr.eval.tables import paper_table
 
 if TYPE_CHECKING:  # not imported at run time: joblib workers import this module and need no torch
-    from clsr.eval.embed import Embedder
+    from clsr.encoders.embed import Embedder
 
 SEED = 1111
 # PyTorch fits stepped together at most (fixed: a fit's stack must not depend on n_jobs). With the step

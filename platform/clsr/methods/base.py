@@ -198,6 +198,6 @@ class Method(ABC):
     def make_embedder(
         self, model: nn.Module, pipeline: Any, batch_size: int = 128, precision: str = "auto"
     ) -> Callable[[list[str]], np.ndarray]:
-        from clsr.eval.embed import transformer_embedder
+        from clsr.encoders.embed import transformer_embedder
 
         return transformer_embedder(model, pipeline, batch_size=batch_size, precision=precision)

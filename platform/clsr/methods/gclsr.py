@@ -428,7 +428,7 @@ class GCLSR(Method):
         self, model: nn.Module, pipeline: GCLSRShared, batch_size: int = 128, precision: str = "auto"
     ) -> Callable[[list[str]], np.ndarray]:
         """TextCNN scores in float32 whatever ``precision`` says (a small CNN: autocast gains nothing)."""
-        from clsr.eval.embed import textcnn_embedder
+        from clsr.encoders.embed import textcnn_embedder
 
         encoder = model.encoder if hasattr(model, "encoder") else model
         return textcnn_embedder(encoder, pipeline.table, batch_size=max(batch_size, 512))

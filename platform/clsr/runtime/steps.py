@@ -6,10 +6,28 @@ Below both the loop and the methods (``Method.plan_steps`` calls it), so neither
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from clsr.train.config import TrialConfig
+
+class _Trainer(Protocol):
+    batch_size: int
+    grad_accum_steps: int
+    epochs: float
+    max_steps: int | None
+    eval_epochs: float | None
+    eval_steps: int
+
+
+class _Data(Protocol):
+    train: str
+
+
+class TrialConfig(Protocol):
+    """What the step arithmetic reads of a ``clsr.train.config.TrialConfig`` (typed structurally, so
+    this module sits below both the methods and the trainer without importing either)."""
+
+    trainer: _Trainer
+    data: _Data
 
 
 def plan_steps(num_rows: int, trial: TrialConfig, world: int) -> tuple[int, int]:

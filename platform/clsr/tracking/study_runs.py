@@ -22,7 +22,6 @@ from mlflow.entities import Param, RunStatus
 from mlflow.tracking import MlflowClient
 
 import clsr
-from clsr.study.dotted import flatten
 from clsr.tracking.reach import check_reachable, resolve_tracking_uri  # noqa: F401 (imported from here)
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.tags import (  # noqa: F401 (the names every reader of study runs imports from here)
@@ -242,7 +241,7 @@ def quoted(value: str) -> str:
     """``value`` as a string of MLflow's search filter grammar, which has no escapes: it strips the
     quotes around a string and keeps everything between them. So a value with ``'`` goes in double
     quotes; one with both kinds, or ending in a backslash (sqlparse reads ``\\'`` as an escaped
-    quote), cannot be written at all. Trial ids end with their seed, and ``clsr.study.load`` refuses
+    quote), cannot be written at all. Trial ids end with their seed, and ``clsr.study.plan.load`` refuses
     point labels with both quotes."""
     if "'" in value and '"' in value:
         raise ValueError(f"{value!r} holds both ' and \", which MLflow's search cannot quote")
@@ -362,3 +361,15 @@ def record_skipped(uri: str, parent_run_id: str, ablation: str, label: str, seed
     tags = {"clsr.ablation": ablation, "clsr.point": label, "clsr.seed": seed}
     run_id = open_child_run(uri, parent_run_id, trial_id, f"{ablation}/{label}/seed={seed}", tags, {})
     close_run(uri, run_id, "skipped", reason)
+
+
+def flatten(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested sections as MLflow params: ``{"trainer": {"lr": 1e-5}}`` -> ``{"trainer.lr": 1e-5}``."""
+    flat: dict[str, Any] = {}
+    for key, value in doc.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat |= flatten(value, f"{path}.")
+        else:
+            flat[path] = value
+    return flat

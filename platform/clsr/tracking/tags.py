@@ -7,7 +7,7 @@ import json
 
 PARENT_TAG, STORAGE_TAG, TRIAL_TAG = "clsr.study", "clsr.storage", "clsr.trial_id"
 SUPERSEDED_TAG = "clsr.superseded"  # a trial's run that an edited resume replaced (kept, not reported)
-FINGERPRINT_TAG = "clsr.fingerprint"  # sha-256 over every resolved trial (clsr.study.fingerprint)
+FINGERPRINT_TAG = "clsr.fingerprint"  # sha-256 over every resolved trial (clsr.study.plan.fingerprint)
 TIMED_OUT_ATTEMPT_TAG = "clsr.timed_out_attempt"  # the lease generation in which a trial timed out
 CHECKPOINT_TAG = "clsr.checkpoint"  # a finished trial's last checkpoint (local path or URI)
 ALSO_TAG = "clsr.also"  # the other [ablation, point] pairs a run of identical trials stands for (JSON)

@@ -44,7 +44,7 @@ from clsr.methods.base import Method
 from clsr.runtime.distributed import broadcast_, gather_or_raise, patient_group
 from clsr.runtime.steps import eval_interval
 from clsr.tracking.run_logger import RunLogger
-from clsr.train import checkpoint_files
+from clsr.encoders import checkpoint_files
 from clsr.train.config import TrainerConfig, TrialConfig
 from clsr.train.gradcache import check_gradcache, gradcache_backward
 from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, warmup_steps
@@ -305,7 +305,7 @@ def load_checkpoint(
 
     Files are checked against the folder's manifest and loaded as tensors and plain data only."""
     saved = checkpoint_files.load_tensors(folder / "state.pt")
-    if "optimizer" not in saved:  # shrunk once its study finished (clsr.study.retention): weights only
+    if "optimizer" not in saved:  # shrunk once its study finished (clsr.study.record.retention): weights only
         raise ValueError(
             f"{folder}: this checkpoint keeps weights only (its study finished and was shrunk), so training "
             "cannot continue from it; start the trial anew, or set keep_checkpoints: true in the study"

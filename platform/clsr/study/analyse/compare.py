@@ -1,0 +1,203 @@
+"""Two study records compared point by point: "did this commit change the results?", "does the H100 give
+the CPU's numbers?".
+
+``platform study compare A B`` reads each record's trials (those the report counts) and pairs the trials
+the two share: the same resolved configuration, as each child run logged it in its parameters (less the
+``study.*`` labels, the seed, and any ``--ignore`` prefixes, e.g. a data folder that differs between two
+machines), and the same seed. Per point it reports the paired differences B - A of the metric: their
+mean, SciPy's Student-t 95 % CI and paired t-test (``scipy.stats.ttest_rel``), and the p-values adjusted
+across points with Holm's method, the report's own ``holm``.
+Points only one record holds are listed apart. Only values are compared: nothing here takes a path or
+a location from a run's tags. The pairing and the table are the only hand-written parts.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from clsr.study.analyse.frame import study_name_and_uri
+from clsr.study.analyse.report import NoStudyRuns, Trial, holm, load_trials, open_study_runs, pick_trials
+from clsr.study.plan.fingerprint import digest
+from clsr.tracking.study_runs import parent_runs, resolve_tracking_uri
+
+CONFIDENCE = 0.95
+DEFAULT_METRIC = "test_sts_avg"
+NOT_CONFIG = ("study.", "trainer.seed")  # labels and the seed: the seed pairs trials, it is no point
+COLUMNS = ("point", "seeds", "n", "mean_a", "mean_b", "diff", "ci_low", "ci_high", "p", "p_holm")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One side of a comparison: the trials of a study record (those the report counts), and its name."""
+
+    trials: list[Trial]
+    name: str
+    study: str
+
+    @classmethod
+    def read(cls, study: str, tracking_uri: str | None, run_id: str | None) -> Record:
+        name, file_uri = study_name_and_uri(study)
+        client, parent = open_study_runs(name, resolve_tracking_uri(tracking_uri or file_uri), run_id)
+        trials = load_trials(client, parent.info.run_id)
+        chosen = [  # one trial per (ablation, point, seed), as clsr.results.load and the report pick them
+            trial
+            for ablation in dict.fromkeys(t.ablation for t in trials)
+            for trial in pick_trials(t for t in trials if t.ablation == ablation).values()
+        ]
+        return cls(chosen, f"{name} (run {parent.info.run_id})", name)
+
+
+@dataclass
+class Comparison:
+    """The paired table (one row per shared point) and the points only one side holds."""
+
+    table: pd.DataFrame
+    only_a: list[str] = field(default_factory=list)
+    only_b: list[str] = field(default_factory=list)
+    metric: str = DEFAULT_METRIC
+    params_only_a: list[str] = field(default_factory=list)  # logged by A's runs only: not compared
+    params_only_b: list[str] = field(default_factory=list)
+
+
+def previous_record(study_name: str, uri: str) -> str:
+    """The record before the newest one of a study: A, when A and B are one study and no run is named."""
+    client, _ = open_study_runs(study_name, uri)
+    runs = parent_runs(client, study_name, max_results=2)
+    if len(runs) < 2:
+        raise NoStudyRuns(
+            f"study {study_name!r} has one record at {uri}: name another with --run-a/--run-b, or compare "
+            f"it with another study"
+        )
+    return runs[1].info.run_id
+
+
+def config_key(trial: Trial, names: frozenset[str]) -> str:
+    """The hash of a trial's resolved configuration: its parameters ``names``, as logged (MLflow's
+    strings)."""
+    return digest({k: v for k, v in trial.params.items() if k in names})
+
+
+def param_names(record: Record, ignore: tuple[str, ...]) -> set[str]:
+    """The parameters a record's runs logged, less the labels, the seed and ``ignore``."""
+    skip = (*NOT_CONFIG, *ignore)
+    return {k for t in record.trials for k in t.params if not k.startswith(skip)}
+
+
+def finished(record: Record, metric: str, names: frozenset[str]) -> dict[tuple[str, int], tuple[str, float]]:
+    """(configuration, seed) -> (point label, metric) of each finished trial that logged the metric; a run
+    that stands for identical points of several ablations counts once."""
+    runs: dict[str, Trial] = {}
+    for trial in record.trials:
+        if trial.ok and metric in trial.metrics and trial.seed is not None:
+            runs.setdefault(trial.run_id, trial)
+    return {
+        (config_key(t, names), t.seed): (f"{t.ablation}[{t.point}]", t.metrics[metric]) for t in runs.values()
+    }
+
+
+def paired(a: list[float], b: list[float]) -> dict[str, float]:
+    """Mean of b - a, its Student-t CI and the paired t-test's p (nan below two pairs or with no spread)."""
+    diff = np.asarray(b) - np.asarray(a)
+    row = {
+        "n": len(diff),
+        "mean_a": float(np.mean(a)),
+        "mean_b": float(np.mean(b)),
+        "diff": float(diff.mean()),
+    }
+    if len(diff) < 2 or np.ptp(diff) == 0:  # a t statistic needs a spread of the differences
+        return row | {"ci_low": math.nan, "ci_high": math.nan, "p": math.nan}
+    test = sps.ttest_rel(b, a)
+    ci = test.confidence_interval(CONFIDENCE)
+    return row | {"ci_low": float(ci.low), "ci_high": float(ci.high), "p": float(test.pvalue)}
+
+
+def compare(a: Record, b: Record, metric: str = DEFAULT_METRIC, ignore: tuple[str, ...] = ()) -> Comparison:
+    """Pair the finished trials of ``a`` and ``b`` by configuration and seed; one row per shared point."""
+    # a parameter one record's runs have not logged at all (a field a newer clsr added) cannot tell
+    # points apart: only the parameters both logged pair trials
+    names_a, names_b = param_names(a, ignore), param_names(b, ignore)
+    names = frozenset(names_a & names_b)
+    left, right = finished(a, metric, names), finished(b, metric, names)
+    if not left and not right:
+        known = sorted({m for t in (*a.trials, *b.trials) for m in t.metrics if m.startswith("test_")})
+        raise NoStudyRuns(
+            f"--metric {metric}: no finished trial of either record logged it; logged: "
+            f"{', '.join(known) or 'no test_ metric'}"
+        )
+    labels = {cfg: label for (cfg, _), (label, _) in left.items()}
+    labels_b = {cfg: label for (cfg, _), (label, _) in right.items()}
+    shared = {cfg for cfg, seed in left if (cfg, seed) in right}
+    rows = []
+    for cfg in (c for c in dict.fromkeys(c for c, _ in left) if c in shared):
+        seeds = sorted(s for c, s in left if c == cfg and (c, s) in right)
+        name = labels[cfg] + ("" if labels_b[cfg] == labels[cfg] else f" = B's {labels_b[cfg]}")
+        values_a = [left[(cfg, s)][1] for s in seeds]
+        values_b = [right[(cfg, s)][1] for s in seeds]
+        rows.append({"point": name, "seeds": ",".join(map(str, seeds)), **paired(values_a, values_b)})
+    table = pd.DataFrame(rows, columns=[*COLUMNS[:-1]])
+    table["p_holm"] = holm(table["p"].tolist())  # the report's Holm: nan (no test) is no comparison
+    only_a = sorted({label for cfg, label in labels.items() if cfg not in shared})
+    only_b = sorted({label for cfg, label in labels_b.items() if cfg not in shared})
+    return Comparison(table, only_a, only_b, metric, sorted(names_a - names), sorted(names_b - names))
+
+
+def render(comparison: Comparison, a: Record, b: Record) -> str:
+    """The comparison as terminal text: the paired table, then the points only one record holds."""
+    lines = [
+        f"A: {a.name}",
+        f"B: {b.name}",
+        f"{comparison.metric}: B - A per point over the seeds both finished; {CONFIDENCE:.0%} CI (Student t), "
+        f"paired t-test p, Holm-adjusted across points",
+        "",
+    ]
+    if comparison.table.empty:
+        lines.append("(no point with a seed both records finished)")
+    else:
+        with warnings.catch_warnings(), pd.option_context("display.width", 200, "display.max_columns", 20):
+            warnings.simplefilter("ignore")
+            lines.append(comparison.table.to_string(index=False, na_rep="-", float_format=_number))
+    for side, points in (("A", comparison.only_a), ("B", comparison.only_b)):
+        if points:
+            lines.append(f"\nonly in {side} ({len(points)}): " + ", ".join(points))
+    for side, names in (("A", comparison.params_only_a), ("B", comparison.params_only_b)):
+        if names:
+            lines.append(f"\nparameters only {side}'s runs logged (not used to pair): " + ", ".join(names))
+    return "\n".join(lines)
+
+
+def _number(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 0.01 and value != 0 else f"{value:.4f}"
+
+
+def compare_records(
+    study_a: str,
+    study_b: str,
+    tracking_uri: str | None = None,
+    tracking_uri_b: str | None = None,
+    run_a: str | None = None,
+    run_b: str | None = None,
+    metric: str = DEFAULT_METRIC,
+    ignore: tuple[str, ...] = (),
+) -> tuple[Comparison, Record, Record]:
+    """Read both records and compare them; one study without ``run_a``/``run_b`` compares its two newest
+    records (A the earlier)."""
+    b = Record.read(study_b, tracking_uri_b or tracking_uri, run_b)
+    same_store = tracking_uri_b in (None, tracking_uri)
+    if run_a is None and run_b is None and same_store and _same_study(study_a, study_b):
+        run_a = previous_record(b.study, resolve_tracking_uri(_uri_of(study_b, tracking_uri)))
+    a = Record.read(study_a, tracking_uri, run_a)
+    return compare(a, b, metric, ignore), a, b
+
+
+def _same_study(study_a: str, study_b: str) -> bool:
+    return study_name_and_uri(study_a)[0] == study_name_and_uri(study_b)[0]
+
+
+def _uri_of(study: str, tracking_uri: str | None) -> str | None:
+    return tracking_uri or study_name_and_uri(study)[1]

@@ -1,0 +1,117 @@
+"""The resolved study as one fingerprint: what a resume compares before it continues anything.
+
+Each trial is keyed by ``<ablation>[<point>] seed=<n>`` (a sampled ablation by its base and space) and
+hashed over its fully resolved configuration, plus one entry for what decides which trials stop early
+or how they are chosen (metric, mode, scheduler, search). A confirm ablation is keyed by its spec and
+base per seed, and by its explicit points: the configurations it confirms are known only once its
+upstream ran, so they are not in the fingerprint (a resume picks the same ones from the same runs). An
+adaptive-seeds ablation is keyed by its first ``min`` seeds, each entry hashed with its adaptive rule. Settings that do not change a trial's result
+(resources, concurrency, time limits, storage, tracking) are left out, so a resume may change them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from clsr.study.plan.resolve import StudyDocuments
+from clsr.study.spec.schema import Study
+
+STUDY_ENTRY = "(study) metric, mode, scheduler, search"
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def trial_key(ablation: str, label: str, seed: int | str) -> str:
+    return f"{ablation}[{label}] seed={seed}"
+
+
+def fingerprint(
+    study: Study,
+    grids: dict[str, list[dict[str, Any]]] | None = None,
+    document: Callable[[str, dict[str, Any], int], dict[str, Any]] | None = None,
+) -> dict[str, str]:
+    """trial key -> hash of its resolved configuration (and the study-wide entry). ``grids`` (ablation
+    -> its ``grid_points``) and ``document`` (``trial_document`` of an ablation, overrides and seed):
+    the study plan's, built once (``clsr.study.plan.study_plan``); by default the study's documents'
+    (``StudyDocuments.of``), as ``resolver`` gives."""
+    if grids is None or document is None:
+        documents = StudyDocuments.of(study)
+        grids = documents.grids if grids is None else grids
+        document = documents.document if document is None else document
+    entries = {
+        STUDY_ENTRY: digest(
+            {
+                "metric": study.metric,
+                "mode": study.mode,
+                "scheduler": study.scheduler.model_dump(),
+                "search": study.search.model_dump(),
+            }
+        )
+    }
+    for name, ablation in study.ablations.items():
+        for seed in study.seeds_of(name):
+            if ablation.space:
+                doc = document(name, {}, seed)
+                space = {k: d.model_dump() for k, d in ablation.space.items()}
+                entries[trial_key(name, "space", seed)] = digest({"base": doc, "space": space})
+                continue
+            if ablation.confirm is not None:
+                doc = document(name, {}, seed)
+                confirm = ablation.confirm.model_dump()
+                entries[trial_key(name, "confirm", seed)] = digest({"base": doc, "confirm": confirm})
+            for point in grids[name]:
+                doc = document(name, point["overrides"], seed)
+                adaptive = study.adaptive_of(name)  # its rule decides which seeds run beyond the first min
+                value = {"doc": doc, "adaptive": adaptive.model_dump()} if adaptive else doc
+                entries[trial_key(name, point["label"], seed)] = digest(value)
+    return entries
+
+
+def overall(entries: dict[str, str]) -> str:
+    return digest(entries)
+
+
+@dataclass(frozen=True)
+class Changes:
+    added: list[str]
+    removed: list[str]
+    changed: list[str]
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
+
+    def describe(self, limit: int = 20) -> list[str]:
+        lines = []
+        for what, keys in (("added", self.added), ("removed", self.removed), ("changed", self.changed)):
+            shown = ", ".join(keys[:limit]) + (
+                f", ... ({len(keys) - limit} more)" if len(keys) > limit else ""
+            )
+            if keys:
+                lines.append(f"{len(keys)} {what}: {shown}")
+        return lines
+
+
+def changed_searches(recorded: dict[str, str], changes: Changes) -> list[str]:
+    """The sampled ablations that ran (in ``recorded``) and that an edited resume must search again: their
+    base, space or seeds changed, they were removed, or the search settings changed (every one of them).
+    Tune restores a search as it was sampled, so an edited one is a new search, not a continued one."""
+    searched = trial_key("", "space", "")  # "[space] seed=": the keys of a sampled ablation's seeds
+    ran = sorted({key.partition("[")[0] for key in recorded if searched in key})
+    if STUDY_ENTRY in changes.changed:
+        return ran
+    touched = changes.added + changes.removed + changes.changed
+    return [name for name in ran if any(key.startswith(trial_key(name, "space", "")) for key in touched)]
+
+
+def compare(recorded: dict[str, str], current: dict[str, str]) -> Changes:
+    return Changes(
+        added=sorted(k for k in current if k not in recorded),
+        removed=sorted(k for k in recorded if k not in current),
+        changed=sorted(k for k in current if k in recorded and recorded[k] != current[k]),
+    )

@@ -1,0 +1,339 @@
+"""``platform study plan``: what a study will cost before it runs, from per-phase costs measured on
+trials that did run.
+
+Each finished trial logs where its wall time went (``trial_setup_s``, ``trial_steps_s`` over
+``trial_steps_run``, ``trial_dev_eval_s`` over ``trial_dev_evaluations``, ``trial_checkpoint_write_s``
+over ``trial_checkpoints_written``, ``trial_test_eval_s``: ``clsr.train.loop.TrialClock``). The medians
+over a recorded study's trials, per ablation where it has them, give per-unit costs; every distinct
+trial of the planned study is then priced by its own steps, evaluations and checkpoints, the trials
+of each stage are packed onto the GPUs (``concurrency`` slots, or as many as the GPUs hold), and the
+stages add up. Measured on another device than the target, the steps and evaluations are divided by
+a stated speed-up (``--gpu-speedup``); set-up and checkpoint writes are not (start-up, disk and
+network). Nothing here is a library's: no tool projects a Ray Tune study from its own trials' phases.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from clsr.study.plan.distinct import merge_identical
+from clsr.study.plan.resolve import Resolve, grid_points, resolver, stages
+from clsr.study.spec.schema import Study
+from clsr.train.config import TrialConfig
+
+# Assumptions, each printed with the projection and each overridable on the command line: how many
+# times faster a GPU runs a 2-core CPU's optimiser steps and encoder passes (dense transformer work in
+# bf16; a rough figure, for planning only), and an on-demand price per GPU-hour in USD.
+GPUS: dict[str, dict[str, float]] = {
+    "a100": {"speedup": 15.0, "usd_per_gpu_hour": 1.80},
+    "h100": {"speedup": 30.0, "usd_per_gpu_hour": 2.50},
+    "h200": {"speedup": 35.0, "usd_per_gpu_hour": 3.50},
+}
+PHASE_METRICS = ("trial_setup_s", "trial_steps_run", "trial_dev_evaluations", "trial_test_eval_s")
+
+
+class NoMeasurements(LookupError):
+    """The recorded study has no finished trial with phase timings."""
+
+
+@dataclass(frozen=True)
+class UnitCosts:
+    """Seconds per unit of work, medians over ``trials`` measured trials on ``device``."""
+
+    setup_s: float
+    overhead_s: float  # the trial's run open longer than its loop (MLflow, shared inputs, Tune)
+    step_s: float
+    dev_eval_s: float
+    checkpoint_s: float
+    test_eval_s: float
+    trials: int
+    device: str
+
+
+@dataclass
+class Measured:
+    """Unit costs per ablation of the recorded study, and over all of its trials."""
+
+    source: str  # where the costs were measured: "study 'name'", or a probe's description
+    overall: UnitCosts
+    by_ablation: dict[str, UnitCosts] = field(default_factory=dict)
+
+    def for_ablation(self, name: str) -> UnitCosts:
+        return self.by_ablation.get(name, self.overall)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured trial: its final metrics, the device it ran on, and its seconds outside the loop."""
+
+    metrics: dict[str, float]
+    device: str
+    outside_s: float | None
+
+
+def unit_costs(runs: list[Any]) -> UnitCosts | None:
+    """Medians of the per-unit phase costs over finished, never resumed trials (a resumed attempt's
+    clock starts at its restart), or None without any."""
+    return costs_of(
+        [
+            Sample(
+                r.data.metrics,
+                r.data.tags.get("clsr.device", "unknown"),
+                (r.info.end_time - r.info.start_time) / 1000 - r.data.metrics["trial_wall_s"]
+                if r.info.end_time and "trial_wall_s" in r.data.metrics
+                else None,
+            )
+            for r in runs
+            if r.data.tags.get("clsr.status") == "finished"
+        ]
+    )
+
+
+def costs_of(samples: list[Sample]) -> UnitCosts | None:
+    """Medians of the per-unit phase costs over ``samples`` with phase timings (never resumed)."""
+    usable = [
+        s
+        for s in samples
+        if all(m in s.metrics for m in PHASE_METRICS) and "resumed_from_step" not in s.metrics
+    ]
+    if not usable:
+        return None
+
+    def median_of(total: str, count: str | None = None) -> float:
+        values = [
+            s.metrics.get(total, 0.0) / (s.metrics[count] if count else 1.0)
+            for s in usable
+            if count is None or s.metrics.get(count, 0) > 0
+        ]
+        return statistics.median(values) if values else 0.0
+
+    outside = [s.outside_s for s in usable if s.outside_s is not None]
+    return UnitCosts(
+        setup_s=median_of("trial_setup_s"),
+        overhead_s=max(statistics.median(outside), 0.0) if outside else 0.0,
+        step_s=median_of("trial_steps_s", "trial_steps_run"),
+        dev_eval_s=median_of("trial_dev_eval_s", "trial_dev_evaluations"),
+        checkpoint_s=median_of("trial_checkpoint_write_s", "trial_checkpoints_written"),
+        test_eval_s=median_of("trial_test_eval_s"),
+        trials=len(usable),
+        device=Counter(s.device for s in usable).most_common(1)[0][0],
+    )
+
+
+def measure(runs: list[Any], study_name: str) -> Measured:
+    """``runs``: the recorded study's child runs."""
+    overall = unit_costs(runs)
+    if overall is None:
+        raise NoMeasurements(
+            f"study {study_name!r} has no finished trial with phase timings (trial_setup_s ...): run a "
+            f"few short trials of the configuration first, e.g. `platform study run <study.yaml> --set "
+            f"trainer.max_steps=20 --set name=<study>-probe`, then `platform study plan <study.yaml> "
+            f"--from <study>-probe`"
+        )
+    by_ablation = {}
+    for name in sorted({r.data.tags.get("clsr.ablation") for r in runs} - {None}):
+        costs = unit_costs([r for r in runs if r.data.tags.get("clsr.ablation") == name])
+        if costs is not None:
+            by_ablation[name] = costs
+    return Measured(f"study {study_name!r}", overall, by_ablation)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one trial does: optimiser steps, dev evaluations and checkpoint writes."""
+
+    steps: int
+    evaluations: int
+    checkpoints: int
+
+
+def trial_work(trial: TrialConfig, rows: int) -> Work:
+    """The loop's own plan for a trial of ``rows`` training rows (one device per rank)."""
+    from clsr.runtime.steps import eval_interval
+    from clsr.train.loop import build_method
+
+    steps_per_epoch, total = build_method(trial).plan_steps(rows, trial, 1)
+    if total == 0:  # an evaluation-only point scores its starting model once
+        return Work(0, 1, 0)
+    evaluations = math.ceil(total / eval_interval(trial, steps_per_epoch))  # the last step evaluates too
+    return Work(total, evaluations, math.ceil(evaluations / trial.trainer.checkpoint_every))
+
+
+@dataclass
+class TrialPlan:
+    ablation: str
+    label: str
+    stage: int
+    work: Work | None  # None: its training rows could not be counted here
+    seconds: float
+    gpus: float
+
+
+@dataclass
+class Projection:
+    trials: int
+    distinct: int
+    plans: list[TrialPlan]
+    wall_s: float
+    gpu_hours: float
+    usd: float | None
+    slots: int
+    assumptions: list[str]
+
+
+def count_rows(trial: TrialConfig, cache: dict[str, int | str]) -> int | str:
+    """The trial's training rows (read once per data section), or why they could not be read."""
+    from clsr.data.training import training_rows
+    from clsr.train.loop import build_method
+
+    key = trial.data.model_dump_json() + str(trial.trainer.seed) + str(sorted(trial.method.items()))
+    if key not in cache:
+        try:  # the rows the loop trains on (a method may pair the data set's rows into fewer)
+            cache[key] = len(build_method(trial).rows_for_training(training_rows(trial), trial))
+        except (OSError, ValueError, LookupError) as err:
+            cache[key] = f"{type(err).__name__}: {err}"
+    return cache[key]
+
+
+def trial_seconds(work: Work, costs: UnitCosts, speedup: float) -> float:
+    return (
+        costs.overhead_s
+        + costs.setup_s
+        + work.steps * costs.step_s / speedup
+        + work.evaluations * costs.dev_eval_s / speedup
+        + work.checkpoints * costs.checkpoint_s
+        + costs.test_eval_s / speedup
+    )
+
+
+def gpus_per_trial(study: Study) -> float:
+    res = study.resources
+    return res.gpus_per_worker * max(res.workers_per_trial, 1)
+
+
+def pack(durations: list[float], slots: int) -> float:
+    """Wall time of running ``durations`` on ``slots`` at once, longest first (each next trial goes to
+    the slot that frees first, as Tune hands out its slots)."""
+    ends = [0.0] * max(slots, 1)
+    for duration in sorted(durations, reverse=True):
+        heapq.heapreplace(ends, ends[0] + duration)
+    return max(ends)
+
+
+def project(
+    study: Study,
+    measured: Measured,
+    gpus: int,
+    gpu: str,
+    speedup: float | None = None,
+    usd_per_gpu_hour: float | None = None,
+    progress=print,
+    grids: dict[str, list[dict[str, Any]]] | None = None,
+    resolve: Resolve | None = None,
+) -> Projection:
+    """Price every distinct trial of ``study`` and pack each stage onto ``gpus`` GPUs of kind ``gpu``.
+    ``grids`` (ablation -> its ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation,
+    overrides and seed): the study's documents (``clsr.study.plan.resolve.StudyDocuments``), each trial
+    resolved once; by default those kept with the study."""
+    resolve = resolver(study, resolve)
+    target = GPUS[gpu]
+    measured_on_target = gpu.lower() in measured.overall.device.lower()
+    per_trial_gpus = gpus_per_trial(study)
+    if per_trial_gpus == 0:  # the study's trials hold no GPU: they run where they were measured
+        speedup = 1.0
+    elif speedup is None:
+        speedup = 1.0 if measured_on_target else target["speedup"]
+    price = target["usd_per_gpu_hour"] if usd_per_gpu_hour is None else usd_per_gpu_hour
+    slots = study.concurrency or 10**6
+    if per_trial_gpus > 0:
+        slots = min(slots, int(gpus / per_trial_gpus + 1e-9))
+    if slots < 1:
+        raise ValueError(f"--gpus {gpus}: a trial of this study needs {per_trial_gpus:g} GPUs")
+
+    stage_of = {name: n for n, wave in enumerate(stages(study)) for name in wave}
+    entries = []
+    for name, ablation in study.ablations.items():
+        # a sampled ablation's configurations, and those a confirm ablation reruns: its base stands for each
+        samples = study.search.num_samples if ablation.space else 0
+        samples = ablation.confirm.top_k if ablation.confirm is not None else samples
+        points = [{"label": "sample", "overrides": {}, "sampled": True}] * samples
+        points += [] if ablation.space else grid_points(ablation) if grids is None else grids[name]
+        entries += [{"ablation": name, **p, "seed": seed} for p in points for seed in study.seeds_of(name)]
+    distinct = merge_identical(
+        study,
+        [e for e in entries if not e.get("sampled")],
+        resolved=lambda e: resolve(e["ablation"], e["overrides"], e["seed"]),
+    )
+    distinct += [e for e in entries if e.get("sampled")]
+    progress(f"pricing {len(distinct)} distinct trials (of {len(entries)}); reading their training rows ...")
+    rows_cache: dict[str, int | str] = {}
+    plans = []
+    for entry in distinct:
+        trial = resolve(entry["ablation"], entry["overrides"], entry["seed"])
+        rows = count_rows(trial, rows_cache)
+        work = trial_work(trial, rows) if isinstance(rows, int) else None
+        costs = measured.for_ablation(entry["ablation"])
+        seconds = trial_seconds(work, costs, speedup) if work else 0.0
+        plans.append(
+            TrialPlan(
+                entry["ablation"], entry["label"], stage_of[entry["ablation"]], work, seconds, per_trial_gpus
+            )
+        )
+    wall = sum(
+        pack([p.seconds for p in plans if p.stage == n], slots) for n in sorted(set(stage_of.values()))
+    )
+    gpu_hours = sum(p.seconds * p.gpus for p in plans) / 3600
+    assumptions = [
+        f"unit costs: medians over {measured.overall.trials} finished trials of {measured.source} "
+        f"on {measured.overall.device} (per ablation where it ran one): outside the loop "
+        f"{measured.overall.overhead_s:.1f} s, set-up {measured.overall.setup_s:.1f} s, "
+        f"step {measured.overall.step_s:.3f} s, dev evaluation {measured.overall.dev_eval_s:.1f} s, "
+        f"checkpoint {measured.overall.checkpoint_s:.2f} s, test evaluation {measured.overall.test_eval_s:.1f} s",
+        "the study's trials hold no GPU: projected on the measured device"
+        if per_trial_gpus == 0
+        else f"steps and evaluations {speedup:g}x faster on {gpu} than where they were measured"
+        + (" (measured on it)" if measured_on_target else " (assumed; --gpu-speedup to change it)"),
+        "set-up, the time outside the loop and checkpoint writes as measured (start-up, disk and network "
+        "do not speed up); not counted: the study's own start (Ray, shared inputs, about a minute)",
+        f"{slots} trials at a time ({gpus} x {gpu}, {per_trial_gpus:g} GPU per trial, concurrency "
+        f"{study.concurrency or 'unlimited'}); stages run one after another",
+        f"USD {price:.2f} per GPU-hour"
+        + ("" if usd_per_gpu_hour is not None else " (assumed; --price to change it)"),
+    ]
+    unknown = [p for p in plans if p.work is None]
+    if unknown:
+        assumptions.append(
+            f"{len(unknown)} trials priced at 0 s: their training rows could not be read here "
+            f"({next(v for v in rows_cache.values() if isinstance(v, str))[:160]})"
+        )
+    usd = gpu_hours * price if per_trial_gpus > 0 else None
+    return Projection(len(entries), len(distinct), plans, wall, gpu_hours, usd, slots, assumptions)
+
+
+def render(projection: Projection, gpu: str, gpus: int) -> str:
+    """Per ablation: its distinct trials, steps and minutes per trial; then the study's totals."""
+    by_ablation: dict[str, list[TrialPlan]] = {}
+    for plan in projection.plans:
+        by_ablation.setdefault(plan.ablation, []).append(plan)
+    header = f"{'ablation':<24} {'distinct':>8} {'steps/trial':>12} {'min/trial':>10} {'GPU-h':>8}"
+    lines = [header, "-" * len(header)]
+    for name, plans in by_ablation.items():
+        steps = [p.work.steps for p in plans if p.work]
+        minutes = statistics.mean(p.seconds for p in plans) / 60
+        gpu_h = sum(p.seconds * p.gpus for p in plans) / 3600
+        shown = f"{statistics.median(steps):,.0f}" if steps else "?"
+        lines.append(f"{name:<24} {len(plans):>8} {shown:>12} {minutes:>10.1f} {gpu_h:>8.2f}")
+    cost = f", about USD {projection.usd:,.0f}" if projection.usd is not None else ""
+    lines += [
+        "",
+        f"{projection.trials} trials, {projection.distinct} distinct; on {gpus} x {gpu}: about "
+        f"{projection.wall_s / 60:,.0f} min wall, {projection.gpu_hours:,.1f} GPU-hours{cost}",
+        "assumptions:",
+        *(f"  - {a}" for a in projection.assumptions),
+    ]
+    return "\n".join(lines)

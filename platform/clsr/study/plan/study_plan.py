@@ -1,0 +1,148 @@
+"""A validated study's resolved plan, built once (``plan_study``) and passed as given to what runs it:
+its points (each grid's, checked: runnable here, or unavailable and why), every trial of the runnable
+points with its resolved configuration, the waves it runs in, and its fingerprint.
+
+Each trial document is built once (``clsr.study.plan.resolve.StudyDocuments``): validation (``load_study``)
+resolves each point's first seed and keeps the documents with the study, and the plan adds the other
+seeds; the source checks (``clsr.study.plan.sources``), the fingerprint (``clsr.study.plan.fingerprint``) and the
+trials' configurations all read the same ones. A staged trial (its ablation ``needs`` upstream trials' outputs) has no
+configuration in the plan: it resolves only once those outputs exist (``runner.ready_trials``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from clsr.study.plan.fingerprint import fingerprint, trial_key
+from clsr.study.plan.resolve import Resolve, StudyDocuments, experiments, overrides_key, resolver
+from clsr.study.spec.schema import Study, StudyError
+from clsr.train.config import TrialConfig
+
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    """One trial of a runnable point and seed; ``config`` is None for a staged trial (resolved later)."""
+
+    ablation: str
+    label: str
+    overrides: dict[str, Any]
+    paper: dict[str, float]
+    seed: int
+    config: TrialConfig | None
+
+    @property
+    def key(self) -> str:
+        return trial_key(self.ablation, self.label, self.seed)
+
+    def entry(self) -> dict[str, Any]:
+        """The runner's trial (what a Tune grid holds): no configuration, only what names the trial."""
+        return {
+            "ablation": self.ablation,
+            "label": self.label,
+            "overrides": dict(self.overrides),  # the runner's own copies: the plan stays as planned
+            "paper": dict(self.paper),
+            "seed": self.seed,
+        }
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """``points``: the runnable points (``{"ablation", "label", "overrides", "paper"}``), in study order;
+    ``unavailable``: ``ablations.<name>[<point>]: why`` per point that cannot run here; ``trials``: the
+    runnable points × their ablation's seeds; ``waves``: ``(Tune experiment, sampled ablation or None,
+    ablations)`` in running order; ``fingerprint``: trial key -> hash (what a resume compares)."""
+
+    study: Study
+    points: tuple[dict[str, Any], ...]
+    unavailable: tuple[str, ...]
+    trials: tuple[PlannedTrial, ...]
+    waves: tuple[tuple[str, str | None, list[str]], ...]
+    fingerprint: dict[str, str]
+    _index: dict[tuple[str, str, int], PlannedTrial] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:  # each trial by what resolves it, for ``config_of``
+        index = {(t.ablation, overrides_key(t.overrides), t.seed): t for t in self.trials}
+        object.__setattr__(self, "_index", index)  # frozen: set once here
+
+    def wave_trials(self, wave: list[str]) -> list[dict[str, Any]]:
+        """The runner's trials of the ablations in ``wave``, in plan order."""
+        return [t.entry() for t in self.trials if t.ablation in wave]
+
+    def config_of(self, trial: dict[str, Any]) -> TrialConfig | None:
+        """The plan's configuration of a runner's trial; None for one it has none of (a staged trial,
+        a confirmed configuration, an adaptive round's seed, a sampled ablation's base): resolve it."""
+        planned = self._index.get((trial["ablation"], overrides_key(trial["overrides"]), trial["seed"]))
+        return planned.config if planned is not None else None
+
+
+def plan_study(study: Study) -> StudyPlan:
+    """The plan of a validated study; StudyError when a point can never run as written (its sources:
+    ``clsr.study.plan.sources``). Unavailable points are listed, not refused: ``runner.refuse_unavailable``
+    decides (``skip_unavailable``)."""
+    docs = StudyDocuments.of(study)  # the documents load_study validated the study with
+    grids = docs.grids
+    prints = fingerprint(study, grids, docs.document)
+    points, unavailable = check_points(study, grids, docs.config)
+    staged = {name for name, a in study.ablations.items() if a.needs}  # resolved once upstream ran
+    trials = tuple(
+        PlannedTrial(
+            p["ablation"],
+            p["label"],
+            p["overrides"],
+            p["paper"],
+            seed,
+            None if p["ablation"] in staged else _config(docs, p, seed),
+        )
+        for p in points
+        for seed in study.seeds_of(p["ablation"])
+    )
+    waves = tuple(experiments(study))
+    return StudyPlan(study, tuple(points), tuple(unavailable), trials, waves, prints)
+
+
+def _config(docs: StudyDocuments, point: dict[str, Any], seed: int) -> TrialConfig:
+    """A point's configuration with ``seed``; validation checked the first seed only, so another one
+    that does not validate is a StudyError naming the trial, before anything starts."""
+    try:
+        return docs.config(point["ablation"], point["overrides"], seed)
+    except ValidationError as err:
+        where = trial_key(point["ablation"], point["label"], seed)
+        raise StudyError(docs.study.name, [f"{where}: {err.errors()[0]['msg']}"]) from None
+
+
+def check_points(
+    study: Study,
+    grids: dict[str, list[dict[str, Any]]] | None = None,
+    resolve: Resolve | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every grid point, and why each point that cannot run here can't (its model or data is not here,
+    or its method says so); StudyError when a point can never run as written (``clsr.study.plan.sources``).
+    ``grids`` and ``resolve``: the plan's points and configurations (default: the study's documents, ``StudyDocuments.of``)."""
+    from clsr.study.plan.sources import check_sources, trial_source_problems
+    from clsr.train.loop import build_method
+
+    if grids is None:
+        grids = StudyDocuments.of(study).grids
+    resolve = resolver(study, resolve)
+    report = check_sources(study, grids, resolve)
+    if report.problems:
+        raise StudyError(study.name, report.lines("problems"))
+    points, unavailable = [], []
+    for name in study.ablations:
+        grid = grids[name]
+        if not grid:  # sampled, or confirming only: its base trial stands for the points to come
+            base = resolve(name, {}, study.seeds_of(name)[0])
+            unavailable += [f"ablations.{name}[base]: {why}" for why in trial_source_problems(base)[1]]
+            continue
+        for point in grid:
+            trial = resolve(name, point["overrides"], study.seeds_of(name)[0])
+            missing = trial_source_problems(trial)[1]
+            why = missing[0] if missing else build_method(trial).unavailable(trial)
+            if why:
+                unavailable.append(f"ablations.{name}[{point['label']}]: {why}")
+            else:
+                points.append({"ablation": name, **point})
+    return points, unavailable

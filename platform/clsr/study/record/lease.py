@@ -1,0 +1,372 @@
+"""One driver per study: a fenced lease on the study's MLflow parent run, renewed by a heartbeat.
+
+Why by hand: Ray and MLflow have no lock that two drivers on different machines both see. MLflow
+params are write-once (logging a different value for a key that exists is refused), which makes them
+a compare-and-set: the driver that logs ``clsr.lease.<n>`` first holds lease generation ``n``; any other
+gets MLflow's refusal. The highest generation's token names the holder, and nothing else does.
+
+Where: on the parent's *lease run*, a run of its own in the study's experiment (tags ``clsr.role=lease``,
+``clsr.lease_of=<parent id>``) that the parent's creator makes, so that the parent's parameters hold
+the study and nothing of its bookkeeping. It lives in the study's experiment because whoever may run
+the study may write there (an experiment of its own would need its own grants on a server with
+logins). A parent with no lease run yet counts as held, as one without a generation did. Records made
+before lease runs, and a parent whose first driver stopped before its lease (taken over later), keep
+their generations in the parent's own params; where a parent has them they win, so a driver that
+still writes to a lease run then finds itself taken over. Two lease runs for one parent are refused as
+ambiguous (only the parent's creator makes one: a second was written by someone else).
+
+The holder renews the tag ``clsr.lease`` (``token host pid count``) every ``HEARTBEAT_S``. Whether a
+holder is gone is judged on the observer's own monotonic clock: the lease is stale when the observer
+has watched it unchanged for ``STALE_S`` (timestamps written by two machines are never compared, so a
+clock that runs ahead steals nothing). A generation whose holder has not beaten yet, and a RUNNING
+parent with no generation yet, count as held until watched that long. A holder on this machine is judged
+by its process instead (a pid is only ever checked on its own host): gone, the lease is free at once;
+there (even stopped by Ctrl-Z), it is held.
+
+Fencing: the heartbeat re-reads the generation before each beat; a driver whose generation was taken
+over (it was paused past ``STALE_S``: Ctrl-Z, a suspended VM) calls ``on_lost`` once and stops beating,
+and ``check`` raises ``LeaseLost`` before any record write, so it writes nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from clsr.study.control.driver_link import command_pid
+from clsr.tracking.patient import PatientClient
+from clsr.tracking.study_runs import quoted
+
+LEASE_TAG = "clsr.lease"
+GENERATION_PARAM = "clsr.lease.{}"
+ROLE_TAG = "clsr.role"  # "lease" on a lease run
+LEASE_OF_TAG = "clsr.lease_of"  # the parent run a lease run belongs to
+RELEASED = "released"
+HEARTBEAT_S = 5.0
+STALE_S = 60.0
+
+
+class LeaseHeld(RuntimeError):
+    """Another driver holds the study."""
+
+
+class LeaseLost(RuntimeError):
+    """This driver's lease was taken over by another driver: it must not write the record."""
+
+
+class LeaseAmbiguous(LeaseHeld):
+    """Two lease runs name one parent run: which holds the study cannot be told, so none is trusted."""
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace: two containers sharing a host name (``--net=host``) do not share pids."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "-"
+
+
+@dataclass(frozen=True)
+class Beat:
+    """The holder's last heartbeat, as it wrote it (its count changes with every beat)."""
+
+    token: str
+    host: str
+    namespace: str
+    pid: int
+    count: str
+
+    @classmethod
+    def parse(cls, text: str | None) -> Beat | None:
+        try:
+            token, host, namespace, pid, count = (text or "").split(" ")
+            return cls(token, host, namespace, int(pid), count)
+        except ValueError:
+            return None
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
+    def here(self) -> bool | None:
+        """Whether the holder's process exists, when it ran on this machine (None: another machine)."""
+        if self.host != socket.gethostname() or self.namespace != pid_namespace():
+            return None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # another user's process: alive
+            return True
+        return True
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """What MLflow holds of a parent run's lease at one moment."""
+
+    running: bool
+    generation: int  # the highest generation taken (0: none)
+    holder: str | None  # that generation's token
+    beat_text: str  # the heartbeat tag as written
+    record_id: str | None = None  # the run holding them: the lease run, or the parent (None: not made yet)
+
+    @property
+    def beat(self) -> Beat | None:
+        beat = Beat.parse(self.beat_text)
+        return beat if beat is not None and beat.token == self.holder else None
+
+    @property
+    def released(self) -> bool:
+        return self.holder is not None and self.beat_text == f"{RELEASED} {self.holder}"
+
+    def free_now(self) -> bool:
+        """Free without watching: the run is closed, its holder let go, or the holder's process is gone."""
+        if not self.running or self.released:
+            return True
+        return self.beat is not None and self.beat.here() is False
+
+    def describe(self) -> str:
+        if self.beat is not None:
+            return self.beat.describe()
+        if self.generation:
+            return "a driver that is starting (its lease is taken, its first heartbeat not yet written)"
+        return "a driver that is starting (its parent run is open, its lease not yet taken)"
+
+
+def generations(params: dict[str, str]) -> dict[int, str]:
+    """The lease generations taken in a run's params, by number."""
+    prefix = GENERATION_PARAM.format("")
+    return {
+        int(key[len(prefix) :]): token
+        for key, token in params.items()
+        if key.startswith(prefix) and key[len(prefix) :].isdigit()
+    }
+
+
+def lease_runs(client: MlflowClient, parent) -> list:
+    """The lease runs that name ``parent`` (a Run): one, or none while its creator has not made it."""
+    query = f"tags.`{ROLE_TAG}` = 'lease' and tags.`{LEASE_OF_TAG}` = {quoted(parent.info.run_id)}"
+    return client.search_runs([parent.info.experiment_id], query, max_results=3)
+
+
+def lease_record(client: MlflowClient, parent, known_id: str | None = None):
+    """The run that holds the parent's lease (the parent itself for records made before lease runs), or
+    None. ``known_id``: the lease run this driver made or found before (a heartbeat need not search)."""
+    if generations(parent.data.params):
+        return parent
+    if known_id is not None and known_id != parent.info.run_id:
+        return client.get_run(known_id)
+    found = lease_runs(client, parent)
+    if len(found) > 1:
+        raise LeaseAmbiguous(
+            f"MLflow run {parent.info.run_id} has {len(found)} lease runs "
+            f"({', '.join(r.info.run_id for r in found)}) where its driver made one: someone else wrote "
+            f"the others; delete the ones you did not make (tag {LEASE_OF_TAG}), then resume"
+        )
+    return found[0] if found else None
+
+
+def read_state(client: MlflowClient, run_id: str, known_id: str | None = None) -> LeaseState:
+    parent = client.get_run(run_id)
+    record = lease_record(client, parent, known_id)
+    taken = generations(record.data.params) if record is not None else {}
+    top = max(taken, default=0)
+    return LeaseState(
+        running=parent.info.status == "RUNNING",
+        generation=top,
+        holder=taken.get(top),
+        beat_text=record.data.tags.get(LEASE_TAG, "") if record is not None else "",
+        record_id=record.info.run_id if record is not None else None,
+    )
+
+
+def leased(client: MlflowClient, parents: list) -> set[str]:
+    """The ids of the parent runs (of one experiment) whose lease a driver took: generation 1 in their
+    lease run, or in their own params (records made before lease runs)."""
+    ids = {p.info.run_id for p in parents if GENERATION_PARAM.format(1) in p.data.params}
+    by_experiment: dict[str, list] = {}
+    for parent in parents:
+        by_experiment.setdefault(parent.info.experiment_id, []).append(parent.info.run_id)
+    for experiment, wanted in by_experiment.items():
+        query = f"tags.`{ROLE_TAG}` = 'lease'"
+        for run in client.search_runs([experiment], query, max_results=50_000):
+            if run.data.tags.get(LEASE_OF_TAG) in wanted and GENERATION_PARAM.format(1) in run.data.params:
+                ids.add(run.data.tags[LEASE_OF_TAG])
+    return ids
+
+
+def generation(client: MlflowClient, run_id: str) -> int:
+    """The highest lease generation taken on the run (0: none)."""
+    return read_state(client, run_id).generation
+
+
+def watch(
+    client: MlflowClient,
+    run_id: str,
+    watch_s: float = STALE_S,
+    say: Callable[[str], None] | None = None,
+) -> LeaseState:
+    """The lease's state once it is free: at once when ``free_now``, else after watching it unchanged
+    for ``watch_s`` on this machine's monotonic clock. Raises ``LeaseHeld`` when it changes meanwhile
+    (its holder beats: it is alive; or another driver took it)."""
+    first = read_state(client, run_id)
+    if first.free_now():
+        return first
+    if first.beat is not None and first.beat.here():  # even stopped (Ctrl-Z) it is alive: not stale
+        raise LeaseHeld(f"{first.describe()} (its process is running on this machine)")
+    if say is not None:
+        say(f"the lease is held by {first.describe()}; watching its heartbeat for up to {watch_s:.0f} s")
+    started = time.monotonic()
+    while (left := watch_s - (time.monotonic() - started)) > 0:
+        time.sleep(min(HEARTBEAT_S, left))
+        now = read_state(client, run_id)
+        if now.free_now():
+            return now
+        if now != first:
+            raise LeaseHeld(f"{now.describe()} (its heartbeat changed while watched)")
+    return first
+
+
+class Lease:
+    """This driver's lease on a parent run: ``acquire`` (or ``take_first`` on a run it just created)
+    takes it or raises ``LeaseHeld``; ``start`` beats; ``check`` fences record writes."""
+
+    def __init__(self, uri: str, run_id: str, study: str):
+        self.uri, self.run_id, self.study = uri, run_id, study
+        self.token = uuid.uuid4().hex[:12]
+        self.generation = 0
+        self.record_id: str | None = None  # the run its generation is logged on (see lease_record)
+        self.lost: str | None = None  # why the lease was lost, once it was
+        self.on_lost: Callable[[str], None] | None = None
+        self._beats = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self, watch_s: float = STALE_S) -> int:
+        """Take the next generation once no live driver holds the study (watching a holder that may be
+        gone for up to ``watch_s``); returns the generation."""
+        client = PatientClient(self.uri)
+        try:
+            state = watch(client, self.run_id, watch_s, say=lambda line: print(line, file=sys.stderr))
+        except LeaseAmbiguous:
+            raise
+        except LeaseHeld as err:
+            raise LeaseHeld(self.held_message(str(err))) from None
+        # no lease run: a record made before them, or one whose first driver stopped before its lease
+        return self._take(client, state.generation + 1, state.record_id or self.run_id)
+
+    def take_first(self) -> int:
+        """Generation 1 of a parent run this driver has just created (no one else has watched it), on the
+        lease run it makes for it."""
+        client = PatientClient(self.uri)
+        parent = client.get_run(self.run_id)
+        made = client.create_run(
+            parent.info.experiment_id,
+            run_name=f"{self.study} lease",
+            tags={
+                ROLE_TAG: "lease",
+                LEASE_OF_TAG: self.run_id,
+                "mlflow.note.content": f"which driver holds the record {self.run_id} of study "
+                f"{self.study!r}: written by clsr; delete it only with that run",
+            },
+        )
+        client.set_terminated(made.info.run_id, status="FINISHED")  # bookkeeping, not a running study
+        taken = self._take(client, 1, made.info.run_id)
+        try:
+            self.check(client)  # a driver that took the parent over in its own params meanwhile holds it
+        except LeaseLost:
+            raise LeaseHeld(self.held_message(read_state(client, self.run_id).describe())) from None
+        return taken
+
+    def _take(self, client: MlflowClient, wanted: int, record_id: str) -> int:
+        try:
+            client.log_param(record_id, GENERATION_PARAM.format(wanted), self.token)
+        except MlflowException as err:  # another driver took this generation first
+            raise LeaseHeld(self.held_message(read_state(client, self.run_id).describe())) from err
+        self.generation, self.record_id = wanted, record_id
+        self._beat(client)
+        self.start()  # beating from the moment it holds the lease: taking over a study may take minutes
+        return wanted
+
+    def discard(self, client: MlflowClient) -> None:
+        """Beat no more and delete the lease run this driver made (its parent run is being deleted)."""
+        self.stop_beating()
+        if self.record_id is not None and self.record_id != self.run_id:
+            client.delete_run(self.record_id)
+
+    def held_message(self, who: str) -> str:
+        return (
+            f"study {self.study!r} is being run by {who}; wait for it to end, or stop it (Ctrl-C there); a driver "
+            f"that was killed lets go once its lease has been watched unchanged for {STALE_S:.0f} s: "
+            f"then `platform study resume` takes over"
+        )
+
+    def _beat(self, client: MlflowClient) -> None:
+        self._beats += 1
+        text = f"{self.token} {socket.gethostname()} {pid_namespace()} {command_pid()} {self._beats}"
+        client.set_tag(self.record_id, LEASE_TAG, text)
+
+    def start(self) -> Lease:
+        """Beat every ``HEARTBEAT_S`` (once: a lease that beats already goes on)."""
+        if self._thread is not None and self._thread.is_alive():
+            return self
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._heartbeat, name="clsr-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def _heartbeat(self) -> None:
+        client = MlflowClient(self.uri)
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                if self._taken_over(client):
+                    return
+                self._beat(client)
+            except Exception as err:  # an outage: the lease goes stale only if it outlasts STALE_S
+                print(f"lease heartbeat failed ({type(err).__name__}); retrying", file=sys.stderr)
+
+    def _taken_over(self, client: MlflowClient) -> bool:
+        state = read_state(client, self.run_id, self.record_id)
+        if (state.generation, state.holder, state.record_id) == (self.generation, self.token, self.record_id):
+            return False
+        self.lost = (
+            f"study {self.study!r} was taken over by {state.describe()} (lease generation "
+            f"{state.generation}, this driver held {self.generation}): this driver was paused or cut off "
+            f"for longer than {STALE_S:.0f} s; it stops and writes nothing more to the record"
+        )
+        print(f"\n{self.lost}", file=sys.stderr)
+        if self.on_lost is not None:
+            self.on_lost(self.lost)
+        return True
+
+    def check(self, client: MlflowClient | None = None) -> None:
+        """Raise ``LeaseLost`` unless this driver still holds the study (call before writing the record)."""
+        if self.lost is None:
+            self._taken_over(client or PatientClient(self.uri))
+        if self.lost is not None:
+            raise LeaseLost(self.lost)
+
+    def stop_beating(self) -> None:
+        """Beat no more (the run is being deleted: nothing to let go of)."""
+        self._stop.set()
+
+    def release(self) -> None:
+        """Stop the heartbeat and let go (best effort: a lease not renewed goes stale by itself)."""
+        self._stop.set()
+        if self.lost is not None or not self.generation:
+            return
+        try:
+            client = MlflowClient(self.uri)
+            if not self._taken_over(client):
+                client.set_tag(self.record_id, LEASE_TAG, f"{RELEASED} {self.token}")
+        except Exception as err:  # unreachable: the lease goes stale by itself
+            print(f"could not release the study's lease ({type(err).__name__})", file=sys.stderr)

@@ -1,0 +1,632 @@
+"""The study's record in MLflow: one driver holds it, it knows what the study was, and it closes telling
+what happened.
+
+``start_record`` opens a new parent run (refused while another driver runs the study, or while an
+earlier run was killed without closing); ``take_over`` continues the latest one (refused when its
+resolved trials changed, unless told to keep the unchanged ones); ``close_study`` sends what trials
+kept for MLflow, closes the runs still open and the parent; ``sync_study`` finishes a record whose
+driver could not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clsr.study.control.driver_link import LEASE_LOST_EXIT
+from clsr.study.plan.distinct import also_of
+from clsr.study.plan.fingerprint import changed_searches, compare, fingerprint, overall
+from clsr.study.plan.resolve import grid_points, point_label, stages, trial_document
+from clsr.study.record.lease import HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, leased, watch
+from clsr.study.spec.schema import Study
+from clsr.tracking.patient import PatientClient
+from clsr.tracking.secrets import mask_uri
+from clsr.tracking.spool import replay_pending
+from clsr.tracking.study_runs import (
+    ALSO_TAG,
+    FINGERPRINT_TAG,
+    STORAGE_TAG,
+    SUPERSEDED_TAG,
+    TRIAL_TAG,
+    check_reachable,
+    children,
+    close_run,
+    open_children,
+    parent_runs,
+    record_skipped,
+    resolve_tracking_uri,
+    run_labels,
+    start_parent_run,
+)
+from clsr.tracking.tags import last_error_line
+
+
+class NoEarlierRun(LookupError):
+    """``platform study resume`` of a study MLflow has no run of."""
+
+
+class StudyChanged(RuntimeError):
+    """``platform study resume`` of a file whose resolved trials differ from the recorded ones."""
+
+
+class UnclosedRun(RuntimeError):
+    """``platform study run`` of a study whose last driver was killed: resume it."""
+
+
+class EarlierRecord(RuntimeError):
+    """``platform study run`` of a study that already has a record: report it, resume it, or ``--new``."""
+
+
+class StorageMismatch(RuntimeError):
+    """A parent run whose storage tag is not one of the study file's own run folders."""
+
+
+@dataclass
+class StudyOutcome:
+    """What a study run ended with: one row per trial, and why it stopped if it did not finish."""
+
+    rows: list[dict[str, Any]]
+    stopped_by: str | None = None  # SIGINT, SIGTERM, study_timeout
+    exit_code: int = 0
+    pending_records: int = 0  # trials whose MLflow writes wait in storage (the server stayed down)
+
+
+def storage_root(study: Study) -> str:
+    if "://" in study.storage_path:
+        return study.storage_path
+    return str(Path(study.storage_path).resolve())
+
+
+def new_storage(study: Study) -> str:
+    """A fresh storage folder per run: time for people, a random suffix so two runs never share one."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{storage_root(study).rstrip('/')}/{study.name}-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def recorded_storage(study: Study, parent) -> str:
+    """The storage folder of a parent run, built from the study file's ``storage_path``: the parent's
+    ``clsr.storage`` tag is anyone's to write on a shared tracking server, so it only names which of the
+    study's own folders (``<name>-<time>-<suffix>``) the run used; a tag naming anything else stops here.
+    Resume restores Tune's pickled state from that folder and replays its journals: it is trusted code."""
+    tagged = parent.data.tags.get(STORAGE_TAG, "")
+    root = storage_root(study).rstrip("/")
+    folder = tagged.rsplit("/", 1)[-1]
+    pattern = re.escape(study.name) + r"-\d{8}-\d{6}-[0-9a-f]{6}"
+    if tagged != mask_uri(f"{root}/{folder}") or not re.fullmatch(pattern, folder):
+        raise StorageMismatch(
+            f"study {study.name!r}: MLflow run {parent.info.run_id} names storage {mask_uri(tagged)!r}, "
+            f"which is not a run folder of the study file's storage_path {mask_uri(root)!r} "
+            f"({study.name}-<time>-<suffix>); storage is taken from the study file only: set storage_path "
+            f"to the folder the study ran in (a moved folder), or start a new record with `platform study run`"
+        )
+    return f"{root}/{folder}"
+
+
+def study_parent(client, study: Study, current: dict[str, str]):
+    """The parent run a resume continues: the newest one a driver took a lease on, preferring one whose
+    fingerprint is the file's (a run someone tagged with the study's name without a lease is not one,
+    unless no run has a lease: a record made before leases). Its storage is checked apart."""
+    every = parent_runs(client, study.name)
+    taken = leased(client, every)
+    parents = [r for r in every if r.info.run_id in taken] or every
+    same = [r for r in parents if r.data.tags.get(FINGERPRINT_TAG) == overall(current)]
+    return (same or parents or [None])[0]
+
+
+def start_record(client, uri: str, study: Study, study_text: str, current: dict[str, str], new: bool = False):
+    """A new parent run holding the study's lease; refused while another driver runs the study, while
+    an earlier run was killed without closing (resume it), or, unless ``new``, when the study already
+    has a record (a rerun would hide it from the report)."""
+    for run in parent_runs(client, study.name, running=True):
+        refuse_open_parent(client, uri, study, run)
+    # a closed record (a RUNNING one that appeared meanwhile is a rival: handled below)
+    # (one no driver leased ran nothing: closed above by close_unleased, it is no record to keep)
+    recent = parent_runs(client, study.name, max_results=5)
+    taken = leased(client, recent)
+    closed = [r for r in recent if r.info.status != "RUNNING" and r.info.run_id in taken]
+    if closed and not new:
+        raise EarlierRecord(earlier_record_message(study, closed[0]))
+    storage = new_storage(study)
+    parent_run_id = start_parent_run(client, study.name, storage, study.description)
+    client.set_tag(parent_run_id, FINGERPRINT_TAG, overall(current))
+    lease = Lease(uri, parent_run_id, study.name)
+    lease.take_first()
+    # A driver that started the same study at the same moment: each one that sees another RUNNING
+    # parent gives way (both may, never neither: the later one always sees the earlier one's run).
+    rivals = [
+        r.info.run_id for r in parent_runs(client, study.name, running=True) if r.info.run_id != parent_run_id
+    ]
+    if rivals:
+        lease.discard(client)
+        client.delete_run(parent_run_id)
+        raise LeaseHeld(
+            f"study {study.name!r} was started by another driver at the same moment (MLflow run "
+            f"{rivals[0]}); this one stopped before running anything: wait for it, or stop it and resume"
+        )
+    client.log_text(parent_run_id, mask_uri(study_text), "study.yaml")
+    summary = yaml.safe_dump(resolved_summary(study), sort_keys=False)
+    client.log_text(parent_run_id, mask_uri(summary), "resolved.yaml")
+    client.log_dict(parent_run_id, current, "fingerprint.json")
+    return parent_run_id, storage, lease
+
+
+def earlier_record_message(study: Study, run) -> str:
+    """What a rerun would do to the study's record, and the three ways on."""
+    status = run.data.tags.get("clsr.status") or run.info.status.lower()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(run.info.start_time / 1000))
+    return (
+        f"study {study.name!r} already has a record (MLflow run {run.info.run_id}, {status}, started "
+        f"{started}): `platform study report` shows it; `platform study resume` continues it (finished "
+        f"trials are kept); `platform study run --new` starts another record, which the report then shows"
+    )
+
+
+def refuse_open_parent(client, uri: str, study: Study, run) -> None:
+    """Raise for a RUNNING parent run of the study: LeaseHeld while its driver is alive (its heartbeat
+    changes within a short watch), UnclosedRun when it is gone."""
+    run_id = run.info.run_id
+    try:
+        state = watch(client, run_id, watch_s=2 * HEARTBEAT_S + 1)
+    except LeaseHeld as err:
+        raise LeaseHeld(Lease(uri, run_id, study.name).held_message(str(err))) from None
+    if not state.running:  # it closed meanwhile: not in the way
+        return
+    if state.generation == 0 and close_unleased(client, study, run_id):
+        return
+    if not state.free_now():  # unchanged over two heartbeats: most likely gone, maybe paused
+        raise UnclosedRun(
+            f"an earlier run of study {study.name!r} (MLflow run {run_id}) is still open, and its driver "
+            f"({state.describe()}) did not renew its lease over {2 * HEARTBEAT_S + 1:.0f} s: if it was "
+            f"killed, `platform study resume` continues it once the lease has been unchanged for "
+            f"{STALE_S:.0f} s, and closes what it left RUNNING"
+        )
+    raise UnclosedRun(
+        f"an earlier run of study {study.name!r} (MLflow run {run_id}) stopped without "
+        f"closing (its driver was killed); `platform study resume` continues it and closes what it "
+        f"left RUNNING"
+    )
+
+
+def close_unleased(client, study: Study, run_id: str) -> bool:
+    """A parent run whose driver stopped between creating it and taking its lease (Ctrl-C, a crash): it
+    ran nothing. Closed once it has been watched unchanged for the stale limit; True when it was."""
+    try:
+        state = watch(client, run_id, watch_s=STALE_S, say=print)
+    except LeaseHeld:
+        return False
+    if state.generation or not state.running:
+        return False
+    client.set_tag(run_id, "clsr.status", "interrupted")
+    client.set_tag(
+        run_id, "clsr.error", "its driver stopped before it took the study's lease: it ran nothing"
+    )
+    client.set_terminated(run_id, status="KILLED")
+    print(f"closed MLflow run {run_id} of study {study.name!r}: its driver stopped before it ran anything")
+    return True
+
+
+def refuse_live_rivals(client, uri: str, study: Study, parent_run_id: str) -> None:
+    """Raise LeaseHeld when a driver runs another record of the study (a run started from an edited
+    file, or starting right now); a record whose driver is gone is not in the way of this one."""
+    for run in parent_runs(client, study.name, running=True):
+        if run.info.run_id != parent_run_id:
+            with contextlib.suppress(UnclosedRun):
+                refuse_open_parent(client, uri, study, run)
+
+
+def take_over(client, uri: str, study: Study, study_text: str, current: dict[str, str], allow_changes: bool):
+    """The study's parent run, its lease taken (a killed driver's stale one too), the trial keys old
+    experiments must not run (an edited resume: their new versions run in a new wave), and the sampled
+    ablations searched again since the study started, each with the attempt that started its search."""
+    parent = study_parent(client, study, current)
+    if parent is None:
+        raise NoEarlierRun(
+            f"no earlier run of study {study.name!r} in MLflow at {mask_uri(uri)}; use `platform study run`"
+        )
+    parent_run_id, storage = parent.info.run_id, recorded_storage(study, parent)
+    recorded = recorded_fingerprint(client, parent_run_id)
+    if not recorded:  # started by a clsr before fingerprints: nothing to compare with; record one now
+        print(f"warning: study {study.name!r} has no recorded fingerprint; the file cannot be checked")
+        client.log_dict(parent_run_id, current, "fingerprint.json")
+        recorded = current
+    changes = compare(recorded, current)
+    if changes and not allow_changes:
+        raise StudyChanged(
+            f"study {study.name!r} changed since it was started; its trials would mix two versions:\n  "
+            + "\n  ".join(changes.describe())
+            + f"\neither revert the file to the recorded one (MLflow run {parent_run_id}, artifact "
+            f"{recorded_study_file(client, parent_run_id)}), or resume with --allow-changes: finished trials that "
+            f"did not change are kept, changed and added ones run as a new wave, changed and removed "
+            f"ones are marked superseded (an edited sampled ablation is searched again)"
+        )
+    refuse_live_rivals(client, uri, study, parent_run_id)
+    lease = Lease(uri, parent_run_id, study.name)
+    attempt = lease.acquire()
+    client.update_run(parent_run_id, status="RUNNING")
+    lease.check(client)  # another driver could take a closed run's lease until it was RUNNING again
+    client.set_tag(parent_run_id, "clsr.status", "running")
+    # an earlier attempt's writes (a run's end among them) go first: sent later, they would overwrite
+    # what this attempt records
+    pending = wait_for_tracking(uri, storage, study.tracking_wait_s)
+    lease.check(client)
+    if pending:
+        lease.release()
+        raise ConnectionError(
+            f"study {study.name!r}: {pending} trial run(s) still have writes the tracking server did not "
+            f"take; resume once MLflow at {mask_uri(uri)} answers (`platform study sync` sends them)"
+        )
+    closed = [r.info.run_id for r in open_children(client, parent_run_id)]
+    for run_id in closed:  # left RUNNING by a driver that was killed: they resume from checkpoints
+        close_run(uri, run_id, "interrupted", "the study's driver stopped without closing this run")
+    if closed:
+        print(f"closed {len(closed)} run(s) a stopped driver had left RUNNING; their trials resume")
+    skip: frozenset[str] = frozenset()
+    if changes:
+        searched_again = changed_searches(recorded, changes)
+        # the best points a confirm ablation took from an edited search are chosen again from the new one
+        confirming = {
+            n: a.confirm.of
+            for n, a in study.ablations.items()
+            if a.confirm and a.confirm.of in searched_again
+        }
+        skip = frozenset(changes.changed + changes.removed)
+        chosen = [
+            run_id for run_id, tags in _current_runs(client, parent_run_id)
+            if tags.get("clsr.ablation") in confirming and tags.get(TRIAL_TAG) not in current
+        ]  # fmt: skip
+        skip |= supersede(client, parent_run_id, skip, attempt, frozenset(searched_again), frozenset(chosen))
+        client.set_tag(parent_run_id, FINGERPRINT_TAG, overall(current))
+        client.log_dict(parent_run_id, current, f"fingerprint-v{attempt}.json")
+        client.log_text(parent_run_id, mask_uri(study_text), f"study-v{attempt}.yaml")
+        print("resuming an edited study:\n  " + "\n  ".join(changes.describe()))
+        for name in searched_again:
+            also = [c for c, of in confirming.items() if of == name]
+            print(
+                f"ablations.{name} (sampled) changed: searched again as Tune experiment {name}-v{attempt}; "
+                f"its earlier runs{' and the best points ' + ', '.join(also) + ' took from it' if also else ''} "
+                f"are marked superseded"
+            )
+    sampled = any(a.space for a in study.ablations.values())
+    return parent_run_id, storage, lease, skip, search_versions(client, parent_run_id) if sampled else {}
+
+
+def attempt_artifacts(client, parent_run_id: str, stem: str, suffix: str) -> dict[int, str]:
+    """Attempt -> artifact name of what each attempt recorded as ``<stem><suffix>`` (the first) or
+    ``<stem>-vN<suffix>`` (an edited resume's), e.g. ``study.yaml``, ``fingerprint-v3.json``."""
+    pattern = re.compile(rf"{re.escape(stem)}(?:-v([0-9]+))?{re.escape(suffix)}")
+    found = {}
+    for artifact in client.list_artifacts(parent_run_id):
+        if match := pattern.fullmatch(artifact.path):
+            found[int(match.group(1) or 1)] = artifact.path
+    return dict(sorted(found.items()))
+
+
+def recorded_study_file(client, parent_run_id: str) -> str:
+    """The artifact holding the study file the record was last run with."""
+    files = attempt_artifacts(client, parent_run_id, "study", ".yaml")
+    return files[max(files)] if files else "study.yaml"
+
+
+def recorded_fingerprint(client, parent_run_id: str) -> dict[str, str]:
+    """The latest fingerprint a study's parent run recorded (``fingerprint[-vN].json``)."""
+    names = attempt_artifacts(client, parent_run_id, "fingerprint", ".json")
+    return mlflow_artifacts_json(client, parent_run_id, names[max(names)]) if names else {}
+
+
+def mlflow_artifacts_json(client, run_id: str, path: str) -> dict[str, Any]:
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return json.loads(Path(client.download_artifacts(run_id, path, tmp)).read_text())
+
+
+def _current_runs(client, parent_run_id: str) -> list[tuple[str, dict[str, str]]]:
+    return [
+        (r.info.run_id, r.data.tags)
+        for r in children(client, parent_run_id)
+        if SUPERSEDED_TAG not in r.data.tags
+    ]
+
+
+def supersede(
+    client,
+    parent_run_id: str,
+    keys: frozenset[str],
+    attempt: int,
+    searches: frozenset[str] = frozenset(),
+    chosen: frozenset[str] = frozenset(),
+) -> frozenset[str]:
+    """Mark superseded (kept in MLflow, left out of reports) the runs of changed and removed trials, every
+    run of the sampled ablations ``searches`` (searched again), and the ``chosen`` runs (a confirm
+    ablation's best points of such a search). A run of identical trials whose other point changed keeps
+    its own and stops standing for that one. Returns the trial keys of the ``chosen`` runs: their old
+    experiment must not run them again."""
+    chosen_keys = set()
+    for run in children(client, parent_run_id):
+        tags = run.data.tags
+        if SUPERSEDED_TAG in tags:
+            continue
+        if tags.get(TRIAL_TAG) in keys or tags.get("clsr.ablation") in searches or run.info.run_id in chosen:
+            client.set_tag(run.info.run_id, SUPERSEDED_TAG, f"v{attempt}")
+            if run.info.run_id in chosen and tags.get(TRIAL_TAG):
+                chosen_keys.add(tags[TRIAL_TAG])
+            continue
+        also = also_of(tags)
+        kept = [list(pair) for pair, key in also if key not in keys]
+        if len(kept) < len(also):
+            client.set_tag(run.info.run_id, ALSO_TAG, json.dumps(kept, ensure_ascii=False))
+    return frozenset(chosen_keys)
+
+
+def superseded_at(client, parent_run_id: str) -> dict[str, int]:
+    """Trial key -> the latest attempt whose edited resume superseded a run of it (``clsr.superseded:
+    vN``). Only decides which trials an older Tune experiment leaves to a newer one; a malformed tag is
+    ignored."""
+    at: dict[str, int] = {}
+    for run in children(client, parent_run_id):
+        key, mark = run.data.tags.get(TRIAL_TAG), run.data.tags.get(SUPERSEDED_TAG, "")
+        if key and (version := re.fullmatch(r"v([0-9]{1,6})", mark)):
+            at[key] = max(at.get(key, 0), int(version.group(1)))
+    return at
+
+
+def search_versions(client, parent_run_id: str) -> dict[str, int]:
+    """Sampled ablation -> the attempt whose edited resume started its current search (its Tune experiment
+    is ``<ablation>-v<attempt>``); a search never edited is not listed. Read from the fingerprints each
+    attempt recorded (``fingerprint.json``, ``fingerprint-vN.json``), never from a tag."""
+    names = attempt_artifacts(client, parent_run_id, "fingerprint", ".json")
+    if len(names) < 2:  # never resumed edited
+        return {}
+    searched: dict[str, int] = {}
+    before: dict[str, str] = {}
+    for version, name in names.items():
+        now = mlflow_artifacts_json(client, parent_run_id, name)
+        if before:
+            searched |= dict.fromkeys(changed_searches(before, compare(before, now)), version)
+        before = now
+    return searched
+
+
+def attach_labels(client, run, trial: dict[str, Any]) -> None:
+    """Let a run stand for every point of ``trial`` (an entry of identical trials) it does not yet."""
+    tags = run.data.tags
+    have = {tuple(label) for label in run_labels(tags)}
+    wanted = [[trial["ablation"], trial["label"]], *trial.get("also", [])]
+    added = [list(label) for label in wanted if tuple(label) not in have]
+    if added:
+        also = [list(label) for label in run_labels(tags)[1:]] + added
+        client.set_tag(run.info.run_id, ALSO_TAG, json.dumps(also, ensure_ascii=False))
+        print(f"{tags.get(TRIAL_TAG)} also stands for " + ", ".join(f"{a}[{p}]" for a, p in added))
+
+
+def replay(uri: str, storage: str) -> int:
+    """Send what trials could not send to MLflow (their journals in the study's storage)."""
+    sent, left = replay_pending(uri, storage)
+    if sent:
+        print(f"sent {sent} MLflow write(s) that trials had kept while the tracking server was unreachable")
+    return len(left)
+
+
+def give_up(client, uri: str, parent_run_id: str, reason: str | None, lease: Lease) -> None:
+    """The record of a study whose driver hangs after a signal: what did not finish is interrupted
+    (nothing, when another driver has taken the study over)."""
+    lease.check(client)
+    close_unfinished(client, uri, parent_run_id, reason)
+    lease.release()
+
+
+def close_unfinished(client, uri: str, parent_run_id: str, reason: str | None, error: str = "") -> None:
+    """A study no driver will close: open trial runs and the parent interrupted (timed out) by
+    ``reason``, or, with none, failed with ``error``."""
+    close_open_children(client, uri, parent_run_id, reason)
+    if reason:
+        client.set_tag(
+            parent_run_id, "clsr.status", "timed_out" if reason == "study_timeout" else "interrupted"
+        )
+        client.set_terminated(parent_run_id, status="KILLED")
+    else:
+        client.set_tag(parent_run_id, "clsr.status", "failed")
+        client.set_tag(parent_run_id, "clsr.error", error)
+        client.set_terminated(parent_run_id, status="FAILED")
+
+
+def close_study(
+    client,
+    uri: str,
+    parent_run_id: str,
+    storage: str,
+    study: Study,
+    stop: tuple[str | None, int],
+    status: str,
+    lease: Lease,
+) -> StudyOutcome:
+    """Send what trials left, close the runs still open (interrupted, or stopped early by the
+    scheduler), close the parent, and sum up; ``stop``: why the study stopped (None: it did not) and
+    the exit status that goes with it. Runs under a second Ctrl-C without stopping halfway. Writes
+    nothing once another driver has taken the study over (this one was paused past the stale limit)."""
+    reason, exit_code = stop
+    try:
+        lease.check(client)
+    except LeaseLost:
+        return StudyOutcome([], "lease_lost", LEASE_LOST_EXIT)
+    pending = wait_for_tracking(uri, storage, study.tracking_wait_s)
+    if pending:  # the lease goes stale; `platform study sync` (or resume) finishes the record
+        return StudyOutcome([], reason, exit_code or 1, pending)
+    try:  # again: that wait may have been long (a partition), and another driver may have taken over
+        lease.check(client)
+    except LeaseLost:
+        return StudyOutcome([], "lease_lost", LEASE_LOST_EXIT)
+    close_open_children(client, uri, parent_run_id, reason, study.scheduler.type != "fifo")
+    rows = summary_rows(children(client, parent_run_id), study)
+    if status == "FINISHED" and reason is None and all_failed(rows):  # nothing to report: say so
+        status = "FAILED"
+    state = "failed" if status == "FAILED" else {None: "finished", "study_timeout": "timed_out"}.get(reason)
+    client.set_tag(parent_run_id, "clsr.trials", str(len(rows)))
+    client.set_tag(parent_run_id, "clsr.status", state or "interrupted")
+    client.set_terminated(parent_run_id, status=status)
+    return StudyOutcome(rows, reason, exit_code, 0)
+
+
+def all_failed(rows: list[dict[str, Any]]) -> bool:
+    """No trial finished or was stopped early, and some failed (skipped ones never ran)."""
+    statuses = {row["status"] for row in rows}
+    return "failed" in statuses and not statuses & {"finished", "stopped"}
+
+
+def close_lost_trials(client, uri: str, parent_run_id: str, lost: dict[str, str]) -> None:
+    """Trials Tune ended in error (trial key -> its error) whose runs are still RUNNING: their driver died
+    without recording (a lost node, a killed process). Closed failed now, before anything else can take
+    them for early-stopped ones. With MLflow unreachable they stay open: the study's end closes them."""
+    if not lost:
+        return
+    try:
+        for run in open_children(client, parent_run_id):
+            error = lost.get(run.data.tags.get(TRIAL_TAG, ""))
+            if error is not None:
+                close_run(uri, run.info.run_id, "failed", error)
+    except Exception as err:  # an MLflow outage must not stop the study; the end of the study closes them
+        print(f"warning: could not close {len(lost)} lost trial run(s) yet: {mask_uri(str(err))[:300]}")
+
+
+def close_open_children(
+    client, uri: str, parent_run_id: str, reason: str | None, early_stopping: bool = False
+) -> None:
+    """Runs still RUNNING once no trial runs: interrupted (or timed out with the study); when nothing
+    interrupted the study, stopped early by the scheduler (ASHA, HyperBand, median), or else failed: a
+    trial whose driver ended without recording how (its process or node lost past every retry) never
+    counts as finished."""
+    if reason:
+        leftover = "timed_out" if reason == "study_timeout" else "interrupted"
+        why = f"stopped by {reason}"
+    elif early_stopping:
+        leftover, why = "stopped", None
+    else:
+        leftover = "failed"
+        why = "the trial ended without recording an outcome (its driver or node was lost); see Ray's logs"
+    for run in open_children(client, parent_run_id):
+        close_run(uri, run.info.run_id, leftover, why)
+
+
+def sync_study(study: Study) -> int:
+    """``platform study sync``: send what trials kept while MLflow was unreachable; close a study whose
+    driver could not (its lease is stale). Returns the number of trial runs still pending."""
+    uri = resolve_tracking_uri(study.tracking_uri)
+    check_reachable(uri)
+    client = PatientClient(uri)
+    parent = study_parent(client, study, fingerprint(study))
+    if parent is None:
+        raise NoEarlierRun(f"no run of study {study.name!r} in MLflow at {mask_uri(uri)}")
+    storage = recorded_storage(study, parent)
+    if parent.info.status != "RUNNING":
+        return replay(uri, storage)
+    lease = Lease(uri, parent.info.run_id, study.name)
+    lease.acquire()  # a live driver sends and closes its own record (LeaseHeld says who it is)
+    try:  # with the lease: a driver that comes back finds it taken and writes nothing
+        left = replay(uri, storage)
+        if not left:
+            lease.check(client)
+            close_open_children(client, uri, parent.info.run_id, "SIGKILL")
+            client.set_tag(parent.info.run_id, "clsr.status", "interrupted")
+            client.set_terminated(parent.info.run_id, status="KILLED")
+            print(
+                f"closed study {study.name!r}: its driver had stopped; `platform study resume` continues it"
+            )
+    finally:
+        lease.release()
+    return left
+
+
+def wait_for_tracking(uri: str, storage: str, wait_s: float) -> int:
+    """Replay the trials' kept writes until MLflow takes them all or ``wait_s`` passes; returns the
+    number of runs still pending."""
+    deadline = time.monotonic() + wait_s
+    left = replay(uri, storage)
+    while left and time.monotonic() < deadline:
+        print(f"waiting for MLflow at {mask_uri(uri)}: {left} trial run(s) have writes to send", flush=True)
+        time.sleep(10)
+        left = replay(uri, storage)
+    return left
+
+
+def skip_blocked(uri: str, parent_run_id: str, blocked: list[tuple[dict[str, Any], str]]) -> None:
+    """Trials whose upstream trials failed: a child run that says why (status skipped)."""
+    for trial, reason in blocked:
+        label = trial["label"] or point_label(trial["overrides"])
+        print(f"skipped: ablations.{trial['ablation']}[{label}] seed {trial['seed']}: {reason}")
+        record_skipped(uri, parent_run_id, trial["ablation"], label, trial["seed"], reason)
+
+
+def resolved_summary(study: Study) -> dict[str, Any]:
+    """The base configuration every trial starts from, and each ablation's points with paper numbers."""
+    return {
+        "study": study.model_dump(by_alias=True, exclude_none=True),
+        "base_trials": {n: trial_document(study, n, {}, study.seeds_of(n)[0]) for n in study.ablations},
+        "stages": stages(study),
+        "points": {n: grid_points(a) if not a.space else "sampled" for n, a in study.ablations.items()},
+    }
+
+
+SUMMARY_AVERAGES = ("test_sts_avg", "test_sts12_15_avg", "test_transfer_avg")
+
+
+def summary_rows(runs, study: Study) -> list[dict[str, Any]]:
+    """One row per trial from its MLflow run (the record): status, the study metric, then the test
+    averages it has (a lone STS task if no average)."""
+    from clsr.data.faq import FAQ_TASKS
+    from clsr.data.sts import STS_TASKS
+
+    rows = []
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        tags, metrics = run.data.tags, run.data.metrics
+        if SUPERSEDED_TAG in tags:
+            continue
+        tests = {k: metrics[k] for k in SUMMARY_AVERAGES if k in metrics}
+        if "test_sts_avg" not in tests:
+            tests = {f"test_{t}": metrics[f"test_{t}"] for t in STS_TASKS if f"test_{t}" in metrics} | tests
+        tests |= {
+            k: metrics[k] for t in FAQ_TASKS for k in (f"test_{t}_top1", f"test_{t}_map") if k in metrics
+        }
+        also = len(run_labels(tags)) - 1  # identical trials of other points (named in clsr.also)
+        rows.append(
+            {
+                "ablation": tags.get("clsr.ablation"),
+                "point": tags.get("clsr.point", "") + (f" (+{also} identical)" if also else ""),
+                "seed": tags.get("clsr.seed"),
+                "status": tags.get("clsr.status", "unknown"),
+                study.metric: metrics.get(study.metric),
+                **tests,
+                **({"reason": reason} if (reason := _reason(tags)) else {}),
+            }
+        )
+    return rows
+
+
+def _reason(tags: dict[str, str]) -> str:
+    """Why a trial did not finish, in one line: the last line of its error (the exception)."""
+    if tags.get("clsr.status") == "finished":
+        return ""
+    line = last_error_line(tags)
+    return line[:117] + "..." if len(line) > 120 else line
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no trials)"
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[_cell(r.get(k)) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    line = " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))
+    body = "\n".join(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
+    return f"{line}\n{'-' * len(line)}\n{body}"
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else ("-" if value is None else str(value))

@@ -1,0 +1,181 @@
+"""A study's ``search`` and ``scheduler`` sections as Ray Tune objects: the searcher (Tune's random
+variants, or Optuna through ``OptunaSearch``), repeated over the ablation's seeds, and the trial
+scheduler. Only the mapping is written here; sampling, averaging over repeats and stopping are Tune's
+and Optuna's own (``BasicVariantGenerator``, ``Repeater``, ``OptunaSearch``, the schedulers).
+
+Seeds: a sampled configuration runs once per seed. Optuna learns from results, so its trials go through
+Tune's ``Repeater``: Optuna suggests a configuration once, Tune runs it once per seed, and Optuna is told
+the mean over the seeds of the study's metric (``numpy.nanmean``, as Repeater does). Random search
+learns nothing: each sampled configuration is simply run with every seed (Tune's own random variants,
+the seed a grid over the sampled values, ``constant_grid_search``).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from typing import Any
+
+import numpy as np
+from ray.tune.search import Repeater
+from ray.tune.search.repeater import TRIAL_INDEX
+
+from clsr.study.spec.schema import Study
+
+
+class SeedRepeater(Repeater):
+    """Tune's ``Repeater`` whose repeat index picks the trial's seed: repeat ``i`` of a configuration
+    runs ``seeds[i]`` (in ``config["point"]["seed"]``, which names the trial's MLflow run and key)."""
+
+    def __init__(self, searcher, seeds: list[int]):
+        super().__init__(searcher, repeat=len(seeds), set_index=True)
+        self.seeds = list(seeds)
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        config = super().suggest(trial_id)
+        if not isinstance(config, dict):  # None (wait) or Searcher.FINISHED
+            return config
+        point = dict(config.get("point", {}))
+        point["seed"] = self.seeds[config[TRIAL_INDEX]]
+        return {**config, "point": point}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, **kwargs) -> None:
+        if trial_id not in self._trial_id_to_group:  # Repeater raises KeyError for a trial it never gave
+            return
+        metric = self.searcher.metric
+        if isinstance(metric, str):
+            super().on_trial_complete(trial_id, result, **kwargs)
+            return
+        # several objectives: Repeater averages one metric; each objective's mean over the seeds here
+        group = self._trial_id_to_group[trial_id]
+        group.report(trial_id, [(result or {}).get(m, np.nan) for m in metric])
+        if group.finished_reporting():
+            means = np.nanmean(np.asarray(group.scores(), dtype=float), axis=0)
+            self.searcher.on_trial_complete(
+                group.primary_trial_id, result=dict(zip(metric, means.tolist(), strict=True)), **kwargs
+            )
+
+    # Repeater saves only its searcher: a resumed experiment would lose which trials form a
+    # configuration, and with it the seeds' mean. One file holds both (Tune renames it into place).
+    def save(self, checkpoint_path: str) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            inner = os.path.join(folder, "searcher.pkl")
+            self.searcher.save(inner)
+            with open(inner, "rb") as f:
+                searcher = f.read()
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump({"searcher": searcher, "repeater": self.get_state()}, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            saved = pickle.load(f)
+        with tempfile.TemporaryDirectory() as folder:
+            inner = os.path.join(folder, "searcher.pkl")
+            with open(inner, "wb") as f:
+                f.write(saved["searcher"])
+            self.searcher.restore(inner)
+        self.set_state(saved["repeater"])
+
+
+def sampled_points(study: Study, ablation: str) -> list[dict[str, Any]]:
+    """``search.points_to_evaluate`` as configs of the ablation's param space (``point.overrides``)."""
+    return [{"point": {"overrides": dict(p)}} for p in study.search.points_to_evaluate]
+
+
+def optuna_sampler(study: Study, seed: int):
+    import optuna
+
+    s = study.search
+    startup = {} if s.n_startup_trials is None else {"n_startup_trials": s.n_startup_trials}
+    kind = s.sampler or "tpe"
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed, **startup)
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed, **startup)
+    if kind == "nsga2":  # a genetic algorithm: its first generation is its random start
+        from clsr.study.run.tune_compat import PicklableNSGAIISampler
+
+        return PicklableNSGAIISampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, **startup)
+
+
+def search_alg(study: Study, ablation: str | None):
+    """The Tune search algorithm of one experiment; None: Tune's default (grid studies)."""
+    if ablation is None or study.search.algorithm == "grid":
+        return None
+    seeds = study.seeds_of(ablation)
+    if study.search.algorithm == "random":
+        from ray.tune.search.basic_variant import BasicVariantGenerator
+
+        return BasicVariantGenerator(
+            points_to_evaluate=sampled_points(study, ablation) or None,
+            constant_grid_search=True,  # a configuration's seeds share its sampled values
+            max_concurrent=study.concurrency or 0,  # Tune ignores max_concurrent_trials for a generator
+            random_state=seeds[0],
+        )
+    from ray.tune.search.optuna import OptunaSearch
+
+    points = [flat(p) for p in sampled_points(study, ablation)]
+    several = study.objectives if len(study.objectives) > 1 else None
+    objectives = {"metric": [m for m, _ in several], "mode": [d for _, d in several]} if several else {}
+    searcher = OptunaSearch(
+        sampler=optuna_sampler(study, seeds[0]), points_to_evaluate=points or None, **objectives
+    )  # several objectives: Optuna's multi-objective study, each told to it (Tune's TuneConfig has none)
+    return SeedRepeater(searcher, seeds) if len(seeds) > 1 else searcher
+
+
+def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as OptunaSearch names its parameters (Tune's ``/``-joined paths)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            out |= flat(value, f"{prefix}{key}/")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def tune_samples(study: Study, ablation: str | None) -> int:
+    """Tune's num_samples: 1 for a grid; configurations for random (each expanded over the seed grid);
+    configurations × seeds for optuna (Repeater counts every repeat)."""
+    if ablation is None:
+        return 1
+    n = study.search.num_samples
+    return n * len(study.seeds_of(ablation)) if study.search.algorithm == "optuna" else n
+
+
+def seed_space(study: Study, ablation: str) -> Any:
+    """``point.seed`` of a sampled ablation's param space: a grid over its seeds for random search;
+    the first seed for optuna (``SeedRepeater`` sets each repeat's)."""
+    from ray import tune
+
+    seeds = study.seeds_of(ablation)
+    if study.search.algorithm == "random" and len(seeds) > 1:
+        return tune.grid_search(seeds)
+    return seeds[0]
+
+
+def scheduler(study: Study, max_t: int):
+    """The Tune trial scheduler; None: FIFO. Every early-stopping one reads ``step`` (the optimiser
+    step the trial reports): Tune's training_iteration restarts on retries, the step does not."""
+    s = study.scheduler
+    if s.type == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        return ASHAScheduler(
+            time_attr="step", max_t=max_t, grace_period=s.grace_period, reduction_factor=s.reduction_factor
+        )
+    if s.type == "hyperband":
+        from ray.tune.schedulers import HyperBandScheduler
+
+        return HyperBandScheduler(time_attr="step", max_t=max_t, reduction_factor=s.reduction_factor)
+    if s.type == "median":
+        from ray.tune.schedulers import MedianStoppingRule
+
+        return MedianStoppingRule(
+            time_attr="step", grace_period=s.grace_period, min_samples_required=s.min_samples_required
+        )
+    return None
