@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clsr.bench import format_table
+from clsr_bench import format_table
 
 SNAPSHOT = "/checkpoint_manager_snapshot.json"  # Ray Train writes it once a checkpoint is registered
 
