@@ -1,4 +1,5 @@
-"""The loopback cluster's ports: every port a server listens on is named and distinct.
+"""The loopback cluster's ports (``clsr_bench.loopback``, ports from ``clsr.cluster.ports``): every port a
+server listens on is named and distinct.
 
 CI once failed because SeaweedFS's S3 gRPC port (left at its default, the S3 HTTP port + 10000) was the
 filer's HTTP port, chosen free a moment earlier: ``bind: address already in use``.
@@ -11,9 +12,10 @@ import socket
 
 import pytest
 
-from clsr.cluster import loopback, ports
-from clsr.cluster.loopback import LoopbackCluster
+from clsr.cluster import ports
 from clsr.cluster.ports import free_ports
+from clsr_bench import loopback
+from clsr_bench.loopback import LoopbackCluster
 
 
 def test_free_ports_are_distinct():

@@ -1,5 +1,5 @@
 """A multi-node cluster on one machine, with the services a real one has: try the cluster path (and test
-it) before renting machines.
+it) before renting machines. Part of the source checkout, not of the wheel (``clsr.checkout``).
 
 ``platform cluster up`` starts, each in its own session, on 127.0.0.1:
 
