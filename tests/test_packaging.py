@@ -16,7 +16,6 @@ PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 # core dependencies the package never imports by name, and who uses them
 USED_THROUGH = {
     "optuna": "ray.tune.search.optuna",
-    "accelerate": "sentence-transformers' SentenceTransformerTrainer",
     "psutil": "MLflow's system metrics",
     "nvidia-ml-py": "MLflow's system metrics (pynvml)",
     "tokenizers": "transformers' fast tokenizers",
