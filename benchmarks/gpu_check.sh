@@ -14,7 +14,7 @@ STEPS=${STEPS:-10}; WARM=${WARM:-3}; DEV=${DEV:-auto}
 P="python3 -m clsr.cli"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, transformers, sentence_transformers as s; print(torch.__version__, transformers.__version__, s.__version__)"; python3 -c "import flash_attn; print('flash_attn', flash_attn.__version__)" 2>&1 | tail -1; nproc; } 2>&1 | tee $OUT/env.txt
 BB=/tmp/bert-base
-python3 -c "from pathlib import Path; from clsr.bench.suite import shaped_encoder; shaped_encoder(Path('$BB'), '$PWD/.gpu/tok')" || exit 1
+python3 -c "from pathlib import Path; from clsr_bench.suite import shaped_encoder; shaped_encoder(Path('$BB'), '$PWD/.gpu/tok')" || exit 1
 t0=$(date +%s)
 for A in sdpa sdpa_packed flash_attention_2; do
   echo "== b512 $A (t=$(( $(date +%s)-t0 ))s)"
@@ -22,7 +22,7 @@ for A in sdpa sdpa_packed flash_attention_2; do
 done
 echo "== eval and checkpoint (t=$(( $(date +%s)-t0 ))s)"
 python3 -c "
-import json; from clsr.bench.suite import eval_and_checkpoint
+import json; from clsr_bench.suite import eval_and_checkpoint
 r = eval_and_checkpoint('$BB', '$DEV'); print(r); json.dump(r, open('$OUT/evalckpt.json', 'w'))" 2>&1 | tail -5
 left=$(( ${BUDGET:-520} - $(date +%s) + t0 ))
 echo "== suite, no study, ${left}s left (t=$(( $(date +%s)-t0 ))s)"

@@ -23,8 +23,8 @@ import time
 import numpy as np
 import torch
 
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
 from clsr.encoders.embed import transformer_embedder
+from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
 from clsr.eval.transfer import (
     CLASSIFIERS,
     DISPLAY_NAMES,

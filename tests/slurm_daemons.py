@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from clsr.cluster.loopback import free_ports
+from clsr.cluster.ports import free_ports
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 

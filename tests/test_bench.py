@@ -37,7 +37,7 @@ def test_bench_train_prints_both_trainers_and_a_ratio(data_dir, tiny_bert, tmp_p
 def test_bench_train_alternates_rounds_and_gives_their_median(data_dir, tiny_bert, tmp_path, capsys):
     """Three rounds of two steps, clsr's round before sentence-transformers' each time: each side times
     six steps over the same rows (equal real tokens), and the median is of the rounds' own ratios."""
-    from clsr.bench import train
+    from clsr_bench import train
 
     order: list[str] = []
     step = train.PlatformStep.__call__
@@ -104,7 +104,7 @@ def test_bench_study_has_a_command_line(capsys):
 
 
 def test_bench_suite_reads_its_targets_off_the_parts():
-    from clsr.bench.suite import epoch_seconds, format_suite, target_rows
+    from clsr_bench.suite import epoch_seconds, format_suite, target_rows
 
     cpu = {
         "device": "cpu",
@@ -135,8 +135,8 @@ def test_bench_suite_reads_its_targets_off_the_parts():
 
 
 def test_bench_measures_an_evaluation_and_a_checkpoint(tiny_bert, data_dir):
-    from clsr.bench.suite import eval_and_checkpoint, format_eval_and_checkpoint
     from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+    from clsr_bench.suite import eval_and_checkpoint, format_eval_and_checkpoint
 
     part = eval_and_checkpoint(tiny_bert, "cpu")
     assert part["dev_eval_s"] > 0 and part["dev_eval_first_s"] > 0 and part["checkpoint_s"] > 0
@@ -148,8 +148,8 @@ def test_bench_measures_an_evaluation_and_a_checkpoint(tiny_bert, data_dir):
 
 
 def test_shaped_random_encoder_loads_with_the_given_tokenizer(tiny_bert, tmp_path):
-    from clsr.bench.suite import shaped_encoder
     from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+    from clsr_bench.suite import shaped_encoder
 
     shape = {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16}
     folder = shaped_encoder(tmp_path / "shaped", tiny_bert, **shape)
@@ -163,9 +163,12 @@ def test_the_benchmarked_trainer_needs_neither_ray_nor_mlflow():
     import subprocess
     import sys
 
+    from clsr.checkout import benchmarks_folder
+
     code = (
-        "import sys; sys.modules['ray'] = sys.modules['mlflow'] = None\n"
-        "import clsr.cli, clsr.train.loop, clsr.bench.train, clsr.bench.memory, clsr.bench.sts_eval\n"
+        f"import sys; sys.path.append({str(benchmarks_folder())!r})\n"  # clsr_bench: the checkout's
+        "sys.modules['ray'] = sys.modules['mlflow'] = None\n"
+        "import clsr.cli, clsr.train.loop, clsr_bench.train, clsr_bench.memory, clsr_bench.sts_eval\n"
         "from clsr.tracking.run_logger import RunLogger\n"
         "assert not RunLogger(None).active and RunLogger(None).stop_system_metrics() == {}\n"
     )
@@ -174,7 +177,7 @@ def test_the_benchmarked_trainer_needs_neither_ray_nor_mlflow():
 
 def test_bench_study_prints_the_start_up_before_the_first_trial():
     """The command's start-up is a user-facing figure (issue 36): validation, then until a trial's run opens."""
-    from clsr.bench.study import format_study
+    from clsr_bench.study import format_study
 
     trial = {"run": "t", "status": "finished", "steps": 8, "batch": 8, "run_s": 30.0, "trial_wall_s": 25.0}
     figures = {

@@ -1,6 +1,6 @@
-"""Studies on a real multi-node cluster on one machine (``clsr.cluster.loopback``): a Ray head and three
-worker nodes started with ``ray start``, ``mlflow server`` over PostgreSQL, checkpoints and artifacts in a
-SeaweedFS S3 bucket, everything on 127.0.0.1.
+"""Studies on a real multi-node cluster on one machine (the checkout's ``clsr_bench.loopback``): a Ray head
+and three worker nodes started with ``ray start``, ``mlflow server`` over PostgreSQL, checkpoints and
+artifacts in a SeaweedFS S3 bucket, everything on 127.0.0.1.
 
 * the smoke study with ``storage_path: s3://…``: a worker node is SIGKILLed (raylet and every worker
   process) while its trial trains; the trial continues on another node from its last checkpoint in the
@@ -31,8 +31,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
-from clsr.cluster.loopback import BUCKET, LoopbackCluster, group_alive
 from clsr.study.run.storage_checks import StorageError, check_cloud_storage
+from clsr_bench.loopback import BUCKET, LoopbackCluster, group_alive
 from conftest import save_tiny_bert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

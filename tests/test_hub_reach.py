@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from clsr.cluster.loopback import free_port
+from clsr.cluster.ports import free_port
 from clsr.data import hub_reach
 from clsr.data.sources import DataUnavailableError, load_from_hub
 from clsr.encoders.registry import model_source_problem

@@ -1,4 +1,5 @@
-"""The loopback cluster's ports: every port a server listens on is named and distinct.
+"""The loopback cluster's ports (``clsr_bench.loopback``, ports from ``clsr.cluster.ports``): every port a
+server listens on is named and distinct.
 
 CI once failed because SeaweedFS's S3 gRPC port (left at its default, the S3 HTTP port + 10000) was the
 filer's HTTP port, chosen free a moment earlier: ``bind: address already in use``.
@@ -11,8 +12,10 @@ import socket
 
 import pytest
 
-from clsr.cluster import loopback
-from clsr.cluster.loopback import LoopbackCluster, free_ports
+from clsr.cluster import ports
+from clsr.cluster.ports import free_ports
+from clsr_bench import loopback
+from clsr_bench.loopback import LoopbackCluster
 
 
 def test_free_ports_are_distinct():
@@ -57,19 +60,19 @@ def test_free_ports_lie_below_the_ephemeral_range_and_above_rays_worker_ports(mo
     """Port 0 hands out an ephemeral port, which a Ray process or an outgoing connection may take before
     the server chosen for it binds; the draw stays between Ray's worker ports and the ephemeral range
     (Linux's default range here: a host's own may leave no room, tested below)."""
-    monkeypatch.setattr(loopback, "_ephemeral_range", lambda: (32768, 60999))
+    monkeypatch.setattr(ports, "_ephemeral_range", lambda: (32768, 60999))
     for port in free_ports(50):
-        assert loopback.SERVICE_PORTS_FROM <= port < 32768
+        assert ports.SERVICE_PORTS_FROM <= port < 32768
 
 
 def test_free_ports_fall_back_to_the_kernel_where_every_port_is_ephemeral(monkeypatch):
-    monkeypatch.setattr(loopback, "_ephemeral_range", lambda: (1024, 65535))
-    ports = free_ports(5)
-    assert len(set(ports)) == 5 and all(1024 <= port <= 65535 for port in ports)
+    monkeypatch.setattr(ports, "_ephemeral_range", lambda: (1024, 65535))
+    chosen = free_ports(5)
+    assert len(set(chosen)) == 5 and all(1024 <= port <= 65535 for port in chosen)
 
 
 def test_free_ports_above_an_ephemeral_range_low_in_the_space(monkeypatch):
-    monkeypatch.setattr(loopback, "_ephemeral_range", lambda: (20500, 40000))
+    monkeypatch.setattr(ports, "_ephemeral_range", lambda: (20500, 40000))
     assert all(40000 < port < 65536 for port in free_ports(10))
 
 
@@ -80,9 +83,9 @@ def test_a_port_held_on_another_address_is_not_free():
         held.bind(("127.0.0.2", 0))
         held.listen()
         busy = held.getsockname()[1]
-        assert loopback._probe(busy) is None
+        assert ports._probe(busy) is None
         with socket.socket() as loopback_only:
             loopback_only.bind(("127.0.0.1", busy))  # what the probe was: it found the port free
-    free = loopback._probe(0)
+    free = ports._probe(0)
     assert free is not None
     free.close()

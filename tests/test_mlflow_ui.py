@@ -30,7 +30,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from playwright.sync_api import expect, sync_playwright
 
-from clsr.cluster.loopback import free_port
+from clsr.cluster.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "mlflow_ui"

@@ -16,7 +16,6 @@ PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 # core dependencies the package never imports by name, and who uses them
 USED_THROUGH = {
     "optuna": "ray.tune.search.optuna",
-    "accelerate": "sentence-transformers' SentenceTransformerTrainer",
     "psutil": "MLflow's system metrics",
     "nvidia-ml-py": "MLflow's system metrics (pynvml)",
     "tokenizers": "transformers' fast tokenizers",
@@ -71,3 +70,44 @@ def test_the_build_can_write_the_spdx_license():
     assert tuple(int(x) for x in setuptools.split(">=")[1].split(".")) >= (77,)
     assert PYPROJECT["project"]["license"] == "Apache-2.0"
     assert "Apache License" in (REPO_ROOT / "LICENSE").read_text()[:200]
+
+
+def test_the_wheel_leaves_out_the_benchmarks_and_the_loopback_cluster():
+    """``pip install .`` installs ``clsr`` alone: the benchmarks and the loopback cluster are the checkout's
+    (``benchmarks/clsr_bench``), found by ``platform bench`` and ``platform cluster up`` at run time."""
+    from setuptools import find_packages
+
+    find = PYPROJECT["tool"]["setuptools"]["packages"]["find"]
+    assert find == {"where": ["platform"], "include": ["clsr*"]}
+    packages = find_packages(where="platform", include=find["include"])
+    assert "clsr" in packages and "clsr.cluster" in packages
+    assert [p for p in packages if "bench" in p] == []
+    modules = [
+        p.relative_to(REPO_ROOT / "platform").as_posix() for p in (REPO_ROOT / "platform").rglob("*.py")
+    ]
+    assert [m for m in modules if "bench" in m or "loopback" in m] == []
+    assert (REPO_ROOT / "benchmarks" / "clsr_bench" / "loopback.py").is_file()
+    assert not (REPO_ROOT / "platform" / "__init__.py").exists()
+
+
+def test_the_platform_never_imports_the_checkouts_code():
+    """Only ``clsr.checkout`` reaches ``clsr_bench``, by name, when ``platform bench`` or ``platform
+    cluster up|down|kill-node`` runs; importing the CLI does not."""
+    import subprocess
+
+    for path in (REPO_ROOT / "platform" / "clsr").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not [n for n in names if n.split(".")[0] == "clsr_bench"], path
+    code = "import sys, clsr.cli, clsr.cluster.cli; assert not [m for m in sys.modules if 'clsr_bench' in m]"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_accelerate_is_the_bench_extra_not_core():
+    core = {_name(r) for r in PYPROJECT["project"]["dependencies"]}
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert "accelerate" not in core and [_name(r) for r in extras["bench"]] == ["accelerate"]
+    own = next(r for r in extras["dev"] if _name(r) == "clsr-platform")
+    assert "bench" in own.split("[", 1)[1].rstrip("]").split(",")

@@ -46,7 +46,7 @@ import yaml
 from packaging.requirements import Requirement
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from clsr.cluster.loopback import free_port, free_ports
+from clsr.cluster.ports import free_port, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_LOCAL_YAML = REPO_ROOT / "cluster.local.yaml"

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from clsr.cluster.loopback import free_port
+from clsr.cluster.ports import free_port
 from clsr.study.record.lease import read_state
 from clsr.tracking.study_runs import run_labels
 from conftest import sqlite_uri

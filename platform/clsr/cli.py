@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from clsr.bench.cli import add_bench_parser, cmd_bench
 from clsr.cluster.cli import add_cluster_parser, cmd_cluster
 from clsr.tracking.secrets import mask_uri
 
@@ -41,7 +40,7 @@ EXAMPLES = """examples:
   platform bench train --method simcse_sup --batch 64 --length 32 --steps 50
   platform bench memory --batches 64,256,512 --chunk 16
   platform bench sts-eval --model minilm --tasks sts
-  platform bench study --study studies/smoke.yaml
+  platform bench study --study studies/smoke.yaml       # bench: from a source checkout (benchmarks/)
   platform cluster up --workers 2     # a loopback cluster: Ray nodes, PostgreSQL, S3, MLflow
 """
 
@@ -281,7 +280,13 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     commands.add_parser("env", help="print versions for bug reports")
-    add_bench_parser(commands)
+    # listed here; main() hands `platform bench ...` to the checkout's clsr_bench.cli, which parses the rest
+    commands.add_parser(
+        "bench",
+        help="benchmarks that print figures: training throughput, memory, STS eval, a study (from a source "
+        "checkout: benchmarks/clsr_bench)",
+        add_help=False,
+    )
     add_cluster_parser(commands)
     return parser
 
@@ -850,9 +855,18 @@ def cmd_env(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``platform bench ...``: the checkout's benchmarks (not in the wheel), imported only now."""
+    from clsr.checkout import from_checkout
+
+    bench = from_checkout("clsr_bench.cli", "platform bench", "bench")
+    return 2 if bench is None else bench.main(args.argv[1:])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parser().parse_args(argv)
+    # `platform bench`'s arguments are the checkout's (clsr_bench.cli), parsed there
+    args = argparse.Namespace(command="bench") if argv[:1] == ["bench"] else _parser().parse_args(argv)
     args.argv = argv
     handlers = {"study": cmd_study, "eval": cmd_eval, "data": cmd_data, "env": cmd_env, "bench": cmd_bench}
     handler = (handlers | {"cluster": cmd_cluster})[args.command]

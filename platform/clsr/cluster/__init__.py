@@ -1,2 +1,3 @@
-"""Clusters: a loopback cluster with real services for trying the cluster path on one machine, and the
-checks a study makes of the cluster and storage it is about to use."""
+"""Clusters: the checks a study makes of the cluster and storage it is about to use, MLflow's logins, a
+SLURM job's Ray nodes and batch script, free ports. The loopback cluster (real services on one machine,
+``platform cluster up``) runs from a source checkout: ``benchmarks/clsr_bench/loopback.py``."""

@@ -1,5 +1,6 @@
-"""``platform cluster up|down|kill-node``: the loopback cluster (``clsr.cluster.loopback``) from a shell;
-``platform cluster sbatch``: a SLURM batch script for a study (``clsr.cluster.sbatch``)."""
+"""``platform cluster up|down|kill-node``: the loopback cluster from a shell, from a source checkout only (its
+code, ``benchmarks/clsr_bench/loopback.py``, is not in the wheel: ``clsr.checkout``); ``platform cluster
+sbatch``: a SLURM batch script for a study (``clsr.cluster.sbatch``)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ DEFAULT_DIR = "loopback-cluster"
 def add_cluster_parser(commands) -> None:
     cluster = commands.add_parser(
         "cluster",
-        help="a loopback cluster on this machine (Ray nodes, PostgreSQL, S3, MLflow); a SLURM batch script for a study",
+        help="a loopback cluster on this machine (Ray nodes, PostgreSQL, S3, MLflow; from a source checkout); "
+        "a SLURM batch script for a study",
     ).add_subparsers(dest="action", required=True)
-    up = cluster.add_parser("up", help="start the loopback cluster; prints how to use it")
+    up = cluster.add_parser(
+        "up", help="start the loopback cluster (from a source checkout); prints how to use it"
+    )
     up.add_argument("--workers", type=int, default=2, help="Ray worker nodes (default 2)")
     up.add_argument("--cpus-per-node", type=int, default=1, help="CPUs each worker node offers (default 1)")
     up.add_argument("--wait", action="store_true", help="stay in the foreground; Ctrl-C stops the cluster")
@@ -35,9 +39,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         return cmd_sbatch(args)
     if args.action == "slurm-node":
         return cmd_slurm_node(args)
-    from clsr.cluster.loopback import ENV_FILE, LoopbackCluster
+    from clsr.checkout import from_checkout
 
-    cluster = LoopbackCluster(args.dir)
+    loopback = from_checkout("clsr_bench.loopback", f"platform cluster {args.action}", "cluster")
+    if loopback is None:
+        return 2
+    cluster = loopback.LoopbackCluster(args.dir)
     if args.action == "down":
         cluster.down()
         return 0
@@ -46,7 +53,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         print(f"killed worker node {args.index} (process group {group})")
         return 0
     env = cluster.up(workers=args.workers, cpus_per_node=args.cpus_per_node)
-    env_file = Path(args.dir).resolve() / ENV_FILE
+    env_file = Path(args.dir).resolve() / loopback.ENV_FILE
     print(
         f"\nRay {env['RAY_ADDRESS']} (dashboard {env['RAY_DASHBOARD']}), MLflow {env['MLFLOW_TRACKING_URI']}, "
         f"S3 {env['AWS_ENDPOINT_URL']} (bucket clsr)\n"

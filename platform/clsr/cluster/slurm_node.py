@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clsr.cluster.loopback import free_ports
+from clsr.cluster.ports import free_ports
 
 READY_LINE = "Ray runtime started"
 STOP_WAIT_S = 5

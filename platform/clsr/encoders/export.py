@@ -575,8 +575,8 @@ def st_modules_description(model: nn.Module) -> str:
 def make_embedder(encoder: nn.Module, pipeline: Any, batch_size: int = 128, precision: str = "auto"):
     """The platform's evaluation embedder for what :func:`load_model` returned, on the encoder's device
     (move it first) in ``precision`` (transformers; TextCNN runs in float32)."""
-    from clsr.encoders.textcnn import TextCNNEncoder
     from clsr.encoders.embed import sentence_transformers_embedder, textcnn_embedder, transformer_embedder
+    from clsr.encoders.textcnn import TextCNNEncoder
 
     if pipeline is None:  # a sentence-transformers model: its own tokenizer, truncation and modules
         return sentence_transformers_embedder(encoder, batch_size=batch_size, precision=precision)

@@ -343,9 +343,9 @@ class SelfCCL(Method):
 
     def prepare_shared(self, trial: Any) -> TripletScores:
         from clsr.data.training import training_rows
+        from clsr.encoders.embed import transformer_embedder
         from clsr.encoders.trained import is_checkpoint, load_trained_encoder
         from clsr.encoders.transformer import ModelConfig, load_tokenizer
-        from clsr.encoders.embed import transformer_embedder
 
         rows = training_rows(trial)
         encoder_name, pooling, length = self.scoring_setup(trial)

@@ -26,6 +26,7 @@ from clsr.data.faq import FAQData, load_faq
 from clsr.data.sources import DataUnavailableError, resolve_data_dir
 from clsr.data.sts import load_sts, subsample
 from clsr.data.training import training_rows
+from clsr.encoders import checkpoint_files
 from clsr.encoders.precision import autocast_context, resolved_precision
 from clsr.encoders.registry import ModelUnavailableError
 from clsr.eval.alignment import alignment_uniformity
@@ -44,7 +45,6 @@ from clsr.methods.base import Method
 from clsr.runtime.distributed import broadcast_, gather_or_raise, patient_group
 from clsr.runtime.steps import eval_interval
 from clsr.tracking.run_logger import RunLogger
-from clsr.encoders import checkpoint_files
 from clsr.train.config import TrainerConfig, TrialConfig
 from clsr.train.gradcache import check_gradcache, gradcache_backward
 from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, warmup_steps

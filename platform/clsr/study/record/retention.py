@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from clsr.study.plan.resolve import human_bytes
 from clsr.encoders.checkpoint_files import MANIFEST, accepts, read_all, sha256_of
+from clsr.study.plan.resolve import human_bytes
 
 STATE = "state.pt"
 # what only a resume needs: the optimizer's moments, the learning-rate schedule, the random generators

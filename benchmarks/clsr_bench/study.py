@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from clsr.bench import format_table
+from clsr_bench import format_table
 
 
 def step_times(client, run) -> dict[str, float | None]:

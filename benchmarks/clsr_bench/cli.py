@@ -1,9 +1,10 @@
-"""``platform bench <name>``: the benchmark subcommands (arguments here, figures in the modules)."""
+"""``platform bench <name>``: the benchmark subcommands (arguments here, figures in the modules). The
+``platform`` command hands ``platform bench ...`` to ``main`` (``clsr.checkout``): its arguments are
+parsed here, in the checkout, not by the installed platform."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 
 def _ints(text: str) -> list[int]:
@@ -36,11 +37,18 @@ def _length_group(text: str) -> int | str | None:
     return _positive(text)
 
 
-def add_bench_parser(commands: Any) -> None:
-    """Add ``bench train|memory|sts-eval|study|suite|cluster`` to the ``platform`` subcommands."""
-    bench = commands.add_parser(
-        "bench", help="benchmarks that print figures: training throughput, memory, STS eval, a study"
-    ).add_subparsers(dest="bench", required=True)
+def main(argv: list[str]) -> int:
+    """``platform bench <argv>``."""
+    return cmd_bench(bench_parser().parse_args(argv))
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    """``platform bench train|memory|sts-eval|study|suite|cluster``."""
+    parser = argparse.ArgumentParser(
+        prog="platform bench",
+        description="benchmarks that print figures: training throughput, memory, STS eval, a study",
+    )
+    bench = parser.add_subparsers(dest="bench", required=True)
 
     def add(name: str, text: str) -> argparse.ArgumentParser:
         p = bench.add_parser(name, help=text, description=text)
@@ -148,6 +156,7 @@ def add_bench_parser(commands: Any) -> None:
     cluster.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="as `study run`"
     )
+    return parser
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -162,11 +171,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from clsr.bench import format_machine, machine, write_json
+    from clsr_bench import format_machine, machine, write_json
 
     if args.bench == "train":
-        from clsr.bench.train import format_train as show
-        from clsr.bench.train import run_train
+        from clsr_bench.train import format_train as show
+        from clsr_bench.train import run_train
 
         figures = run_train(
             args.method,
@@ -184,30 +193,30 @@ def _run_bench(args: argparse.Namespace) -> int:
             rounds=args.rounds,
         )
     elif args.bench == "memory":
-        from clsr.bench.memory import format_memory as show
-        from clsr.bench.memory import run_memory
+        from clsr_bench.memory import format_memory as show
+        from clsr_bench.memory import run_memory
 
         figures = run_memory(
             args.batches, args.chunk, args.method, args.model, args.length, args.precision, args.device
         )
     elif args.bench == "sts-eval":
-        from clsr.bench.sts_eval import format_sts_eval as show
-        from clsr.bench.sts_eval import run_sts_eval
+        from clsr_bench.sts_eval import format_sts_eval as show
+        from clsr_bench.sts_eval import run_sts_eval
 
         figures = run_sts_eval(args.model, args.tasks, args.max_pairs, args.batch_size, args.device)
     elif args.bench == "suite":
-        from clsr.bench.suite import format_suite as show
-        from clsr.bench.suite import run_suite
+        from clsr_bench.suite import format_suite as show
+        from clsr_bench.suite import run_suite
 
         figures = run_suite(args.device, args.steps, args.warmup, args.study, args.random_weights)
     elif args.bench == "cluster":
-        from clsr.bench.cluster import format_cluster as show
-        from clsr.bench.cluster import run_cluster_bench
+        from clsr_bench.cluster import format_cluster as show
+        from clsr_bench.cluster import run_cluster_bench
 
         figures = run_cluster_bench(args.study, args.overrides, args.workers, args.kill_node)
     else:
-        from clsr.bench.study import format_study as show
-        from clsr.bench.study import run_study_bench
+        from clsr_bench.study import format_study as show
+        from clsr_bench.study import run_study_bench
 
         figures = run_study_bench(args.study, args.smoke, args.overrides)
     figures["machine"] = machine()

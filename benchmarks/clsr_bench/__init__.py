@@ -4,6 +4,10 @@ Each module holds a ``run_*`` function that returns a dict of figures and a ``fo
 prints them: ``train`` (trainer step vs sentence-transformers), ``memory`` (GradCache), ``sts_eval``
 (STS evaluation vs sentence-transformers' ``encode``), ``study`` (a whole study's overheads). This
 module holds what they share: the machine description, device and precision choice, a plain table.
+``loopback`` is the loopback cluster (``platform cluster up``), which ``cluster`` and the tests use.
+
+A package of the source checkout, not of the wheel: ``platform bench`` and ``platform cluster up`` find
+it beside ``platform/`` (``clsr.checkout``); pytest finds it through its ``pythonpath`` setting.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Peak memory of one training step with and without GradCache (``trainer.gradcache_chunk_rows``).
 
-Every configuration runs in a fresh child process (``python -m clsr.bench.memory``, spec on stdin,
+Every configuration runs in a fresh child process (``python -m clsr_bench.memory``, spec on stdin,
 figures as JSON on stdout) so that peaks of one do not hide those of another. The child builds the
-trainer's model, optimiser and batch, then takes one step (``clsr.bench.train.PlatformStep``): on CUDA
+trainer's model, optimiser and batch, then takes one step (``clsr_bench.train.PlatformStep``): on CUDA
 it reports ``torch.cuda.max_memory_allocated`` during the step, on the CPU the growth of the process's
 peak RSS over the step (``VmHWM`` on Linux: ``ru_maxrss`` survives ``exec``, so a child started by a
 large process would report its parent's peak). The first step also allocates the gradients and AdamW's
@@ -12,6 +12,7 @@ state.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from clsr.bench import format_table
+from clsr_bench import format_table
 
 DATASETS = {"simcse_unsup": "wiki1m", "simcse_sup": "nli_triplets"}
 MIB = 2**20
@@ -40,8 +41,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One step of one configuration, measured in this (fresh) process."""
     import torch
 
-    from clsr.bench import resolve_device, synchronize
-    from clsr.bench.train import PlatformStep, trial_config
+    from clsr_bench import resolve_device, synchronize
+    from clsr_bench.train import PlatformStep, trial_config
 
     device = resolve_device(spec["device"])
     trial = trial_config(
@@ -77,9 +78,15 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Run ``child(spec)`` in a fresh interpreter; an error (e.g. out of memory) becomes ``error``."""
+    import clsr
+
+    # the child imports this clsr_bench and this clsr: neither need be installed (clsr_bench never is)
+    here = [str(Path(module.__file__).resolve().parents[1]) for module in (sys.modules[__package__], clsr)]
+    path = os.pathsep.join([*here, *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = subprocess.run(
-        [sys.executable, "-m", "clsr.bench.memory"], input=json.dumps(spec), capture_output=True, text=True
-    )
+        [sys.executable, "-m", "clsr_bench.memory"], input=json.dumps(spec), capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": path},
+    )  # fmt: skip
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
         return {"error": "out of memory" if "out of memory" in proc.stderr.lower() else last[:200]}
@@ -97,8 +104,8 @@ def run_memory(
     data_dir: str | None = None,
 ) -> dict[str, Any]:
     """Peak memory of one step for each batch size, plain and with GradCache chunks of ``chunk`` rows."""
-    from clsr.bench import resolve_device, resolve_precision
     from clsr.data.catalog import load_rows
+    from clsr_bench import resolve_device, resolve_precision
 
     if method not in DATASETS:
         raise ValueError(f"--method must be one of {', '.join(DATASETS)}")

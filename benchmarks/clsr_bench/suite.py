@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from clsr.bench import format_table, resolve_device
+from clsr_bench import format_table, resolve_device
 
 # rows of SimCSE's supervised training set (nli_for_simcse.csv: SNLI + MNLI entailment/contradiction)
 SIMCSE_SUP_TRIPLETS = 275_602
@@ -90,9 +90,9 @@ def run_suite(
 def model_parts(device: str, steps: int, warmup: int, small: str, large: str | None) -> dict[str, Any]:
     """Training throughput of ``small`` (and of ``large`` at batch 64 and 512), GradCache memory of the
     largest model here, and the STS evaluation of ``small``."""
-    from clsr.bench.memory import run_memory
-    from clsr.bench.sts_eval import run_sts_eval
-    from clsr.bench.train import run_train
+    from clsr_bench.memory import run_memory
+    from clsr_bench.sts_eval import run_sts_eval
+    from clsr_bench.train import run_train
 
     parts = {
         "train_simcse_sup_minilm_b64": attempt(
@@ -135,7 +135,7 @@ def model_parts(device: str, steps: int, warmup: int, small: str, large: str | N
 
 def study_parts(small: str, gpu: bool) -> dict[str, Any]:
     """The smoke study with in-process trials on ``small``; on a GPU also the full GCLSR study."""
-    from clsr.bench.study import run_study_bench
+    from clsr_bench.study import run_study_bench
 
     overrides = ["resources.workers_per_trial=0", f"base.model.name={small}"]
     parts = {
@@ -158,12 +158,12 @@ def eval_and_checkpoint(model: str, device: str) -> dict[str, Any]:
 
     import torch
 
-    from clsr.bench import synchronize
+    from clsr.encoders.embed import transformer_embedder
     from clsr.encoders.precision import resolved_precision
     from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
-    from clsr.encoders.embed import transformer_embedder
     from clsr.eval.sts import evaluate_sts
     from clsr.train.loop import save_checkpoint
+    from clsr_bench import synchronize
 
     dev = resolve_device(device)
     encoder = TransformerEncoder(ModelConfig(name=model, pooling="cls")).to(dev)
@@ -248,10 +248,10 @@ def format_eval_and_checkpoint(part: dict[str, Any]) -> str:
 
 
 def format_suite(f: dict[str, Any]) -> str:
-    from clsr.bench.memory import format_memory
-    from clsr.bench.sts_eval import format_sts_eval
-    from clsr.bench.study import format_study
-    from clsr.bench.train import format_train
+    from clsr_bench.memory import format_memory
+    from clsr_bench.sts_eval import format_sts_eval
+    from clsr_bench.study import format_study
+    from clsr_bench.train import format_train
 
     formats = {"train": format_train, "memory": format_memory, "sts_eval": format_sts_eval}
     formats |= {"study": format_study, "eval_and_checkpoint": format_eval_and_checkpoint}

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from clsr.bench import format_table, resolve_device
+from clsr_bench import format_table, resolve_device
 
 
 def _pairs(task: str, data_dir: str | None, max_pairs: int | None):
@@ -80,12 +80,12 @@ def run_sts_eval(
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from clsr.bench import autocast
+    from clsr.encoders.embed import transformer_embedder
     from clsr.encoders.export import eval_max_length
     from clsr.encoders.registry import resolve_model_path
     from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
-    from clsr.encoders.embed import transformer_embedder
     from clsr.eval.sts import expand_tasks
+    from clsr_bench import autocast
 
     names = expand_tasks(tasks.split(","))
     dev = resolve_device(device)

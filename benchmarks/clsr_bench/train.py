@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from clsr.bench import autocast, format_table, resolve_device, resolve_precision, synchronize
+from clsr_bench import autocast, format_table, resolve_device, resolve_precision, synchronize
 
 # the training rows each method reads (local NLI data); MNRL gets the same columns
 DATASETS = {"simcse_sup": "nli_triplets", "supmpn": "nli_supmpn"}

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clsr.bench import format_table
+from clsr_bench import format_table
 
 SNAPSHOT = "/checkpoint_manager_snapshot.json"  # Ray Train writes it once a checkpoint is registered
 
@@ -111,7 +111,7 @@ def _kill_when_checkpointed(cluster, client, name: str, proc: subprocess.Popen) 
 
 
 def run_cluster_bench(study: str, overrides: list[str], workers: int, kill: bool) -> dict[str, Any]:
-    from clsr.cluster.loopback import LoopbackCluster
+    from clsr_bench.loopback import LoopbackCluster
 
     study = str(Path(study).resolve())  # the study commands run in a temporary folder
     with tempfile.TemporaryDirectory(prefix="clsr-bench-cluster-") as folder:
