@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 import clsr
 from clsr.tracking.reach import check_reachable, resolve_tracking_uri  # noqa: F401 (imported from here)
+from clsr.tracking.retry import call_with_retry
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.tags import (  # noqa: F401 (the names every reader of study runs imports from here)
     ALSO_TAG,
@@ -110,10 +111,12 @@ def open_child_run(
 ) -> str:
     """Create the trial's run, or reopen it when the trial is resumed or retried. ``trial_id`` is the
     trial's key (``ablation[point] seed=n``): stable across retries, resumes and Tune experiments.
-    While the tracking server is unreachable this waits for it (the trial has not started)."""
-    return patiently(
+    While the tracking server is unreachable this waits for it (the trial has not started); a refusal
+    (``clsr.tracking.retry``) is raised at once."""
+    return call_with_retry(
         lambda: _open_child_run(uri, parent_run_id, trial_id, run_name, tags, params),
-        f"opening the MLflow run of {trial_id}",
+        patience_s=None,
+        what=f"opening the MLflow run of {trial_id}",
     )
 
 
@@ -175,40 +178,6 @@ def finish_child(
         shutil.rmtree(spool.folder, ignore_errors=True)  # its writes are in the hand-over now
         return
     spool.start().close(wait_s, pending_root)
-
-
-RETRY_S = (2, 5, 10, 20, 30)
-PERMANENT = (
-    "RESOURCE_DOES_NOT_EXIST",
-    "INVALID_PARAMETER_VALUE",
-    "RESOURCE_ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-)
-
-
-def patiently(call, what: str, give_up_s: float | None = None):
-    """``call()``, retried while the tracking server is unreachable (MLflow's own retries gave up);
-    an error MLflow answered with (a missing run, a refused value) is raised at once."""
-    import time
-
-    from mlflow.exceptions import MlflowException
-
-    started, attempt = time.monotonic(), 0
-    while True:
-        try:
-            return call()
-        except MlflowException as err:
-            if err.error_code in PERMANENT:
-                raise
-            problem = err
-        except OSError as err:  # connection refused / reset below MLflow's client
-            problem = err
-        if give_up_s is not None and time.monotonic() - started > give_up_s:
-            raise problem
-        wait = RETRY_S[min(attempt, len(RETRY_S) - 1)]
-        print(f"MLflow unreachable while {what} ({type(problem).__name__}); retrying in {wait} s", flush=True)
-        time.sleep(wait)
-        attempt += 1
 
 
 def open_children(client: MlflowClient, parent_run_id: str) -> list:

@@ -21,12 +21,12 @@ from clsr.study.plan.fingerprint import digest, trial_key
 from clsr.study.plan.resolve import point_label, resolve_trial
 from clsr.study.run.tune_state import storage_uri
 from clsr.study.spec.schema import Outputs, Study
+from clsr.tracking.retry import call_with_retry
 from clsr.tracking.study_runs import (
     CHECKPOINT_TAG,
     TIMED_OUT_ATTEMPT_TAG,
     finish_child,
     open_child_run,
-    patiently,
     trial_run,
 )
 
@@ -190,8 +190,10 @@ def failure_text(err: BaseException) -> str:
 def _refuse_timed_out_retry(ctx: StudyContext, key: str) -> None:
     """Tune retries an in-process trial whose process ended; one that ran out of time stays ended
     (until the study is resumed: a new lease generation)."""
-    earlier = patiently(
-        lambda: trial_run(MlflowClient(ctx.tracking_uri), ctx.parent_run_id, key), "reading a trial's run"
+    earlier = call_with_retry(
+        lambda: trial_run(MlflowClient(ctx.tracking_uri), ctx.parent_run_id, key),
+        patience_s=None,
+        what="reading a trial's run",
     )
     if earlier is not None and earlier.data.tags.get(TIMED_OUT_ATTEMPT_TAG) == str(ctx.attempt):
         raise TrialTimedOut(f"{key} ran past trial_timeout_s in this run of the study; resume to continue it")
