@@ -1,13 +1,14 @@
 """MLflow writes of one run that survive a tracking-server outage: queued in order, sent by a thread,
 carried in checkpoints, and left in the study's storage when a trial ends before MLflow took them.
 
-Why by hand: MLflow's client retries a request for about two minutes and then raises; a trial that
+Why by hand: MLflow's client retries an HTTP request for a few minutes and then raises; a trial that
 logs through it dies with the server (a restart for an upgrade, a network blip on a cluster). No MLflow
 or Ray component keeps writes across that, so a trial's writes go through this spool instead:
 
 * every write (metric points with the timestamps they were logged at, params, tags, text and file
   artifacts, the run's end) is queued in memory, in order, and a background thread sends the queue,
-  backing off while the server is unreachable; training never waits on MLflow. A sent write leaves
+  backing off while the server is unreachable (``clsr.tracking.retry``: what is transient is retried
+  until the trial ends, a refusal is not); training never waits on MLflow. A sent write leaves
   memory (only a count stays). A file or folder artifact is copied into the spool's local folder when
   written (the caller may delete its own); that folder, ``<tmp>/clsr-spool-<pid>-<pid namespace>-<run>-*``,
   holds nothing else, and the next spool on the machine removes it once its process is gone
@@ -53,13 +54,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clsr.tracking.retry import backoff_s, is_transient
+
 JOURNAL = "journal.jsonl"
 KEPT = "journal.kept.jsonl"  # a journal with writes that were not sent: for a person, never replayed
 FILES = "files"
 PENDING = "spool"  # <storage>/spool/<run_id>/: what a trial could not send by its end
-BACKOFF_S = (1, 2, 5, 10, 20, 30)
 STATUSES = ("FINISHED", "FAILED", "KILLED")
-PERMANENT = ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST")  # MLflow errors no retry cures
 LEFTOVER = re.compile(r"clsr-spool-(\d+)-(\d+)-")  # a spool folder: its owner's pid and pid namespace
 HAND_OVER = re.compile(r"(\d{6,})-[0-9a-f]{12}")
 FILE_NAME = re.compile(r"[0-9a-f]{12}-[^/\\\x00]+")  # what ``Spool.artifacts`` names its copies
@@ -144,10 +145,10 @@ class Spool:
             try:
                 send(self.uri, self.run_id, entry, self.folder)
             except Exception as err:
-                if not refused_for_good(err):  # the server is down: keep the entry, try again later
+                if is_transient(err):  # the server is down or busy: keep the entry, try again later
                     self.last_error = f"{type(err).__name__}: {err}"[:500]
                     with self._lock:
-                        self._lock.wait(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
+                        self._lock.wait(backoff_s(failures))
                     failures += 1
                     continue
                 _warn(f"a {entry['op']} write of run {self.run_id} was refused for good: {err}")
@@ -328,12 +329,7 @@ def _artifact_path_refusal(path: Any) -> str | None:
 
 
 class Refused(ValueError):
-    """A journal entry that is never executed (``refusal`` says why)."""
-
-
-def refused_for_good(err: Exception) -> bool:
-    """A write no retry makes MLflow take: refused here, or by MLflow (a param changed, a run gone)."""
-    return isinstance(err, Refused) or getattr(err, "error_code", None) in PERMANENT
+    """A journal entry that is never executed (``refusal`` says why); final for ``is_transient``."""
 
 
 def send(uri: str, run_id: str, entry: dict[str, Any], folder: Path) -> None:
@@ -637,7 +633,8 @@ def replay_pending(uri: str, pending_root: str) -> tuple[int, list[str]]:
 
 
 def _replay_journal(uri: str, storage: _Storage, run_id: str, folder: str) -> int:
-    """Send one pending journal; the number of entries sent. Raises when MLflow does not answer."""
+    """Send one pending journal; the number of entries sent. Raises when MLflow does not answer (a
+    transient error); a write it refuses (a final one) is skipped and the journal kept aside."""
     text = storage.read_text(f"{folder}/{JOURNAL}")
     read = read_journal(text) if text is not None else Read([], 1)
     sent, skipped = 0, read.unreadable
@@ -651,7 +648,7 @@ def _replay_journal(uri: str, storage: _Storage, run_id: str, folder: str) -> in
             try:
                 send(uri, run_id, entry, Path(tmp))
             except Exception as err:
-                if not refused_for_good(err):
+                if is_transient(err):  # MLflow did not answer: the journal waits for the next replay
                     raise
                 _warn(f"MLflow refused a write in {storage.path(folder)}/{JOURNAL} for good: {err}")
                 skipped += 1
