@@ -54,8 +54,9 @@ def crafted_storage(tmp_path: Path, run_id: str) -> tuple[Path, Path]:
     (evil / "grid").mkdir(parents=True)
     marker = tmp_path / "it-ran"
     (evil / "grid" / "searcher-state-2026.pkl").write_bytes(pickle.dumps(Planted(str(marker))))
-    (evil / "spool" / run_id / "files").mkdir(parents=True)
-    (evil / "spool" / run_id / "journal.jsonl").write_text('{"op": "tags", "tags": {"planted": "yes"}}\n')
+    journal = evil / "spool" / run_id / f"000001-{'a' * 12}"
+    (journal / "files").mkdir(parents=True)
+    (journal / "journal.jsonl").write_text('{"op": "tags", "tags": {"planted": "yes"}}\n')
     return evil, marker
 
 

@@ -25,8 +25,7 @@ or Ray component keeps writes across that, so a trial's writes go through this s
   so a hand-over is there whole or not at all, and one cut short spoils none after it. ``seq`` counts
   the run's hand-overs: the driver's last writes (``finish_child``) replay after the trial's own. The
   study driver (``replay_pending``; ``platform study resume`` and ``sync``) sends them in that order and
-  removes each once sent. The layout before (one ``<run_id>/journal.jsonl``, appended to, and
-  ``files/``) is still read, first;
+  removes each once sent;
 * a journal read back is untrusted input: others can write the study's storage (a shared bucket or
   file system), and checkpoints live there. Each entry is checked before anything is done with it
   (``refusal``): a known operation with well-formed values, a local file named by one plain name and
@@ -232,30 +231,11 @@ def read_journal(text: str) -> Read:
     entries, unreadable = [], 0
     for line in text.splitlines():
         if line.strip():
-            found, torn = _parse_line(line)
-            entries += found
-            unreadable += torn
+            try:
+                entries.append(json.loads(line))
+            except (ValueError, RecursionError):
+                unreadable += 1
     return Read(entries, unreadable)
-
-
-def _parse_line(line: str) -> tuple[list[Any], bool]:
-    """A line's entry, and whether the line was torn. The layout before per-hand-over journals appended
-    each hand-over to one file: after a write cut short, the next hand-over's first entry begins inside
-    the torn line, and is recovered."""
-    try:
-        return [json.loads(line)], False
-    except (ValueError, RecursionError):
-        pass
-    start = line.find('{"op"', 1)
-    while start != -1:
-        try:
-            entry, end = json.JSONDecoder().raw_decode(line, start)
-            if not line[end:].strip():
-                return [entry], True
-        except (ValueError, RecursionError):
-            pass
-        start = line.find('{"op"', start + 1)
-    return [], True
 
 
 def refusal(entry: Any) -> str | None:
@@ -564,23 +544,18 @@ class _Storage:
         return f"{run}/{max(taken, default=0) + 1:06d}-{uuid.uuid4().hex[:12]}"
 
     def journals(self, run_id: str) -> list[str]:
-        """The folders of a run's pending journals, in the order they were handed over (the layout
-        before per-hand-over folders first: it is older than any of them)."""
+        """The folders of a run's complete pending journals, in the order they were handed over."""
         run = f"{PENDING}/{run_id}"
         infos = self.listing(run)
-        old = [run] if any(i.base_name == JOURNAL and i.is_file for i in infos) else []
         numbered = sorted((int(m[1]), i.base_name) for i in infos if (m := HAND_OVER.fullmatch(i.base_name)))
         folders = [f"{run}/{name}" for _, name in numbered]
         complete = self.files([f"{folder}/{JOURNAL}" for folder in folders]) if folders else []
-        return old + [folder for folder, whole in zip(folders, complete, strict=True) if whole]
+        return [folder for folder, whole in zip(folders, complete, strict=True) if whole]
 
-    def remove(self, folder: str, run: str) -> None:
-        """A replayed journal: the journal first (its files are then no one's), then its files."""
+    def remove(self, folder: str) -> None:
+        """A replayed journal: the journal first (its files are then no one's), then its folder."""
         self.filesystem.delete_file(self.path(f"{folder}/{JOURNAL}"))
-        if folder != run:
-            self.filesystem.delete_dir(self.path(folder))
-        elif any(i.base_name == FILES for i in self.listing(run)):
-            self.filesystem.delete_dir(self.path(f"{run}/{FILES}"))
+        self.filesystem.delete_dir(self.path(folder))
 
     def keep_aside(self, folder: str) -> str:
         kept = f"{folder}/{KEPT}"
@@ -658,7 +633,7 @@ def _replay_journal(uri: str, storage: _Storage, run_id: str, folder: str) -> in
         kept = storage.keep_aside(folder)
         _warn(f"{read.unreadable} unreadable line(s), {skipped} write(s) not sent: kept as {kept}")
     else:
-        storage.remove(folder, f"{PENDING}/{run_id}")
+        storage.remove(folder)
     return sent
 
 
