@@ -44,6 +44,7 @@ from mlflow.tracking import MlflowClient
 
 from clsr.study.control.driver_link import command_pid
 from clsr.tracking.patient import PatientClient
+from clsr.tracking.retry import describe, is_transient
 from clsr.tracking.study_runs import quoted
 
 LEASE_TAG = "clsr.lease"
@@ -290,7 +291,9 @@ class Lease:
     def _take(self, client: MlflowClient, wanted: int, record_id: str) -> int:
         try:
             client.log_param(record_id, GENERATION_PARAM.format(wanted), self.token)
-        except MlflowException as err:  # another driver took this generation first
+        except MlflowException as err:  # refused: another driver took this generation first
+            if is_transient(err):  # MLflow stayed away past the client's patience: not a refusal
+                raise
             raise LeaseHeld(self.held_message(read_state(client, self.run_id).describe())) from err
         self.generation, self.record_id = wanted, record_id
         self._beat(client)
@@ -331,8 +334,16 @@ class Lease:
                 if self._taken_over(client):
                     return
                 self._beat(client)
-            except Exception as err:  # an outage: the lease goes stale only if it outlasts STALE_S
-                print(f"lease heartbeat failed ({type(err).__name__}); retrying", file=sys.stderr)
+            except Exception as err:
+                if is_transient(err):  # an outage: the lease goes stale only if it outlasts STALE_S
+                    print(f"lease heartbeat failed ({type(err).__name__}); retrying", file=sys.stderr)
+                    continue
+                print(  # refused (a login revoked, the lease run deleted): beating again changes nothing
+                    f"the study's lease heartbeat was refused ({describe(err)}); it is renewed no more: "
+                    f"another driver may take the study over once it has watched it {STALE_S:.0f} s",
+                    file=sys.stderr,
+                )
+                return
 
     def _taken_over(self, client: MlflowClient) -> bool:
         state = read_state(client, self.run_id, self.record_id)

@@ -29,6 +29,7 @@ from clsr.study.plan.resolve import grid_points, point_label, stages, trial_docu
 from clsr.study.record.lease import HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, leased, watch
 from clsr.study.spec.schema import Study
 from clsr.tracking.patient import PatientClient
+from clsr.tracking.retry import call_with_retry
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.spool import replay_pending
 from clsr.tracking.study_runs import (
@@ -544,16 +545,29 @@ def sync_study(study: Study) -> int:
     return left
 
 
+class PendingWrites(ConnectionError):
+    """Trial runs whose kept writes MLflow did not take (it did not answer): transient, so retried."""
+
+    def __init__(self, runs: int):
+        super().__init__(f"{runs} trial run(s) have writes to send")
+        self.runs = runs
+
+
 def wait_for_tracking(uri: str, storage: str, wait_s: float) -> int:
-    """Replay the trials' kept writes until MLflow takes them all or ``wait_s`` passes; returns the
-    number of runs still pending."""
-    deadline = time.monotonic() + wait_s
-    left = replay(uri, storage)
-    while left and time.monotonic() < deadline:
-        print(f"waiting for MLflow at {mask_uri(uri)}: {left} trial run(s) have writes to send", flush=True)
-        time.sleep(10)
-        left = replay(uri, storage)
-    return left
+    """Replay the trials' kept writes until MLflow takes them all, retried by the platform's policy
+    (``clsr.tracking.retry``) for up to ``wait_s``; returns the number of runs still pending."""
+
+    def replayed() -> int:
+        if left := replay(uri, storage):
+            raise PendingWrites(left)
+        return 0
+
+    try:
+        return call_with_retry(
+            replayed, patience_s=wait_s, what=f"sending trials' kept writes to {mask_uri(uri)}"
+        )
+    except PendingWrites as err:
+        return err.runs
 
 
 def skip_blocked(uri: str, parent_run_id: str, blocked: list[tuple[dict[str, Any], str]]) -> None:
