@@ -64,8 +64,8 @@ def lease_run_of(client: MlflowClient, run_id: str) -> str:
 
 def held_by_a_gone_driver(client: MlflowClient, run_id: str, in_parent: bool = False) -> str:
     """Generation 1, beaten by a process of this machine that no longer exists; on the parent's lease run
-    (or, ``in_parent``, in the parent's own params, as records made before lease runs hold it). Returns
-    the run holding it."""
+    (or, ``in_parent``, in the parent's own params, as a parent taken over before its lease run was made
+    holds it). Returns the run holding it."""
     import socket
 
     holder = run_id if in_parent else lease_run_of(client, run_id)
@@ -116,9 +116,9 @@ def test_the_lease_is_kept_out_of_the_parents_params_and_tags(store):
     assert leased(client, [parent]) == {run_id}
 
 
-def test_a_record_made_before_lease_runs_is_taken_over_in_its_own_params(store):
-    """Old parents keep being read the old way: generation 1 in the parent's params; the next driver
-    takes generation 2 there, and no lease run is made."""
+def test_a_parent_taken_over_in_its_own_params_stays_there(store):
+    """A parent whose first driver stopped before making its lease run was taken over in its own params
+    (generation 1 there); the next driver takes generation 2 there, and no lease run is made."""
     uri, client, run_id = store
     held_by_a_gone_driver(client, run_id, in_parent=True)
     assert leased(client, [client.get_run(run_id)]) == {run_id}

@@ -24,7 +24,8 @@ def store(tmp_path_factory) -> str:
 @pytest.fixture(params=["lease_run", "in_parent"])
 def study_record(store, request):
     """A parent run held by lease token 'tok', one finished and one running trial run. The lease is on
-    the parent's lease run (as drivers write it), or in the parent's own params (records made before)."""
+    the parent's lease run (as its creator writes it), or in the parent's own params (a parent taken over
+    before its lease run was made)."""
     uri = store
     client = MlflowClient(uri)
     experiment = client.create_experiment(request.node.name)

@@ -9,11 +9,12 @@ Where: on the parent's *lease run*, a run of its own in the study's experiment (
 ``clsr.lease_of=<parent id>``) that the parent's creator makes, so that the parent's parameters hold
 the study and nothing of its bookkeeping. It lives in the study's experiment because whoever may run
 the study may write there (an experiment of its own would need its own grants on a server with
-logins). A parent with no lease run yet counts as held, as one without a generation did. Records made
-before lease runs, and a parent whose first driver stopped before its lease (taken over later), keep
-their generations in the parent's own params; where a parent has them they win, so a driver that
-still writes to a lease run then finds itself taken over. Two lease runs for one parent are refused as
-ambiguous (only the parent's creator makes one: a second was written by someone else).
+logins). A RUNNING parent with no lease run yet counts as held (below). One whose first driver stopped
+before making its lease run is taken over in its own params: the next driver logs its generation
+there (a lease run made by whoever takes the parent over could be made twice); where a parent has
+generations they win, so its creator, should it make its lease run after all, finds itself taken over.
+Two lease runs for one parent are refused as ambiguous (only the parent's creator makes one: a second
+was written by someone else).
 
 The holder renews the tag ``clsr.lease`` (``token host pid count``) every ``HEARTBEAT_S``. Whether a
 holder is gone is judged on the observer's own monotonic clock: the lease is stale when the observer
@@ -160,8 +161,8 @@ def lease_runs(client: MlflowClient, parent) -> list:
 
 
 def lease_record(client: MlflowClient, parent, known_id: str | None = None):
-    """The run that holds the parent's lease (the parent itself for records made before lease runs), or
-    None. ``known_id``: the lease run this driver made or found before (a heartbeat need not search)."""
+    """The run that holds the parent's lease (the parent itself once a driver took it over in its params:
+    see the module doc), or None. ``known_id``: the lease run this driver made or found before (a heartbeat need not search)."""
     if generations(parent.data.params):
         return parent
     if known_id is not None and known_id != parent.info.run_id:
@@ -192,7 +193,7 @@ def read_state(client: MlflowClient, run_id: str, known_id: str | None = None) -
 
 def leased(client: MlflowClient, parents: list) -> set[str]:
     """The ids of the parent runs (of one experiment) whose lease a driver took: generation 1 in their
-    lease run, or in their own params (records made before lease runs)."""
+    lease run, or in their own params (taken over before their lease run was made)."""
     ids = {p.info.run_id for p in parents if GENERATION_PARAM.format(1) in p.data.params}
     by_experiment: dict[str, list] = {}
     for parent in parents:
@@ -262,7 +263,7 @@ class Lease:
             raise
         except LeaseHeld as err:
             raise LeaseHeld(self.held_message(str(err))) from None
-        # no lease run: a record made before them, or one whose first driver stopped before its lease
+        # no lease run (its first driver stopped before making it): the generation goes in the parent's params
         return self._take(client, state.generation + 1, state.record_id or self.run_id)
 
     def take_first(self) -> int:

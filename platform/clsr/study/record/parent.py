@@ -115,7 +115,8 @@ def recorded_storage(study: Study, parent) -> str:
 def study_parent(client, study: Study, current: dict[str, str]):
     """The parent run a resume continues: the newest one a driver took a lease on, preferring one whose
     fingerprint is the file's (a run someone tagged with the study's name without a lease is not one,
-    unless no run has a lease: a record made before leases). Its storage is checked apart."""
+    unless no run has a lease: a record whose first driver stopped before taking one, which the resume
+    takes over). Its storage is checked apart."""
     every = parent_runs(client, study.name)
     taken = leased(client, every)
     parents = [r for r in every if r.info.run_id in taken] or every
@@ -235,8 +236,8 @@ def take_over(client, uri: str, study: Study, study_text: str, current: dict[str
         )
     parent_run_id, storage = parent.info.run_id, recorded_storage(study, parent)
     recorded = recorded_fingerprint(client, parent_run_id)
-    if not recorded:  # started by a clsr before fingerprints: nothing to compare with; record one now
-        print(f"warning: study {study.name!r} has no recorded fingerprint; the file cannot be checked")
+    if not recorded:  # its first driver stopped before recording one (start_record), so before any trial
+        print(f"note: study {study.name!r} ran nothing before it stopped; recording this file's fingerprint")
         client.log_dict(parent_run_id, current, "fingerprint.json")
         recorded = current
     changes = compare(recorded, current)
