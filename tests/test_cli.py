@@ -25,11 +25,12 @@ def test_the_shipped_tune_then_confirm_study_builds_its_searcher(tmp_path):
 
     from clsr.study.plan.resolve import count_trials
     from clsr.study.run.search import SeedRepeater
+    from clsr.study.run.tune_compat import tuner_tune_config
 
     study = load_study(REPO_ROOT / "studies" / "simcse_tuning.yaml")
     ctx = StudyContext(study.model_dump(by_alias=True), "sqlite:///x.db", "parent", str(tmp_path))
     tuner = build_tuner(study, ctx, "lr_batch", restore=False)
-    tune_config = tuner._local_tuner._tune_config
+    tune_config = tuner_tune_config(tuner)
     repeater = tune_config.search_alg
     assert isinstance(repeater, SeedRepeater) and isinstance(repeater.searcher, OptunaSearch)
     assert repeater.seeds == [42, 43] and tune_config.num_samples == 16 * 2

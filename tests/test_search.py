@@ -45,9 +45,10 @@ def study_of(tmp_path: Path, **changes):
 
 def tune_config(study, tmp_path: Path, ablation: str | None = "lr"):
     from clsr.study.run.runner import build_tuner
+    from clsr.study.run.tune_compat import tuner_tune_config
 
     ctx = StudyContext(study.model_dump(by_alias=True), "sqlite:///x.db", "parent", str(tmp_path))
-    return build_tuner(study, ctx, ablation, restore=False)._local_tuner._tune_config
+    return tuner_tune_config(build_tuner(study, ctx, ablation, restore=False))
 
 
 @pytest.mark.parametrize(

@@ -124,11 +124,11 @@ def complete(folder: Path) -> None:
 
 
 def latest_checkpoint(state_file: Path) -> str | None:
-    from ray.tune.trainable.metadata import _TrainingRunMetadata
+    from clsr.study.run.tune_compat import saved_latest_checkpoint
 
     [[_, metadata]] = json.loads(state_file.read_text())["trial_data"]
-    latest = _TrainingRunMetadata.from_json_state(metadata).checkpoint_manager._latest_checkpoint_result
-    return latest.checkpoint.path if latest else None
+    latest = saved_latest_checkpoint(metadata)
+    return latest.path if latest else None
 
 
 @pytest.mark.parametrize("left", [["checkpoint_000006"], []])

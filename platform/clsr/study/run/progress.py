@@ -114,12 +114,9 @@ class DriverLog:
         lines to the terminal too. The autoscaler's status reports only as far as Ray would print them."""
         lines = data.get("lines", [])
         if data.get("pid") == "autoscaler":
-            try:
-                from ray._private.worker import filter_autoscaler_events
+            from clsr.study.run.tune_compat import autoscaler_events
 
-                lines = list(filter_autoscaler_events(lines))
-            except ImportError:
-                pass
+            lines = autoscaler_events(lines)
         who = data.get("actor_name") or data.get("task_name") or ""
         prefix = f"({who} pid={data.get('pid')})" if data.get("pid") not in ("raylet", "autoscaler") else ""
         prefix = prefix or f"({data.get('pid')})"
@@ -140,18 +137,11 @@ class DriverLog:
     def route_workers(self) -> bool:
         """After ``ray.init(log_to_driver=True)``: the workers' output to this log instead of the
         terminal. False when this Ray has no such dispatcher (its output then stays on the terminal)."""
-        try:
-            from ray._private.worker import global_worker_stdstream_dispatcher as dispatcher
-        except ImportError:
-            return False
-        dispatcher.remove_handler("ray_print_logs")
-        dispatcher.remove_handler("clsr_driver_log")
-        dispatcher.add_handler("clsr_driver_log", self.worker_output)
-        # the driver's listener of Ray's error messages prints them through this function
-        import ray._private.worker as ray_worker
+        from clsr.study.run.tune_compat import route_ray_messages, route_worker_output
 
-        if hasattr(ray_worker, "print_to_stdstream"):
-            ray_worker.print_to_stdstream = self.ray_message
+        if not route_worker_output(self.worker_output):
+            return False
+        route_ray_messages(self.ray_message)  # the driver's listener of Ray's error messages
         return True
 
     def error(self, record: logging.LogRecord) -> None:

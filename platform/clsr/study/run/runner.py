@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 # Tune's driver function only waits on the Train workers: it holds no CPU, and it runs on the head node
 # (Ray's built-in head resource; a token share of it), with Train's controller beside it: a lost worker
 # machine takes Train workers with it, which Train restarts from the last checkpoint, never a trial's driver.
-DRIVER_RESOURCES = {"cpu": 0, "node:__internal_head__": 0.001}
+DRIVER_SHARE = 0.001
 QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -247,11 +247,11 @@ def quiet_tuner(tuner, study: Study, experiment: str) -> None:
     """No Tune tables on the terminal: the platform's progress table instead. A restored Tuner takes
     its run config from the experiment's saved state, so it is set here, for new and restored alike."""
     from clsr.study.run.progress import Progress
+    from clsr.study.run.tune_compat import tuner_run_config
 
-    internal = getattr(tuner, "_local_tuner", None)
-    if internal is None:  # Ray client: Tune's own output stays
+    run_config = tuner_run_config(tuner)
+    if run_config is None:  # Ray client: Tune's own output stays
         return
-    run_config = internal.get_run_config()
     run_config.verbose = 0
     run_config.progress_reporter = None
     run_config.callbacks = [
@@ -331,7 +331,9 @@ def trial_resources(study: Study) -> dict[str, float]:
     """What a Tune trial holds: a token share when Train workers do the work, else the trial's own."""
     res = study.resources
     if res.workers_per_trial > 0:
-        return DRIVER_RESOURCES
+        from clsr.study.run.tune_compat import HEAD_NODE_RESOURCE
+
+        return {"cpu": 0, HEAD_NODE_RESOURCE: DRIVER_SHARE}
     return {"cpu": res.cpus_per_worker, "gpu": res.gpus_per_worker}
 
 
@@ -453,7 +455,9 @@ def run_study(
     truthful record (``StudyOutcome.stopped_by``). ``verbose=False`` (the command's default): Ray's and
     Tune's output to ``<storage>/driver.log``, a progress table of the platform's on the terminal."""
     global _quiet
+    from clsr.study.run.tune_compat import check_ray
 
+    check_ray()  # before anything starts: the private touches of Ray are known for its supported versions
     if not verbose and _quiet is None:
         from clsr.study.run.progress import DriverLog
 

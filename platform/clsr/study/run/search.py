@@ -41,19 +41,21 @@ class SeedRepeater(Repeater):
         return {**config, "point": point}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, **kwargs) -> None:
-        if trial_id not in self._trial_id_to_group:  # Repeater raises KeyError for a trial it never gave
+        from clsr.study.run.tune_compat import repeats_trial, report_repeat
+
+        if not repeats_trial(self, trial_id):  # Repeater raises KeyError for a trial it never gave
             return
         metric = self.searcher.metric
         if isinstance(metric, str):
             super().on_trial_complete(trial_id, result, **kwargs)
             return
         # several objectives: Repeater averages one metric; each objective's mean over the seeds here
-        group = self._trial_id_to_group[trial_id]
-        group.report(trial_id, [(result or {}).get(m, np.nan) for m in metric])
-        if group.finished_reporting():
-            means = np.nanmean(np.asarray(group.scores(), dtype=float), axis=0)
+        done = report_repeat(self, trial_id, [(result or {}).get(m, np.nan) for m in metric])
+        if done is not None:
+            primary_trial_id, scores = done
+            means = np.nanmean(np.asarray(scores, dtype=float), axis=0)
             self.searcher.on_trial_complete(
-                group.primary_trial_id, result=dict(zip(metric, means.tolist(), strict=True)), **kwargs
+                primary_trial_id, result=dict(zip(metric, means.tolist(), strict=True)), **kwargs
             )
 
     # Repeater saves only its searcher: a resumed experiment would lose which trials form a

@@ -114,23 +114,22 @@ def repair_missing_checkpoints(fs, state_path: str) -> list[str]:
     between leaves a state naming a deleted checkpoint, and Tune's restore then fails that trial on every
     resume. The newer checkpoint is moved to the name the state holds, so the state stays as Tune wrote
     it (its next checkpoint's number included). With none left, the state forgets the checkpoint and the
-    trial starts over. The state is Tune's own (its restore unpickles the same run metadata).
+    trial starts over. The state is Tune's own (its restore unpickles the same run metadata, read and
+    written through ``clsr.study.run.tune_compat``).
     """
-    from ray.tune.trainable.metadata import _TrainingRunMetadata
+    from clsr.study.run.tune_compat import forget_checkpoints, saved_latest_checkpoint
 
     state = json.loads(read_all(fs, state_path))
     repaired, forgotten = [], False
     for entry in state["trial_data"]:
         try:
-            metadata = _TrainingRunMetadata.from_json_state(entry[1])
-            manager = metadata.checkpoint_manager
-            latest = manager._latest_checkpoint_result if manager is not None else None
-            if latest is None or latest.checkpoint is None or _exists(latest.checkpoint):
+            latest = saved_latest_checkpoint(entry[1])
+            if latest is None or _exists(latest):
                 continue
-            missing, newer = latest.checkpoint.path, _newest_left(latest.checkpoint)
+            missing, newer = latest.path, _newest_left(latest)
         except Exception:  # a form this code does not know, storage not answering: Tune's restore decides
             continue
-        fs_of_trial = latest.checkpoint.filesystem
+        fs_of_trial = latest.filesystem
         if newer is not None:
             _move_folder(fs_of_trial, newer, missing)
             repaired.append(
@@ -138,10 +137,7 @@ def repair_missing_checkpoints(fs, state_path: str) -> list[str]:
                 f"{storage_uri(fs_of_trial, newer)} takes its place"
             )
             continue
-        manager._latest_checkpoint_result = None
-        manager._checkpoint_results = []
-        metadata.checkpoint_manager = manager  # Tune caches the JSON until an attribute is set
-        entry[1] = metadata.get_json_state()
+        entry[1] = forget_checkpoints(entry[1])
         forgotten = True
         repaired.append(
             f"a trial's saved checkpoint {storage_uri(fs_of_trial, missing)} is gone and none is left: it starts over"
