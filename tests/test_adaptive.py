@@ -17,7 +17,8 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 from statsmodels.stats.weightstats import DescrStatsW
 
-from clsr.study.analyse.report import ablation_report, load_trials
+from clsr.study.analyse.rows import ablation_report
+from clsr.study.analyse.runs import load_trials
 from clsr.study.plan.fingerprint import fingerprint
 from clsr.study.plan.load import load_study
 from clsr.study.plan.resolve import count_trials, seed_notes

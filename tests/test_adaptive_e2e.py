@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import pytest
 
-from clsr.study.analyse.report import build_report
+from clsr.study.analyse.rows import build_report
 from clsr.study.plan.load import load_study
 from test_e2e import runs_of
 from test_resilience import run_in_process

@@ -271,7 +271,8 @@ def test_search_over_seeds_and_two_objectives_then_confirm_through_the_platform_
 
     from scipy import stats
 
-    from clsr.study.analyse.report import build_report, fmt_p
+    from clsr.study.analyse.rows import build_report
+    from clsr.study.analyse.tables import fmt_p
     from test_e2e import platform_cmd, runs_of
     from test_resilience import run_in_process
 

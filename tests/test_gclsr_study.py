@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clsr.study.analyse.report import build_report
+from clsr.study.analyse.rows import build_report
 from clsr.study.plan.load import load_study
 from clsr.study.plan.resolve import grid_points
 from clsr.tracking.study_runs import run_labels

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from clsr.methods import get_method
-from clsr.study.analyse.report import ablation_report, fidelity_lines
+from clsr.study.analyse.rows import ablation_report
+from clsr.study.analyse.tables import fidelity_lines
 from clsr.study.plan.load import load_study
 from clsr.study.plan.resolve import (
     ablation_trials,

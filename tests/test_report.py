@@ -22,30 +22,17 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 
 from clsr.cli import main
-from clsr.study.analyse.report import (
-    CORRECTION,
-    TEST_NAME,
-    NoStudyRuns,
-    ablation_notes,
-    ablation_report,
-    build_report,
-    declared_fidelity,
-    fidelity_lines,
-    histories,
-    holm,
-    paired_test,
-    pareto_table,
-    render_json,
-    render_text,
-    report_study,
-    seed_stats,
-    study_from_run,
-    write_report,
-)
+from clsr.study.analyse.plots import histories
+from clsr.study.analyse.render import render_json, render_text
+from clsr.study.analyse.report import report_study, write_report
+from clsr.study.analyse.rows import ablation_report, build_report
+from clsr.study.analyse.runs import NoStudyRuns, study_from_run
+from clsr.study.analyse.tables import ablation_notes, declared_fidelity, fidelity_lines, pareto_table
 from clsr.study.plan.load import load_study
 from clsr.study.record.parent import resolved_summary
 from clsr.study.spec.schema import StudyError
 from clsr.study.stats.effects import grid_effects, sampled_effects
+from clsr.study.stats.seeds import CORRECTION, TEST_NAME, holm, paired_test, seed_stats
 from clsr.tracking.study_runs import close_run, open_child_run, record_skipped, start_parent_run
 from conftest import sqlite_uri
 
@@ -327,7 +314,7 @@ def test_learning_curves_read_the_metric_histories(store, report):
 
 
 def test_a_loss_spanning_decades_is_drawn_on_a_log_axis():
-    from clsr.study.analyse.report import spans_decades
+    from clsr.study.analyse.plots import spans_decades
 
     assert spans_decades([np.array([1.0, 0.1]), np.array([1e-5])])  # the smoke's 1.0 -> 1e-5
     assert not spans_decades([np.array([3.2, 1.1, 0.9])])  # an ordinary loss curve stays linear

@@ -15,7 +15,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from clsr.results import load
-from clsr.study.analyse.report import NoStudyRuns
+from clsr.study.analyse.runs import NoStudyRuns
 from clsr.tracking.study_runs import (
     ALSO_TAG,
     SUPERSEDED_TAG,

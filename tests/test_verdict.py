@@ -14,7 +14,10 @@ import pytest
 import yaml
 from scipy import stats
 
-from clsr.study.analyse.report import build_report, detail_tables, render_text, summary_table, write_report
+from clsr.study.analyse.render import render_text
+from clsr.study.analyse.report import write_report
+from clsr.study.analyse.rows import build_report
+from clsr.study.analyse.tables import detail_tables, summary_table
 from clsr.study.plan.load import load_study
 from clsr.study.spec.schema import StudyError
 from clsr.study.stats.verdict import (

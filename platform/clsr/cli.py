@@ -520,7 +520,7 @@ def _probed(args: argparse.Namespace, study, documents):
 
 def _recorded(args: argparse.Namespace, study):
     """Unit costs of a recorded study's finished trials, read from MLflow."""
-    from clsr.study.analyse.report import NoStudyRuns, open_study_runs
+    from clsr.study.analyse.runs import NoStudyRuns, open_study_runs
     from clsr.study.plan.projection import NoMeasurements, measure
     from clsr.tracking.study_runs import children, resolve_tracking_uri
 
@@ -580,7 +580,8 @@ def _cmd_compare_or_promote(args: argparse.Namespace) -> int:
     import tempfile
 
     from clsr.study.analyse.frame import study_name_and_uri
-    from clsr.study.analyse.report import NoStudyRuns, study_by_name
+    from clsr.study.analyse.report import study_by_name
+    from clsr.study.analyse.runs import NoStudyRuns
     from clsr.study.spec.schema import StudyError
     from clsr.tracking.study_runs import resolve_tracking_uri
 
@@ -616,14 +617,9 @@ def cmd_study_report(args: argparse.Namespace) -> int:
 
     from mlflow.tracking import MlflowClient
 
-    from clsr.study.analyse.report import (
-        NoStudyRuns,
-        record_lines,
-        render_json,
-        render_text,
-        report_study,
-        study_by_name,
-    )
+    from clsr.study.analyse.render import render_json, render_text
+    from clsr.study.analyse.report import report_study, study_by_name
+    from clsr.study.analyse.runs import NoStudyRuns, record_lines
     from clsr.study.spec.schema import StudyError
     from clsr.tracking.study_runs import resolve_tracking_uri
 

@@ -6,7 +6,7 @@ the two share: the same resolved configuration, as each child run logged it in i
 ``study.*`` labels, the seed, and any ``--ignore`` prefixes, e.g. a data folder that differs between two
 machines), and the same seed. Per point it reports the paired differences B - A of the metric: their
 mean, SciPy's Student-t 95 % CI and paired t-test (``scipy.stats.ttest_rel``), and the p-values adjusted
-across points with Holm's method, the report's own ``holm``.
+across points with Holm's method, the report's own (``clsr.study.stats.seeds.holm``).
 Points only one record holds are listed apart. Only values are compared: nothing here takes a path or
 a location from a run's tags. The pairing and the table are the only hand-written parts.
 """
@@ -22,8 +22,9 @@ import pandas as pd
 from scipy import stats as sps
 
 from clsr.study.analyse.frame import study_name_and_uri
-from clsr.study.analyse.report import NoStudyRuns, Trial, holm, load_trials, open_study_runs, pick_trials
+from clsr.study.analyse.runs import NoStudyRuns, Trial, load_trials, open_study_runs, pick_trials
 from clsr.study.plan.fingerprint import digest
+from clsr.study.stats.seeds import holm
 from clsr.tracking.study_runs import parent_runs, resolve_tracking_uri
 
 CONFIDENCE = 0.95

@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from clsr.study.analyse.report import Trial, load_trials, open_study_runs, pick_trials
+from clsr.study.analyse.runs import Trial, load_trials, open_study_runs, pick_trials
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import resolve_tracking_uri
 
@@ -39,7 +39,7 @@ def load(study: str | Path, tracking_uri: str | None = None, run_id: str | None 
 
     ``study``: a study name (the MLflow experiment; a ``--smoke`` run's is ``<name>-smoke``) or a study
     file. ``tracking_uri``: the MLflow store; default the study file's ``tracking_uri``, else
-    ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``. Raises ``clsr.study.analyse.report.NoStudyRuns``
+    ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``. Raises ``clsr.study.analyse.runs.NoStudyRuns``
     when the store holds no run of the study."""
     name, file_uri = study_name_and_uri(study)
     uri = resolve_tracking_uri(tracking_uri or file_uri)

@@ -18,7 +18,7 @@ from typing import Any
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
-from clsr.study.analyse.report import Trial, load_trials, open_study_runs
+from clsr.study.analyse.runs import Trial, load_trials, open_study_runs
 from clsr.study.plan.fingerprint import trial_key
 from clsr.study.record.parent import recorded_fingerprint
 from clsr.study.spec.schema import Study

@@ -2,7 +2,7 @@
 
 A row's seeds stop once its 95 % CI is narrow enough and, when the paper gives a number, its verdict is
 conclusive; else it gets the next seed of its pool, up to ``max``. The rows and their values are the
-report's own (``clsr.study.analyse.report``), so "finished" and "main metric" mean what the report shows. Tune's
+report's own (``clsr.study.analyse.rows``), so "finished" and "main metric" mean what the report shows. Tune's
 searchers pick configurations, not how many repeats a configuration needs, hence these few lines over
 SciPy's t quantile and the report's verdict.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from clsr.study.analyse.report import AblationReport, ablation_report
+from clsr.study.analyse.rows import AblationReport, ablation_report
 from clsr.study.plan.resolve import grid_points
 from clsr.study.spec.schema import AdaptiveSeeds, Study
 from clsr.study.stats.verdict import CONFIDENCE, INCONCLUSIVE, verdict

@@ -635,7 +635,7 @@ def adaptive_rounds(study: Study, ctx: StudyContext, wave: list[str], interrupts
     """Adaptive-seeds ablations of a finished wave: round k (2, 3, ...) gives one more seed to each row
     that needs one (``clsr.study.run.adaptive``), as Tune experiment ``<ablation>-seeds<k>``; a resume
     restores a round's experiment by that name (``_fit``), then decides the next from MLflow again."""
-    from clsr.study.analyse.report import load_trials
+    from clsr.study.analyse.runs import load_trials
     from clsr.study.run.adaptive import round_trials
 
     for ablation in [a for a in wave if study.adaptive_of(a) is not None]:
