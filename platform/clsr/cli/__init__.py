@@ -913,6 +913,3 @@ def exit_now(code: int | None) -> NoReturn:
             stream.flush()
     os._exit(code or 0)
 
-
-if __name__ == "__main__":
-    run()

@@ -1,0 +1,5 @@
+"""``python -m clsr.cli``: the ``platform`` command (the study driver's child is started this way)."""
+
+from clsr.cli import run
+
+run()
