@@ -1,8 +1,9 @@
 """The ``platform`` command: run and resume studies, validate study files, evaluate encoders.
 
-argparse only, one module per command: study, eval, data, env and bench here, cluster in
-clsr.cluster.cli. Each registers its parsers (``add_parsers``) and holds its ``cmd_*`` functions, which
-import what they run (torch, Ray, MLflow) only when called: importing this package stays cheap."""
+argparse only, one module per command: study, eval, data and env here, cluster in clsr.cluster.cli; bench,
+handed to the source checkout, below. Each registers its parsers (``add_parsers``) and holds its ``cmd_*``
+functions, which import what they run (torch, Ray, MLflow) only when called: importing this package stays
+cheap."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import contextlib
 import sys
 from typing import NoReturn
 
-from clsr.cli import bench, data, env, study
+from clsr.cli import data, env, study
 from clsr.cli import eval as eval_command
 from clsr.cluster.cli import add_cluster_parser, cmd_cluster
 from clsr.tracking.secrets import mask_uri
@@ -60,9 +61,28 @@ def _parser() -> argparse.ArgumentParser:
     eval_command.add_parsers(commands)
     data.add_parsers(commands)
     env.add_parsers(commands)
-    bench.add_parsers(commands)
+    _add_bench_parser(commands)
     add_cluster_parser(commands)
     return parser
+
+
+def _add_bench_parser(commands) -> None:
+    """``platform bench`` listed in ``platform --help``; its own options are clsr_bench.cli's."""
+    # listed here; main() hands `platform bench ...` to the checkout's clsr_bench.cli, which parses the rest
+    commands.add_parser(
+        "bench",
+        help="benchmarks that print figures: training throughput, memory, STS eval, a study (from a source "
+        "checkout: benchmarks/clsr_bench)",
+        add_help=False,
+    )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``platform bench ...``: the checkout's benchmarks (not in the wheel), imported only now."""
+    from clsr.checkout import from_checkout
+
+    bench = from_checkout("clsr_bench.cli", "platform bench", "bench")
+    return 2 if bench is None else bench.main(args.argv[1:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval": eval_command.cmd_eval,
         "data": data.cmd_data,
         "env": env.cmd_env,
-        "bench": bench.cmd_bench,
+        "bench": cmd_bench,
         "cluster": cmd_cluster,
     }
     handler = handlers[args.command]
