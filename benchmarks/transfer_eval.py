@@ -23,8 +23,9 @@ import time
 import numpy as np
 import torch
 
+from clsr.config.model import ModelConfig
 from clsr.encoders.embed import transformer_embedder
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
 from clsr.eval.transfer import (
     CLASSIFIERS,
     DISPLAY_NAMES,

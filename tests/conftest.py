@@ -208,7 +208,7 @@ def stub_datasets_cache(root: Path) -> Path:
 
 def hub_model_ids(studies: list[Path]) -> list[str]:
     """Every hub id the shipped studies' trials name as model.name (not short names, not folders)."""
-    from clsr.encoders.registry import SHORT_NAMES
+    from clsr.data.model_registry import SHORT_NAMES
 
     names = {getattr(trial.model, "name", "minilm") for trial in _shipped_trials(studies)}
     return sorted(names - set(SHORT_NAMES))

@@ -31,8 +31,8 @@ from clsr.augment.pwva import (
     random_background_noise,
     random_zero_setting,
 )
+from clsr.data.model_registry import ModelUnavailableError
 from clsr.data.sources import DataUnavailableError
-from clsr.encoders.registry import ModelUnavailableError
 
 D = 300
 

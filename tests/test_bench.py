@@ -135,7 +135,8 @@ def test_bench_suite_reads_its_targets_off_the_parts():
 
 
 def test_bench_measures_an_evaluation_and_a_checkpoint(tiny_bert, data_dir):
-    from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+    from clsr.config.model import ModelConfig
+    from clsr.encoders.transformer import TransformerEncoder
     from clsr_bench.suite import eval_and_checkpoint, format_eval_and_checkpoint
 
     part = eval_and_checkpoint(tiny_bert, "cpu")
@@ -148,7 +149,8 @@ def test_bench_measures_an_evaluation_and_a_checkpoint(tiny_bert, data_dir):
 
 
 def test_shaped_random_encoder_loads_with_the_given_tokenizer(tiny_bert, tmp_path):
-    from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+    from clsr.config.model import ModelConfig
+    from clsr.encoders.transformer import TransformerEncoder
     from clsr_bench.suite import shaped_encoder
 
     shape = {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16}

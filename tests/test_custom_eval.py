@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from clsr.cli import main
+from clsr.config.trial import TrialConfig
+from clsr.data.model_registry import resolve_model_path
 from clsr.data.sts import load_sts
 from clsr.data.transfer import load_transfer
-from clsr.encoders.registry import resolve_model_path
-from clsr.train.config import TrialConfig
 from clsr.train.loop import fit
 from clsr.train.session import LocalSession
 from conftest import sqlite_uri
@@ -217,8 +217,9 @@ def test_platform_eval_scores_custom_sts_retrieval_and_classification_as_compute
 def test_classification_without_a_split_column_is_nested_cross_validation(tmp_path, data_dir, minilm):
     from sklearn.model_selection import StratifiedKFold
 
+    from clsr.config.custom_task import CustomTask
     from clsr.encoders.export import load_model, make_embedder
-    from clsr.eval.custom import ClassifierSettings, CustomTask, evaluate_custom
+    from clsr.eval.custom import ClassifierSettings, evaluate_custom
 
     labelled, texts, frame = write_classification(tmp_path, data_dir, split=False)
     encoder, pipeline = load_model("minilm")
@@ -240,7 +241,8 @@ def test_custom_classification_fits_where_transfer_device_says(tmp_path, data_di
     """``eval.transfer_device: auto`` puts a trial's custom classification fits on its GPU, as it does
     the transfer tasks': the device reaches SentEval's classifier for both schemes."""
     import clsr.eval.transfer as transfer
-    from clsr.eval.custom import ClassifierSettings, CustomTask, evaluate_custom
+    from clsr.config.custom_task import CustomTask
+    from clsr.eval.custom import ClassifierSettings, evaluate_custom
 
     labelled, _, _ = write_classification(tmp_path, data_dir, split=split)
     seen = []

@@ -10,8 +10,9 @@ import torch
 from scipy import stats
 from torch import nn
 
+from clsr.config.model import ModelConfig
 from clsr.encoders.dropout_masks import UniformDropout, uniform_dropout, use_uniform_dropout
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+from clsr.encoders.transformer import TransformerEncoder
 from conftest import save_tiny_bert
 
 

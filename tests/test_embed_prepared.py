@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from clsr.config.model import ModelConfig
 from clsr.encoders import embed as embed_module
 from clsr.encoders.embed import transformer_embedder
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
 from conftest import save_tiny_bert
 
 SENTENCES = ["a man plays a guitar", "two dogs run in a field", "hello", "a man plays a guitar"]

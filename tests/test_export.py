@@ -12,6 +12,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
+from clsr.config.model import ModelConfig, TextCNNConfig
 from clsr.encoders.embed import transformer_embedder
 from clsr.encoders.export import (
     ModelLoadError,
@@ -22,8 +23,8 @@ from clsr.encoders.export import (
     pooling_of,
     save_sentence_transformer,
 )
-from clsr.encoders.textcnn import TextCNNConfig, TextCNNEncoder
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+from clsr.encoders.textcnn import TextCNNEncoder
+from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
 from clsr.encoders.word_vectors import OOV_ID, WordTable, WordTokenizer, build_word_table
 from clsr.eval.sts import evaluate_sts, summary_metrics
 from clsr.methods.gclsr import GCLSR, GCLSRConfig, GCLSRShared

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from clsr.config.trial import EvalConfig
 from clsr.data.faq import FAQ_TASKS, FAQData, fold_split, load_faq, read_cough, read_faqir
 from clsr.data.faq import training_rows as faq_training_rows
 from clsr.data.sources import DataUnavailableError
+from clsr.data.tasks import split_eval_tasks
 from clsr.eval.faq import (
     cosine_matrix,
     evaluate_faq,
@@ -22,8 +24,7 @@ from clsr.eval.faq import (
     relevant_ranks,
     retrieval_metrics,
 )
-from clsr.eval.transfer import split_eval_tasks, split_tasks
-from clsr.train.config import EvalConfig
+from clsr.eval.transfer import split_tasks
 
 # --- metrics on a hand-made ranking ----------------------------------------------------------------
 
@@ -375,7 +376,7 @@ def test_final_evaluation_of_the_training_loop_runs_faq(tiny_root: Path) -> None
     from clsr.train.loop import Evaluator
 
     cfg = EvalConfig(tasks=["stackfaq"], alignment_uniformity=False, dev_tasks=[])
-    from clsr.train.config import DataConfig
+    from clsr.config.trial import DataConfig
 
     trial = SimpleNamespace(
         eval=cfg, data=DataConfig(data_dir=str(tiny_root)), trainer=SimpleNamespace(precision="auto")
@@ -452,8 +453,8 @@ def test_fold_split_is_a_query_level_5_fold_split_with_dev_from_the_training_fol
 
 
 def test_an_faq_fold_trial_scores_its_test_fold_and_selects_on_dev_map(tiny_root: Path) -> None:
+    from clsr.config.trial import DataConfig
     from clsr.eval.faq import dev_map
-    from clsr.train.config import DataConfig
 
     assert DataConfig(train="faq:stackfaq", fold=4).faq_set() == "stackfaq"
     for bad in (
@@ -479,7 +480,7 @@ def test_an_faq_fold_trial_scores_its_test_fold_and_selects_on_dev_map(tiny_root
 
 
 def test_an_faq_fold_gives_pairs_so_a_method_needing_negatives_is_refused_at_validation() -> None:
-    from clsr.train.config import TrialConfig
+    from clsr.config.trial import TrialConfig
 
     doc = {
         "data": {"train": "faq:stackfaq", "fold": 0},

@@ -12,12 +12,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from clsr.augment.pwva import PWVAConfig
-from clsr.encoders.textcnn import TextCNNConfig, TextCNNEncoder
+from clsr.config.model import TextCNNConfig
+from clsr.config.trial import TrainerConfig, TrialConfig
+from clsr.encoders.textcnn import TextCNNEncoder
 from clsr.encoders.word_vectors import OOV_ID, PAD_ID, WordTable, WordTokenizer
 from clsr.methods.gclsr import GCLSR, GCLSRConfig, GCLSRModel, grouped_simsiam_loss, word_self_attention
 from clsr.study.plan.load import load_study
 from clsr.study.plan.resolve import find_point, grid_points
-from clsr.train.config import TrainerConfig, TrialConfig
 from clsr.train.optim import build_optimizer, build_scheduler, schedule_factor, set_momentum, warmup_steps
 
 P1, P2 = [[1.0, 0.0, 0.0, 1.0]], [[0.0, 1.0, 1.0, 0.0]]

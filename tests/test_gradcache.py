@@ -22,8 +22,9 @@ import pytest
 import torch
 
 import clsr.train.gradcache as gradcache
+from clsr.config.model import ModelConfig
 from clsr.data.batching import TextViewBatcher
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
 from clsr.methods import get_method
 from clsr.methods.rcl import RCLShared, RowIndexBatcher
 from clsr.train.gradcache import check_gradcache, gradcache_backward
@@ -157,7 +158,7 @@ def test_gradcache_is_refused_for_gclsr():
 def test_a_gclsr_trial_with_gradcache_is_refused_when_validated():
     from pydantic import ValidationError
 
-    from clsr.train.config import TrialConfig
+    from clsr.config.trial import TrialConfig
 
     with pytest.raises(ValidationError, match="trainer.gradcache_chunk_rows=2: method 'gclsr'"):
         TrialConfig.model_validate(
@@ -173,7 +174,7 @@ def test_a_gclsr_trial_with_gradcache_is_refused_when_validated():
 def test_fit_with_gradcache_gives_the_same_losses_and_weights(data_dir, tiny_bert, tmp_path, monkeypatch):
     """The whole loop, two micro-batches of 6 rows per step in chunks of 4 (dropout off)."""
     import clsr.train.loop as loop
-    from clsr.train.config import TrialConfig
+    from clsr.config.trial import TrialConfig
     from clsr.train.loop import fit
     from clsr.train.session import LocalSession
 

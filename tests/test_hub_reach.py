@@ -10,8 +10,8 @@ import pytest
 
 from clsr.cluster.ports import free_port
 from clsr.data import hub_reach
+from clsr.data.model_registry import model_source_problem
 from clsr.data.sources import DataUnavailableError, load_from_hub
-from clsr.encoders.registry import model_source_problem
 
 
 @pytest.fixture

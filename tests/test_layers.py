@@ -68,3 +68,23 @@ def test_the_layer_contracts_are_kept():
     done = subprocess.run([str(lint)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
+
+
+def test_the_configuration_imports_no_torch():
+    """Reading and checking a study's own sections does not pay for torch (``clsr.config``)."""
+    code = (
+        "import sys, pkgutil, importlib, clsr.config\n"
+        "for m in pkgutil.iter_modules(clsr.config.__path__): importlib.import_module('clsr.config.' + m.name)\n"
+        "print(sorted(n for n in sys.modules if n == 'torch' or n.startswith('torch.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_every_built_in_method_is_registered_under_its_own_name():
+    from clsr.config.methods import BUILT_IN, METHODS
+    from clsr.methods.base import Method
+
+    for name in BUILT_IN:
+        assert issubclass(METHODS[name], Method) and METHODS[name].name == name

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from clsr.config.model import ModelConfig
+from clsr.config.trial import AUTO_LENGTH_GROUP, TrainerConfig, TrialConfig
 from clsr.data.batching import TextViewBatcher
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder, encode_in_length_groups, load_tokenizer
-from clsr.train.config import AUTO_LENGTH_GROUP, TrainerConfig, TrialConfig
+from clsr.encoders.transformer import TransformerEncoder, encode_in_length_groups, load_tokenizer
 from conftest import save_tiny_bert
 
 TEXT = "a man is playing a guitar on the stage while the crowd sings along loudly tonight"

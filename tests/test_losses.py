@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from clsr.config.trial import TrialConfig
 from clsr.data.catalog import load_rows
 from clsr.methods.mnrl import MNRL, MNRLConfig, mnrl_loss
 from clsr.methods.simcse_sup import SimCSESup, SimCSESupConfig, simcse_sup_loss
 from clsr.methods.simcse_unsup import SimCSEUnsup, SimCSEUnsupConfig, simcse_unsup_loss
-from clsr.train.config import TrialConfig
 
 RNG = np.random.default_rng(0)
 
@@ -201,7 +201,8 @@ def test_fixed_mask_gives_identical_positive_pairs_and_the_loss_of_h_plus_equal_
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa_packed"])
 def test_two_encoders_is_eq4_with_each_view_through_its_own_encoder(tiny_bert, attention):
-    from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+    from clsr.config.model import ModelConfig
+    from clsr.encoders.transformer import TransformerEncoder
 
     method = SimCSEUnsup(SimCSEUnsupConfig(two_encoders=True))
     model = method.build_model(ModelConfig(name=tiny_bert, pooling="cls", dropout=0.0, attention=attention))

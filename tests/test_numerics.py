@@ -172,7 +172,8 @@ def test_step_metrics_are_read_back_a_window_at_a_time_and_divergence_names_its_
 
 
 def test_flash_attention_is_refused_where_no_gpu_runs_it(tmp_path):
-    from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+    from clsr.config.model import ModelConfig
+    from clsr.encoders.transformer import TransformerEncoder
     from clsr.study.plan.load import study_from_dict
     from clsr.study.spec.schema import StudyError
 
@@ -214,7 +215,7 @@ def test_a_trial_sharing_a_gpu_is_capped_at_its_share_of_the_memory(monkeypatch)
 
 
 def test_adamw_is_fused_on_cpu_and_steps_as_the_per_parameter_loop_does():
-    from clsr.train.config import TrainerConfig
+    from clsr.config.trial import TrainerConfig
     from clsr.train.optim import build_optimizer
 
     torch.manual_seed(0)

@@ -122,8 +122,8 @@ def test_a_catalogue_set_that_cannot_load_here_is_said_before_a_study_starts(tmp
 
 
 def test_a_catalogue_set_with_a_data_dir_that_is_no_data_folder_is_a_problem_not_a_crash(tmp_path: Path):
+    from clsr.config.trial import DataConfig
     from clsr.data.external import data_source_problem
-    from clsr.train.config import DataConfig
 
     problem, unavailable_why = data_source_problem(
         DataConfig(train="qqp_pairs", data_dir=str(tmp_path / "nowhere")), ("anchor", "positive")

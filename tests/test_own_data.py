@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from clsr.cli import main
+from clsr.config.trial import TrialConfig
 from clsr.data.external import source_columns
 from clsr.data.training import training_rows
-from clsr.train.config import TrialConfig
 from clsr.train.loop import fit
 from clsr.train.session import LocalSession
 from conftest import sqlite_uri, stub_hub_cache
@@ -272,7 +272,7 @@ def cls_dense_normalize(tmp_path_factory) -> Path:
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer import modules as models
 
-    from clsr.encoders.registry import resolve_model_path
+    from clsr.data.model_registry import resolve_model_path
 
     torch.manual_seed(0)
     word = models.Transformer(resolve_model_path("minilm"), max_seq_length=128)
@@ -332,7 +332,7 @@ def cls_normalize(tmp_path_factory) -> Path:
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer import modules as models
 
-    from clsr.encoders.registry import resolve_model_path
+    from clsr.data.model_registry import resolve_model_path
 
     word = models.Transformer(resolve_model_path("minilm"), max_seq_length=128)
     pool = models.Pooling(word.get_embedding_dimension(), pooling_mode="cls")
@@ -346,9 +346,10 @@ def test_model_pooling_auto_trains_with_the_models_own_pooling(source, expected,
     import numpy as np
     from sentence_transformers import SentenceTransformer
 
+    from clsr.config.model import ModelConfig
+    from clsr.data.model_registry import resolve_model_path
     from clsr.encoders.embed import transformer_embedder
-    from clsr.encoders.registry import resolve_model_path
-    from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+    from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
 
     name = str(request.getfixturevalue(source)) if source == "cls_normalize" else source
     config = ModelConfig(name=name, pooling="auto")
@@ -364,7 +365,7 @@ def test_model_pooling_auto_trains_with_the_models_own_pooling(source, expected,
 def test_model_pooling_auto_refuses_what_clsr_cannot_train_with(cls_dense_normalize, tiny_bert):
     from pydantic import ValidationError
 
-    from clsr.encoders.transformer import ModelConfig
+    from clsr.config.model import ModelConfig
 
     with pytest.raises(
         ValidationError, match=r"model.pooling auto: .* has modules Pooling\(cls\), Dense, Normalize"

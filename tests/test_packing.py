@@ -19,13 +19,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from clsr.encoders.transformer import (
-    ModelConfig,
-    TransformerEncoder,
-    choose_attention,
-    first_position,
-    load_tokenizer,
-)
+from clsr.config.model import ModelConfig
+from clsr.encoders.transformer import TransformerEncoder, choose_attention, first_position, load_tokenizer
 from conftest import save_tiny_bert
 
 SENTENCES = [
@@ -161,7 +156,7 @@ def test_auto_attention_packs_on_a_cpu_for_the_encoders_packing_knows(model_type
 
 
 def test_auto_attention_stays_padded_with_drophead_or_compile(tmp_path: Path):
-    from clsr.train.config import TrialConfig
+    from clsr.config.trial import TrialConfig
 
     assert ModelConfig(name="minilm").attention == "auto"
     assert ModelConfig(name="minilm", drophead=0.1).attention is None
@@ -229,7 +224,7 @@ def test_the_bench_refuses_flash_attention_2_on_a_cpu_in_one_line(capsys):
 
 
 def test_packing_refuses_compile():
-    from clsr.train.config import TrialConfig
+    from clsr.config.trial import TrialConfig
 
     trial = {"model": {"name": "minilm", "attention": "sdpa_packed"}, "method": {"name": "simcse_unsup"}}
     with pytest.raises(

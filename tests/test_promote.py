@@ -10,9 +10,10 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
+from clsr.config.model import ModelConfig
 from clsr.encoders.embed import transformer_embedder
 from clsr.encoders.export import load_model, make_embedder, save_sentence_transformer
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
 from clsr.study.analyse.promote import PromoteRefused, promote
 from clsr.study.plan.fingerprint import trial_key
 from clsr.study.plan.load import load_study

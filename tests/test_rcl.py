@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 import torch
 
-from clsr.encoders.transformer import DropHead, ModelConfig, TransformerEncoder
+from clsr.config.model import ModelConfig
+from clsr.encoders.transformer import DropHead, TransformerEncoder
 from clsr.methods.mnrl import mnrl_loss
 from clsr.methods.rcl import (
     RCL,
@@ -120,9 +121,9 @@ class CountingEncoder(torch.nn.Module):
 
 
 def test_prepare_shared_embeds_each_training_text_once_per_entropy_model(data_dir, monkeypatch):
+    from clsr.config.trial import TrialConfig
     from clsr.data.training import training_rows
     from clsr.encoders.transformer import load_tokenizer
-    from clsr.train.config import TrialConfig
     from clsr.train.loop import build_method
 
     trial = TrialConfig.model_validate(
@@ -239,7 +240,7 @@ STAGE_EVAL = {"dev_tasks": ["sickr"], "select_on": "sickr", "tasks": ["stsb"], "
 
 
 def _stage_trial(model: str, method: dict, **trainer):
-    from clsr.train.config import TrialConfig
+    from clsr.config.trial import TrialConfig
 
     return TrialConfig.model_validate(
         {

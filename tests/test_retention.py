@@ -16,10 +16,11 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
+from clsr.config.model import ModelConfig
 from clsr.encoders import checkpoint_files
 from clsr.encoders.checkpoint_files import MANIFEST
 from clsr.encoders.trained import load_trained_encoder
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+from clsr.encoders.transformer import TransformerEncoder
 from clsr.study.plan.resolve import checkpoint_lines, trained_parameters
 from clsr.study.record import retention
 from clsr.study.record.retention import RESUME_ONLY, SWAP, shrink_checkpoint, shrink_finished_checkpoints

@@ -18,10 +18,10 @@ import torch
 from mlflow.tracking import MlflowClient
 from torch import nn
 
+from clsr.config.model import ModelConfig
 from clsr.encoders import checkpoint_files
 from clsr.encoders.checkpoint_files import MANIFEST, UntrustedCheckpoint
 from clsr.encoders.trained import load_trained_encoder
-from clsr.encoders.transformer import ModelConfig
 from clsr.tracking import study_runs
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import (

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from clsr.config.trial import TrialConfig
 from clsr.data.batching import shuffled_batches
 from clsr.methods import get_method
 from clsr.methods.selfccl import (
@@ -28,7 +29,6 @@ from clsr.methods.selfccl import (
     triplet_margins,
 )
 from clsr.methods.simcse_sup import simcse_sup_loss
-from clsr.train.config import TrialConfig
 from conftest import sqlite_uri
 
 

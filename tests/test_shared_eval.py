@@ -19,7 +19,7 @@ RANK = textwrap.dedent(
     import json, os, sys
     import torch, torch.distributed as dist
     from clsr.eval.transfer import TransferScore
-    from clsr.train.config import TrialConfig
+    from clsr.config.trial import TrialConfig
     from clsr.train.loop import Evaluator
 
     rank, fail_on = int(sys.argv[1]), sys.argv[2]

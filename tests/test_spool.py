@@ -336,7 +336,7 @@ def test_the_loop_and_the_worker_agree_on_which_failures_are_final():
 
 
 def tiny_trial(**trainer):
-    from clsr.train.config import TrialConfig
+    from clsr.config.trial import TrialConfig
 
     return TrialConfig.model_validate(
         {

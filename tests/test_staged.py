@@ -12,9 +12,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from clsr.config.model import ModelConfig
 from clsr.encoders.checkpoint_files import save_tensors, write_manifest
 from clsr.encoders.trained import is_checkpoint, load_trained_encoder
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+from clsr.encoders.transformer import TransformerEncoder
 from clsr.study.plan.load import study_from_dict
 from clsr.study.plan.resolve import experiments, grid_points, resolve_trial, stages, trial_document
 from clsr.study.run.runner import expand_trials, ready_trials, shared_inputs

@@ -111,7 +111,7 @@ def test_fill_slots_get_augmented_entailments_instead_of_anchor_copies():
 
 
 def test_supmpn_trains_locally_with_every_slot(data_dir):
-    from clsr.train.config import TrialConfig
+    from clsr.config.trial import TrialConfig
     from clsr.train.loop import fit
     from clsr.train.session import LocalSession
 
@@ -137,7 +137,7 @@ def test_supmpn_trains_locally_with_every_slot(data_dir):
 
 
 def test_paraphrased_rows_are_shared_per_row_set():
-    from clsr.train.config import TrialConfig
+    from clsr.config.trial import TrialConfig
 
     def trial(seed: int, max_rows: int | None) -> TrialConfig:
         return TrialConfig.model_validate(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clsr.train.config import TrialConfig
+from clsr.config.trial import TrialConfig
 from clsr.train.loop import fit
 from clsr.train.session import LocalSession
 from conftest import sqlite_uri
@@ -93,8 +93,8 @@ def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(
     from scipy.stats import spearmanr
     from sentence_transformers import SentenceTransformer
 
+    from clsr.data.model_registry import resolve_model_path
     from clsr.data.sts import load_sts, subsample
-    from clsr.encoders.registry import resolve_model_path
 
     max_pairs = 120  # a seeded sample of each split: the comparison is per sentence, not per set
     uri = sqlite_uri(tmp_path / "mlflow.db")

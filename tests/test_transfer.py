@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 
+from clsr.config.trial import EvalConfig
 from clsr.data.sources import DataUnavailableError
 from clsr.data.transfer import TRANSFER_TASKS, TREC_CLASSES, load_transfer
 from clsr.eval.transfer import (
@@ -29,7 +30,6 @@ from clsr.eval.transfer import (
     stratified_subsample,
     transfer_summary_metrics,
 )
-from clsr.train.config import EvalConfig
 from conftest import sqlite_uri
 
 # --- loaders on the real files (data README §3) ----------------------------------------------------

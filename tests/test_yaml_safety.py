@@ -15,13 +15,13 @@ import yaml
 from pydantic import ValidationError
 
 from clsr.cli import main
+from clsr.config.trial import TrialConfig
 from clsr.study.plan import load
 from clsr.study.plan import resolve as plan
 from clsr.study.plan.load import load_study
 from clsr.study.plan.resolve import count_trials
 from clsr.study.spec.schema import MAX_TRIALS, StudyError
 from clsr.study.spec.yaml_safe import MAX_FILE_BYTES
-from clsr.train.config import TrialConfig
 from conftest import hub_model_ids, stub_datasets_cache, stub_hub_cache
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -80,10 +80,11 @@ def run_sts_eval(
     import torch
     from sentence_transformers import SentenceTransformer
 
+    from clsr.config.model import ModelConfig
+    from clsr.data.model_registry import resolve_model_path
     from clsr.encoders.embed import transformer_embedder
     from clsr.encoders.export import eval_max_length
-    from clsr.encoders.registry import resolve_model_path
-    from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+    from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
     from clsr.eval.sts import expand_tasks
     from clsr_bench import autocast
 

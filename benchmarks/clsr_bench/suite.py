@@ -158,9 +158,10 @@ def eval_and_checkpoint(model: str, device: str) -> dict[str, Any]:
 
     import torch
 
+    from clsr.config.model import ModelConfig
     from clsr.encoders.embed import transformer_embedder
     from clsr.encoders.precision import resolved_precision
-    from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+    from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
     from clsr.eval.sts import evaluate_sts
     from clsr.train.loop import save_checkpoint
     from clsr_bench import synchronize

@@ -50,7 +50,7 @@ def trial_config(
     attention: str | None = "auto",
 ):
     """A trial of ``method`` with mean pooling (as the sentence-transformers model) and no evaluation."""
-    from clsr.train.config import TrialConfig
+    from clsr.config.trial import TrialConfig
 
     return TrialConfig(
         model={
@@ -176,7 +176,7 @@ def sentence_transformers_trainer(
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from transformers import TrainerCallback
 
-    from clsr.encoders.registry import resolve_model_path
+    from clsr.data.model_registry import resolve_model_path
 
     if attention == "sdpa_packed":  # clsr's packing; sentence-transformers pads its batches for sdpa
         attention = "sdpa"

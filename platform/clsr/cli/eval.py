@@ -117,8 +117,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _chosen_tasks(args: argparse.Namespace):
     """``(custom, sts, transfer, faq, device)`` from the options (``args.tasks`` filled in when left out);
     None when one is refused, said on stderr."""
+    from clsr.data.tasks import split_eval_tasks
     from clsr.encoders.precision import resolve_device
-    from clsr.eval.transfer import split_eval_tasks
 
     try:
         custom = _custom_tasks(args.custom)
@@ -277,7 +277,7 @@ def _custom_tasks(path: str | None) -> dict:
         return {}
     from pydantic import ValidationError
 
-    from clsr.eval.custom import CustomTask, check_name
+    from clsr.config.custom_task import CustomTask, check_name
     from clsr.study.spec.yaml_safe import YAMLSafetyError, read_yaml_file
 
     try:

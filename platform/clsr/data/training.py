@@ -15,7 +15,7 @@ from clsr.data.sources import resolve_data_dir
 
 
 def training_rows(trial: Any) -> list[dict[str, str]]:
-    """``trial``: a validated ``clsr.train.config.TrialConfig``."""
+    """``trial``: a validated ``clsr.config.trial.TrialConfig``."""
     subset_seed = trial.data.subset_seed if trial.data.subset_seed is not None else trial.trainer.seed
     if (faq_set := trial.data.faq_set()) is not None:  # an FAQ set's fold: its training queries' rows
         data = load_faq(faq_set, resolve_data_dir(trial.data.data_dir))

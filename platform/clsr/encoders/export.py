@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 import clsr
-from clsr.encoders.st_modules import sentence_transformers_folder
+from clsr.data.st_modules import sentence_transformers_folder
 
 FORMAT_FILE = "clsr_model.json"
 FORMAT_VERSION = 1
@@ -355,7 +355,8 @@ def load_textcnn(folder: str | Path, device: str | torch.device = "cpu") -> Text
     ``load_textcnn(folder).encode(sentences)`` returns ``(len(sentences), dim)`` float32 vectors, the
     ones the platform scored for that trial (``.encoder`` and ``.table`` are the model's parts).
     """
-    from clsr.encoders.textcnn import TextCNNConfig, TextCNNEncoder
+    from clsr.config.model import TextCNNConfig
+    from clsr.encoders.textcnn import TextCNNEncoder
     from clsr.encoders.word_vectors import WordTable, WordTokenizer
 
     folder = Path(folder)
@@ -424,7 +425,8 @@ def _normal_pooling(name: str) -> str:
 
 
 def _load_transformer_folder(folder: Path, meta: dict[str, Any], pooling: str | None) -> tuple:
-    from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+    from clsr.config.model import ModelConfig
+    from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
 
     saved = ModelConfig(**meta["model"])
     exported = meta.get("pooling", saved.pooling)
@@ -541,7 +543,8 @@ def load_model(source: str, pooling: str | None = None) -> tuple[nn.Module, Any]
         return _load_folder(folder, pooling)
     if pooling is None and (st_folder := sentence_transformers_folder(source)) is not None:
         return _load_sentence_transformer(st_folder), None  # its own pooling, Dense and Normalize
-    from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+    from clsr.config.model import ModelConfig
+    from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
 
     encoder = TransformerEncoder(ModelConfig(name=source, pooling=pooling or "mean"))
     return encoder.eval(), load_tokenizer(source)

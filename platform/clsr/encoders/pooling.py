@@ -5,15 +5,10 @@ All averages use the tokenizer attention mask, so padding never enters them whil
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import nn
 
-PoolingName = Literal[
-    "cls", "cls_before_pooler", "avg", "mean", "avg_first_last", "avg_first_last_emb", "avg_top2"
-]
-POOLINGS: tuple[str, ...] = PoolingName.__args__
+from clsr.config.model import POOLINGS
 
 
 def masked_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

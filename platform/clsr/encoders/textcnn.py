@@ -12,51 +12,12 @@ Paper: region sizes (1,1,1,6,15,20) with 300 filters (1,800-d). Official code: (
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
+from clsr.config.model import TextCNNConfig
 from clsr.encoders.word_vectors import OOV_ID, WordTable
-
-PAPER_REGION_SIZES = [1, 1, 1, 6, 15, 20]
-CODE_REGION_SIZES = [1, 1, 1, 6, 10, 15]
-
-
-class TextCNNConfig(BaseModel):
-    """The ``model`` section when ``type: textcnn``."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    type: Literal["textcnn"] = "textcnn"
-    vectors: str = Field(
-        "word2vec-google-news-300",
-        description="named vectors, a word2vec/GloVe file, or a transformer whose input embeddings to use",
-    )
-    vectors_format: Literal["auto", "word2vec_bin", "word2vec_text", "glove", "transformer"] = "auto"
-    tokenization: Literal["auto", "words", "wordpiece"] = Field(
-        "auto", description="auto: wordpiece for transformer vectors, else the GCLSR code's word rule"
-    )
-    max_words: int = Field(
-        64, ge=1, le=100_000, description="sentences are truncated / padded to this many words"
-    )
-    freeze_vectors: bool = Field(True, description="the paper looks vectors up and never trains them")
-    oov: Literal["redraw", "fixed"] = Field(
-        "redraw", description="redraw: a fresh U(±√(3/d)) vector per call (code); fixed: one per word"
-    )
-    region_sizes: list[int] = Field(default_factory=lambda: list(PAPER_REGION_SIZES), min_length=1)
-    filters: int = Field(300, ge=1, le=100_000, description="filters per region size (paper 300, code 640)")
-
-    @model_validator(mode="after")
-    def _regions_fit(self) -> TextCNNConfig:
-        if min(self.region_sizes) < 1:
-            raise ValueError(f"region sizes must be >= 1 (given: {self.region_sizes})")
-        if max(self.region_sizes) > self.max_words:
-            raise ValueError(
-                f"region size {max(self.region_sizes)} exceeds max_words {self.max_words}; raise max_words"
-            )
-        return self
 
 
 class TextCNNEncoder(nn.Module):

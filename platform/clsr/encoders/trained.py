@@ -26,8 +26,9 @@ from typing import Literal
 
 from torch import nn
 
+from clsr.config.model import ModelConfig
 from clsr.encoders.checkpoint_files import load_tensors
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder
+from clsr.encoders.transformer import TransformerEncoder
 
 Weights = Literal["last", "best"]
 WEIGHT_FILES = {"last": "state.pt", "best": "best_model.pt"}

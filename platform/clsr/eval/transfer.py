@@ -61,10 +61,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from clsr.data.faq import FAQ_TASKS
 from clsr.data.sources import resolve_data_dir
-from clsr.data.sts import STS_TASKS
-from clsr.data.transfer import CV_TASKS, TRANSFER_TASKS, TransferData, TransferSplit, load_transfer
+from clsr.data.tasks import split_eval_tasks
+from clsr.data.transfer import CV_TASKS, TransferData, TransferSplit, load_transfer
 from clsr.eval.tables import paper_table
 
 if TYPE_CHECKING:  # not imported at run time: joblib workers import this module and need no torch
@@ -82,7 +81,6 @@ L2_GRID = tuple(10.0**t for t in range(-5, -1))  # SentEval's PyTorch weight dec
 C_GRID = tuple(2.0**t for t in range(-2, 4))  # SentEval's scikit-learn C: nested CV and SST-2
 KFOLD_C_GRID = tuple(2.0**t for t in range(-1, 6))  # SentEval's scikit-learn C: TREC and MRPC
 VALIDATION_SPLIT = 0.05  # SentEval's refits hold out this share of the training rows for early stopping
-TASK_GROUPS = {"sts": STS_TASKS, "transfer": TRANSFER_TASKS, "faq": FAQ_TASKS}
 # What a task's classifier fits cost relative to each other (thousands of row-fits in "test" mode:
 # fits × training rows, MRPC's features twice as wide); how ranks share the final evaluation.
 FIT_COST = {"mr": 3550, "cr": 1257, "subj": 3330, "mpqa": 3531, "sst2": 269, "trec": 202, "mrpc": 302}
@@ -131,33 +129,6 @@ MODES: dict[str, Mode] = {  # SimCSE's evaluation.py: "test" and "fasttest"
     "test": Mode(10, TorchSettings("adam", batch_size=64, tenacity=5, epoch_size=4)),
     "fast": Mode(5, TorchSettings("rmsprop", batch_size=128, tenacity=3, epoch_size=2)),
 }
-
-
-def split_eval_tasks(tasks: str | Iterable[str]) -> tuple[list[str], list[str], list[str]]:
-    """Groups (``sts``, ``transfer``, ``faq``) and task names → (STS tasks, transfer tasks, FAQ entries).
-
-    STS and transfer groups are expanded; FAQ entries are kept as given (``faq`` stays ``faq``, for
-    :func:`clsr.eval.faq.evaluate_faq` skips group members whose data is missing). Each list is
-    de-duplicated. A string is read as a comma-separated list. Unknown names raise ValueError with
-    every allowed name.
-    """
-    if isinstance(tasks, str):
-        tasks = [t for t in tasks.split(",") if t.strip()]
-    sts: list[str] = []
-    transfer: list[str] = []
-    faq: list[str] = []
-    for task in tasks:
-        name = task.strip()
-        members = (name,) if name == "faq" else TASK_GROUPS.get(name, (name,))
-        for member in members:
-            buckets = ((sts, STS_TASKS), (transfer, TRANSFER_TASKS), (faq, ("faq", *FAQ_TASKS)))
-            bucket = next((b for b, known in buckets if member in known), None)
-            if bucket is None:
-                allowed = ", ".join([*TASK_GROUPS, *STS_TASKS, *TRANSFER_TASKS, *FAQ_TASKS])
-                raise ValueError(f"unknown evaluation task {task!r}; allowed: {allowed}")
-            if member not in bucket:
-                bucket.append(member)
-    return sts, transfer, faq
 
 
 def split_tasks(tasks: str | Iterable[str]) -> tuple[list[str], list[str]]:

@@ -26,12 +26,13 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
+from clsr.config.model import ModelConfig
+from clsr.config.steps import plan_steps
 from clsr.data.batching import TextViewBatcher, shuffled_batches
 from clsr.encoders.trained import load_trained_encoder
-from clsr.encoders.transformer import ModelConfig, TransformerEncoder, load_tokenizer
+from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
 from clsr.methods.losses import full_precision
 from clsr.runtime.distributed import gather_with_grad
-from clsr.runtime.steps import plan_steps
 
 
 class MethodConfig(BaseModel):
@@ -118,7 +119,7 @@ class Method(ABC):
 
     def plan_steps(self, num_rows: int, trial: Any, world: int) -> tuple[int, int]:
         """(steps per epoch, total steps): the loop asks ``batch_order`` for epoch ``step // steps per
-        epoch`` and schedules the LR over the total. Default ``clsr.runtime.steps.plan_steps``; a method whose
+        epoch`` and schedules the LR over the total. Default ``clsr.config.steps.plan_steps``; a method whose
         data does not come in ⌊k/B⌋-step epochs (SelfCCL's per-epoch pacing) returns its own total."""
         return plan_steps(num_rows, trial, world)
 

@@ -51,7 +51,8 @@ from clsr.augment.back_translation import (
 )
 from clsr.augment.eda import EDAConfig, eda, vector_synonyms, wordnet_synonyms
 from clsr.augment.pwva import PWVAConfig, augment
-from clsr.encoders.textcnn import TextCNNConfig, TextCNNEncoder
+from clsr.config.model import TextCNNConfig
+from clsr.encoders.textcnn import TextCNNEncoder
 from clsr.encoders.word_vectors import WordTable, build_word_table
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.losses import full_precision
@@ -259,8 +260,8 @@ def evaluation_texts(trial: Any) -> list[str]:
     """Every sentence the trial is scored on (STS, transfer, FAQ), so the word table holds their words."""
     from clsr.data.sources import resolve_data_dir
     from clsr.data.sts import load_sts
+    from clsr.data.tasks import split_eval_tasks
     from clsr.data.transfer import load_transfer
-    from clsr.eval.transfer import split_eval_tasks
 
     data_dir = resolve_data_dir(trial.data.data_dir)
     sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks(trial.eval.builtin_tasks())

@@ -51,9 +51,10 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from clsr.config.model import ModelConfig
 from clsr.data.batching import TextViewBatcher, text_batches
 from clsr.encoders.trained import load_trained_encoder
-from clsr.encoders.transformer import ModelConfig, load_tokenizer
+from clsr.encoders.transformer import load_tokenizer
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.losses import cos_sim, in_batch_cross_entropy
 from clsr.runtime.distributed import gather_with_grad

@@ -72,11 +72,11 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
+from clsr.config.model import PoolingName
+from clsr.config.steps import plan_steps
 from clsr.data.batching import shuffled_batches
-from clsr.encoders.pooling import PoolingName
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.simcse_sup import simcse_sup_loss
-from clsr.runtime.steps import plan_steps
 
 EASY, SEMI_HARD, HARD = 0, 1, 2
 CLASS_NAMES = ("easy", "semi_hard", "hard")
@@ -342,10 +342,11 @@ class SelfCCL(Method):
         return f"selfccl-score:{d.train}:{d.data_dir}:{d.max_rows}:{subset}:{encoder}:{weights}:{pooling}:{length}"
 
     def prepare_shared(self, trial: Any) -> TripletScores:
+        from clsr.config.model import ModelConfig
         from clsr.data.training import training_rows
         from clsr.encoders.embed import transformer_embedder
         from clsr.encoders.trained import is_checkpoint, load_trained_encoder
-        from clsr.encoders.transformer import ModelConfig, load_tokenizer
+        from clsr.encoders.transformer import load_tokenizer
 
         rows = training_rows(trial)
         encoder_name, pooling, length = self.scoring_setup(trial)

@@ -49,9 +49,10 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from clsr.augment.positives import random_deletion, synonym_replacement, wordnet_synonym_source
+from clsr.config.model import ModelConfig
 from clsr.data.catalog import is_ordered
 from clsr.data.sources import DataUnavailableError
-from clsr.encoders.transformer import COMPILE_WIDTH_MULTIPLE, ModelConfig, TransformerEncoder
+from clsr.encoders.transformer import COMPILE_WIDTH_MULTIPLE, TransformerEncoder
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.losses import cos_sim, in_batch_cross_entropy
 

@@ -22,30 +22,25 @@ import numpy as np
 import torch
 from torch import nn
 
+from clsr.config.steps import eval_interval
+from clsr.config.trial import TrainerConfig, TrialConfig
 from clsr.data.faq import FAQData, load_faq
+from clsr.data.model_registry import ModelUnavailableError
 from clsr.data.sources import DataUnavailableError, resolve_data_dir
 from clsr.data.sts import load_sts, subsample
+from clsr.data.tasks import split_eval_tasks
 from clsr.data.training import training_rows
 from clsr.encoders import checkpoint_files
 from clsr.encoders.precision import autocast_context, resolved_precision
-from clsr.encoders.registry import ModelUnavailableError
 from clsr.eval.alignment import alignment_uniformity
 from clsr.eval.custom import ClassifierSettings, evaluate_custom
 from clsr.eval.faq import dev_map, evaluate_faq, faq_summary_metrics
 from clsr.eval.sts import evaluate_sts, summary_metrics
-from clsr.eval.transfer import (
-    TransferScore,
-    evaluate_transfer,
-    shares,
-    split_eval_tasks,
-    transfer_summary_metrics,
-)
+from clsr.eval.transfer import TransferScore, evaluate_transfer, shares, transfer_summary_metrics
 from clsr.methods import get_method
 from clsr.methods.base import Method
 from clsr.runtime.distributed import broadcast_, gather_or_raise, patient_group
-from clsr.runtime.steps import eval_interval
 from clsr.tracking.run_logger import RunLogger
-from clsr.train.config import TrainerConfig, TrialConfig
 from clsr.train.gradcache import check_gradcache, gradcache_backward
 from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, warmup_steps
 from clsr.train.readback import PendingSteps

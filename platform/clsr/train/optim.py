@@ -16,7 +16,7 @@ from torch import nn
 from torch.optim import SGD, AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-from clsr.train.config import TrainerConfig
+from clsr.config.trial import TrainerConfig
 
 
 def _prefix_match(name: str, prefixes: list[str] | dict[str, float]) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clsr.train.config import TrialConfig
+from clsr.config.trial import TrialConfig
 from clsr.train.loop import FINAL_FAILURES, failure_line, fit
 from clsr.train.session import RayTrainSession, TuneTrialSession, cap_gpu_memory
 

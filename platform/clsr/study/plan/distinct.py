@@ -14,11 +14,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from clsr.config.trial import TrialConfig
 from clsr.study.plan.fingerprint import trial_key
 from clsr.study.plan.resolve import config_identity, trial_identity
 from clsr.study.spec.schema import Outputs, Study
 from clsr.tracking.tags import ALSO_TAG, TRIAL_TAG, run_labels
-from clsr.train.config import TrialConfig
 
 
 def merge_identical(

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from clsr.config.trial import MODEL_TYPES, TrialConfig
 from clsr.methods import METHODS, get_method
 from clsr.study.plan.resolve import (
     StudyDocuments,
@@ -31,7 +32,6 @@ from clsr.study.spec.schema import (
 )
 from clsr.study.spec.yaml_safe import YAMLSafetyError, read_yaml_file
 from clsr.suggest import did_you_mean
-from clsr.train.config import MODEL_TYPES, TrialConfig
 
 
 def _check_needs(study: Study) -> list[str]:

@@ -21,11 +21,11 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from clsr.config.trial import TrialConfig
 from clsr.study.plan.projection import Measured, Sample, costs_of, gpus_per_trial
 from clsr.study.plan.resolve import Resolve, grid_points, resolver
 from clsr.study.spec.dotted import set_dotted
 from clsr.study.spec.schema import Study
-from clsr.train.config import TrialConfig
 
 
 def probe_trial(
@@ -38,8 +38,8 @@ def probe_trial(
     """The probe's trial and its label: ``ablation``'s first point and seed, cut to ``steps`` optimiser steps (default:
     two evaluation intervals, at least 10 steps, at most the trial's own). ``grids`` and ``resolve``:
     the study's documents (``clsr.study.plan.resolve.StudyDocuments``); by default those kept with the study."""
+    from clsr.config.steps import eval_interval
     from clsr.data.training import training_rows
-    from clsr.runtime.steps import eval_interval
     from clsr.train.loop import build_method
 
     name = ablation or next(iter(study.ablations))

@@ -21,10 +21,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from clsr.config.trial import TrialConfig
 from clsr.study.plan.distinct import merge_identical
 from clsr.study.plan.resolve import Resolve, grid_points, resolver, stages
 from clsr.study.spec.schema import Study
-from clsr.train.config import TrialConfig
 
 # Assumptions, each printed with the projection and each overridable on the command line: how many
 # times faster a GPU runs a 2-core CPU's optimiser steps and encoder passes (dense transformer work in
@@ -154,7 +154,7 @@ class Work:
 
 def trial_work(trial: TrialConfig, rows: int) -> Work:
     """The loop's own plan for a trial of ``rows`` training rows (one device per rank)."""
-    from clsr.runtime.steps import eval_interval
+    from clsr.config.steps import eval_interval
     from clsr.train.loop import build_method
 
     steps_per_epoch, total = build_method(trial).plan_steps(rows, trial, 1)

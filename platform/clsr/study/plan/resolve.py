@@ -11,6 +11,7 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
+from clsr.config.trial import TrialConfig
 from clsr.methods import get_method
 from clsr.study.spec.dotted import deep_merge, set_dotted
 from clsr.study.spec.paths import absolute_in_dotted
@@ -20,7 +21,6 @@ from clsr.study.spec.schema import (
     Outputs,
     Study,
 )
-from clsr.train.config import TrialConfig
 
 Resolve = Callable[[str | None, dict[str, Any], int], TrialConfig]  # (ablation, overrides, seed) -> config
 
@@ -479,7 +479,7 @@ def trained_parameters(model: str, pooling: str) -> int | None:
     import torch
     from transformers import AutoConfig, AutoModel
 
-    from clsr.encoders.registry import resolve_model_path
+    from clsr.data.model_registry import resolve_model_path
 
     try:
         config = AutoConfig.from_pretrained(resolve_model_path(model))

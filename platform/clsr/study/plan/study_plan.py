@@ -16,10 +16,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from clsr.config.trial import TrialConfig
 from clsr.study.plan.fingerprint import fingerprint, trial_key
 from clsr.study.plan.resolve import Resolve, StudyDocuments, experiments, overrides_key, resolver
 from clsr.study.spec.schema import Study, StudyError
-from clsr.train.config import TrialConfig
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from clsr.tracking.study_runs import (
 )
 
 if TYPE_CHECKING:
-    from clsr.train.config import TrialConfig
+    from clsr.config.trial import TrialConfig
 
 # Tune's driver function only waits on the Train workers: it holds no CPU, and it runs on the head node
 # (Ray's built-in head resource; a token share of it), with Train's controller beside it: a lost worker
@@ -159,7 +159,7 @@ def shared_inputs(
 
 
 def _build_shared(trial_doc: dict[str, Any]) -> Any:
-    from clsr.train.config import TrialConfig
+    from clsr.config.trial import TrialConfig
     from clsr.train.loop import build_method
 
     trial = TrialConfig.model_validate(trial_doc)

@@ -14,9 +14,9 @@ import copy
 import json
 from typing import Any
 
+from clsr.config.trial import TrialConfig
 from clsr.methods import METHODS
 from clsr.study.spec.schema import Study
-from clsr.train.config import TrialConfig
 
 SCHEMA_FILE = "schema.json"  # beside the shipped studies: studies/schema.json
 DRAFT = "https://json-schema.org/draft/2020-12/schema"

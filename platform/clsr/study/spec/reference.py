@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from clsr.encoders.textcnn import TextCNNConfig
-from clsr.encoders.transformer import ModelConfig
-from clsr.eval.custom import CustomTask
+from clsr.config.custom_task import CustomTask
+from clsr.config.model import ModelConfig, TextCNNConfig
+from clsr.config.trial import DataConfig, EvalConfig, TrainerConfig
 from clsr.methods import METHODS, get_method
 from clsr.study.spec.schema import (
     Ablation,
@@ -27,7 +27,6 @@ from clsr.study.spec.schema import (
     Search,
     Study,
 )
-from clsr.train.config import DataConfig, EvalConfig, TrainerConfig
 
 HEADER = """# Study file reference
 

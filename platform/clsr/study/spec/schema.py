@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from clsr.config.trial import Seed, check_seed
 from clsr.methods import get_method
 from clsr.study.spec.paths import absolute_in_sections
-from clsr.train.config import Seed, check_seed
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 SECTIONS = ("model", "data", "trainer", "method", "eval")

@@ -6,28 +6,10 @@ Below both the loop and the methods (``Method.plan_steps`` calls it), so neither
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-
-class _Trainer(Protocol):
-    batch_size: int
-    grad_accum_steps: int
-    epochs: float
-    max_steps: int | None
-    eval_epochs: float | None
-    eval_steps: int
-
-
-class _Data(Protocol):
-    train: str
-
-
-class TrialConfig(Protocol):
-    """What the step arithmetic reads of a ``clsr.train.config.TrialConfig`` (typed structurally, so
-    this module sits below both the methods and the trainer without importing either)."""
-
-    trainer: _Trainer
-    data: _Data
+if TYPE_CHECKING:
+    from clsr.config.trial import TrialConfig
 
 
 def plan_steps(num_rows: int, trial: TrialConfig, world: int) -> tuple[int, int]:

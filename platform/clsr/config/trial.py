@@ -19,9 +19,8 @@ from pydantic import (
     model_validator,
 )
 
-from clsr.encoders.textcnn import TextCNNConfig
-from clsr.encoders.transformer import ModelConfig
-from clsr.eval.custom import CustomTask, check_name
+from clsr.config.custom_task import CustomTask, check_name
+from clsr.config.model import ModelConfig, TextCNNConfig
 
 MODEL_TYPES = ("transformer", "textcnn")
 # trainer.length_group_size: auto. CPU: best of 16/32/48/64/96 for MiniLM on NLI triplets (bench train).
@@ -298,8 +297,8 @@ class TrainerConfig(Section):
 def _builtin_names() -> list[str]:
     from clsr.data.faq import FAQ_TASKS
     from clsr.data.sts import STS_TASKS
+    from clsr.data.tasks import TASK_GROUPS
     from clsr.data.transfer import TRANSFER_TASKS
-    from clsr.eval.transfer import TASK_GROUPS
 
     return [*TASK_GROUPS, "faq", *STS_TASKS, *TRANSFER_TASKS, *FAQ_TASKS]
 
@@ -384,7 +383,7 @@ class EvalConfig(Section):
 
     @model_validator(mode="after")
     def _known_tasks(self) -> EvalConfig:
-        from clsr.eval.transfer import split_eval_tasks
+        from clsr.data.tasks import split_eval_tasks
 
         for name in self.custom:
             check_name(name)
@@ -422,7 +421,7 @@ class TrialConfig(Section):
     @classmethod
     def _method_section(cls, method: dict[str, Any]) -> dict[str, Any]:
         """Validate the hyperparameters with the method's own Config class and fill its defaults."""
-        from clsr.methods import get_method
+        from clsr.config.methods import get_method
         from clsr.suggest import closest
 
         config = get_method(method.get("name", "")).Config
@@ -448,7 +447,7 @@ class TrialConfig(Section):
     @model_validator(mode="after")
     def _gradcache_fits_method(self) -> TrialConfig:
         """Refuse GradCache when the study is validated, not when the trial starts."""
-        from clsr.methods import get_method
+        from clsr.config.methods import get_method
 
         chunk = self.trainer.gradcache_chunk_rows
         method = get_method(self.method["name"])
@@ -462,7 +461,7 @@ class TrialConfig(Section):
     @model_validator(mode="after")
     def _method_takes_the_trial(self) -> TrialConfig:
         """What a method cannot train as written (``Method.trial_problems``): said for every resolved trial."""
-        from clsr.methods import get_method
+        from clsr.config.methods import get_method
 
         method = get_method(self.method["name"])
         if problems := method(method.Config(**self.method)).trial_problems(self):
@@ -472,8 +471,8 @@ class TrialConfig(Section):
     @model_validator(mode="after")
     def _data_has_method_columns(self) -> TrialConfig:
         """The catalogue set has every column the method encodes: said now, not when the trial loads it."""
+        from clsr.config.methods import get_method
         from clsr.data.catalog import DATASETS
-        from clsr.methods import get_method
 
         method, spec = get_method(self.method["name"]), DATASETS.get(self.data.train)
         faq = self.data.faq_set() is not None  # an FAQ fold's rows are (query, relevant item) pairs
@@ -493,7 +492,7 @@ class TrialConfig(Section):
     @model_validator(mode="after")
     def _evaluation_only_needs_a_pretrained_encoder(self) -> TrialConfig:
         """``max_steps: 0`` scores the starting model; a word-vector TextCNN starts from random filters."""
-        from clsr.methods import get_method
+        from clsr.config.methods import get_method
 
         method = get_method(self.method["name"])
         if self.trainer.max_steps == 0 and method.encoder_type != "transformer":
@@ -525,7 +524,7 @@ class TrialConfig(Section):
     @classmethod
     def _encoder_fits_method(cls, doc: Any) -> Any:
         """A method trains one kind of encoder; say so before the model section's own field errors."""
-        from clsr.methods import METHODS
+        from clsr.config.methods import METHODS
 
         if not isinstance(doc, dict) or not isinstance(doc.get("method"), dict):
             return doc
