@@ -87,7 +87,8 @@ def test_an_error_on_one_rank_is_raised_on_every_rank():
 
 
 def test_shares_balance_the_fit_cost():
-    from clsr.eval.transfer import TRANSFER_TASKS, shares
+    from clsr.data.transfer import TRANSFER_TASKS
+    from clsr.eval.transfer import shares
 
     assert shares(["mr", "cr", "subj", "trec", "mrpc"], 2) == [["mr", "trec", "mrpc"], ["cr", "subj"]]
     # the seven tasks over two ranks: 5,580 against 6,861 thousand row-fits (round robin: mr, subj,
