@@ -28,11 +28,13 @@ from torch import nn
 
 from clsr.config.model import ModelConfig
 from clsr.config.steps import plan_steps
+from clsr.config.trial import TrialConfig
 from clsr.data.batching import TextViewBatcher, shuffled_batches
 from clsr.encoders.trained import load_trained_encoder
 from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
 from clsr.methods.losses import full_precision
 from clsr.runtime.distributed import gather_with_grad
+from clsr.tracking.run_logger import RunLogger
 
 
 class MethodConfig(BaseModel):
@@ -60,34 +62,34 @@ class Method(ABC):
         return tuple(dict.fromkeys(self.views()))
 
     # --- inputs shared by the trials of a study ---------------------------------------------------
-    def shared_key(self, trial: Any) -> str | None:
+    def shared_key(self, trial: TrialConfig) -> str | None:
         """Trials with the same key share one ``prepare_shared`` result; None: nothing to share."""
         return None
 
-    def prepare_shared(self, trial: Any) -> Any:
+    def prepare_shared(self, trial: TrialConfig) -> Any:
         """Build what ``shared_key`` names (runs once per key, on a Ray worker or in-process)."""
         return None
 
-    def unavailable(self, trial: Any) -> str | None:
+    def unavailable(self, trial: TrialConfig) -> str | None:
         """Why this trial cannot run here (e.g. a hub-only model while offline), or None."""
         return None
 
-    def trial_problems(self, trial: Any) -> list[str]:
+    def trial_problems(self, trial: TrialConfig) -> list[str]:
         """Why this method cannot train ``trial`` as written anywhere, e.g. a setting of another section it
         cannot work with: the trial's configuration is refused with them (``TrialConfig``), so a study says
         it before it starts."""
         return []
 
-    def text_pipeline(self, trial: Any, shared: Any) -> Any:
+    def text_pipeline(self, trial: TrialConfig, shared: Any) -> Any:
         """What turns text into model inputs: the transformer's tokenizer."""
         return load_tokenizer(trial.model.name)
 
-    def rows_for_training(self, rows: list[dict[str, str]], trial: Any) -> list[dict[str, str]]:
+    def rows_for_training(self, rows: list[dict[str, str]], trial: TrialConfig) -> list[dict[str, str]]:
         """The rows the loop trains on, made from the data set's (default: all of them as they are; a
         method whose rows are pairs of the data set's, like next-sentence positives, may have fewer)."""
         return rows
 
-    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> Any:
+    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: TrialConfig) -> Any:
         """Tokenise once; the returned object's ``collate(indices)`` builds one forward pass."""
         self.check_columns(rows)
         return self.text_view_batcher(rows, pipeline, trial)
@@ -96,7 +98,7 @@ class Method(ABC):
         self,
         rows: list[dict[str, str]],
         pipeline: Any,
-        trial: Any,
+        trial: TrialConfig,
         kind: type[TextViewBatcher] = TextViewBatcher,
     ) -> TextViewBatcher:
         """The rows' token ids for this method's views, batched as ``trial.trainer`` says."""
@@ -117,7 +119,7 @@ class Method(ABC):
         """Global batches of row indices for one epoch (the same list on every worker)."""
         return shuffled_batches(len(rows), batch_size, epoch, seed)
 
-    def plan_steps(self, num_rows: int, trial: Any, world: int) -> tuple[int, int]:
+    def plan_steps(self, num_rows: int, trial: TrialConfig, world: int) -> tuple[int, int]:
         """(steps per epoch, total steps): the loop asks ``batch_order`` for epoch ``step // steps per
         epoch`` and schedules the LR over the total. Default ``clsr.config.steps.plan_steps``; a method whose
         data does not come in ⌊k/B⌋-step epochs (SelfCCL's per-epoch pacing) returns its own total."""
@@ -179,7 +181,7 @@ class Method(ABC):
 
     # --- evaluation ------------------------------------------------------------------------------
     def log_artifacts(
-        self, stage: str, embed: Callable[[list[str]], np.ndarray], logger: Any, trial: Any
+        self, stage: str, embed: Callable[[list[str]], np.ndarray], logger: RunLogger, trial: TrialConfig
     ) -> None:
         """Extra files and numbers for the trial's MLflow run (rank 0, only when it logs to MLflow).
 
@@ -189,7 +191,7 @@ class Method(ABC):
         """
         return None  # most methods log nothing beyond the loop's metrics
 
-    def export_model(self, model: nn.Module, pipeline: Any, trial: Any, folder: Path) -> None:
+    def export_model(self, model: nn.Module, pipeline: Any, trial: TrialConfig, folder: Path) -> None:
         """Save the trained encoder in ``folder`` in a format users load without clsr: a
         sentence-transformers model for transformer encoders (see ``clsr.encoders.export``)."""
         from clsr.encoders.export import save_sentence_transformer

@@ -52,6 +52,7 @@ from clsr.augment.back_translation import (
 from clsr.augment.eda import EDAConfig, eda, vector_synonyms, wordnet_synonyms
 from clsr.augment.pwva import PWVAConfig, augment
 from clsr.config.model import TextCNNConfig
+from clsr.config.trial import TrialConfig
 from clsr.encoders.textcnn import TextCNNEncoder
 from clsr.encoders.word_vectors import WordTable, build_word_table
 from clsr.methods.base import Method, MethodConfig
@@ -256,7 +257,7 @@ def _tensors(**arrays: np.ndarray) -> dict[str, torch.Tensor]:
     return {k: torch.as_tensor(np.asarray(v)) for k, v in arrays.items()}
 
 
-def evaluation_texts(trial: Any) -> list[str]:
+def evaluation_texts(trial: TrialConfig) -> list[str]:
     """Every sentence the trial is scored on (STS, transfer, FAQ), so the word table holds their words."""
     from clsr.data.sources import resolve_data_dir
     from clsr.data.sts import load_sts
@@ -277,7 +278,7 @@ def evaluation_texts(trial: Any) -> list[str]:
     return texts + _faq_texts(faq_tasks, data_dir) + _custom_texts(trial)
 
 
-def _custom_texts(trial: Any) -> list[str]:
+def _custom_texts(trial: TrialConfig) -> list[str]:
     """The texts of the eval.custom tasks the trial scores (their words join the table too)."""
     from clsr.eval.custom import task_texts
 
@@ -338,7 +339,7 @@ class GCLSR(Method):
     def views(self) -> tuple[str, ...]:
         return ("text",)
 
-    def shared_key(self, trial: Any) -> str:
+    def shared_key(self, trial: TrialConfig) -> str:
         text_level = (
             self.cfg.back_translation.model_dump() if self.cfg.augmentation == "back_translation" else None
         )
@@ -359,7 +360,7 @@ class GCLSR(Method):
             sort_keys=True,
         )
 
-    def prepare_shared(self, trial: Any) -> GCLSRShared:
+    def prepare_shared(self, trial: TrialConfig) -> GCLSRShared:
         from clsr.data.training import training_rows
 
         texts = [row["text"] for row in training_rows(trial)]
@@ -380,15 +381,17 @@ class GCLSR(Method):
         ids, mask = table.encode(texts)
         return GCLSRShared(table, texts, ids, mask, translated)
 
-    def unavailable(self, trial: Any) -> str | None:
+    def unavailable(self, trial: TrialConfig) -> str | None:
         if self.cfg.augmentation == "back_translation":
             return back_translation_available(self.cfg.back_translation)
         return None
 
-    def text_pipeline(self, trial: Any, shared: GCLSRShared) -> GCLSRShared:
+    def text_pipeline(self, trial: TrialConfig, shared: GCLSRShared) -> GCLSRShared:
         return shared
 
-    def prepare_rows(self, rows: list[dict[str, str]], pipeline: GCLSRShared, trial: Any) -> WordViewBatcher:
+    def prepare_rows(
+        self, rows: list[dict[str, str]], pipeline: GCLSRShared, trial: TrialConfig
+    ) -> WordViewBatcher:
         self.check_columns(rows)
         if [r["text"] for r in rows] != pipeline.texts:
             raise RuntimeError("the shared word table was built for other training rows; rebuild it")
@@ -417,7 +420,7 @@ class GCLSR(Method):
         p1, p2, z1, z2 = embeddings.unbind(dim=1)
         return grouped_simsiam_loss(p1, p2, z1, z2, self.cfg.group_size)
 
-    def export_model(self, model: nn.Module, pipeline: GCLSRShared, trial: Any, folder: Path) -> None:
+    def export_model(self, model: nn.Module, pipeline: GCLSRShared, trial: TrialConfig, folder: Path) -> None:
         """Save the TextCNN backbone (conv banks, the trial's word table, its config) in ``folder``; no
         sentence-transformers equivalent exists, ``clsr.encoders.export.load_textcnn`` loads it."""
         from clsr.encoders.export import save_textcnn

@@ -52,6 +52,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from clsr.config.model import ModelConfig
+from clsr.config.trial import TrialConfig
 from clsr.data.batching import TextViewBatcher, text_batches
 from clsr.encoders.trained import load_trained_encoder
 from clsr.encoders.transformer import load_tokenizer
@@ -285,7 +286,7 @@ class RCL(_RCLMethod):
     paper = "RCL (Tan et al., 2022), final model with contrastive regulators; Eq. 3"
 
     # --- the entropy models' embeddings, once per study -------------------------------------------
-    def shared_key(self, trial: Any) -> str | None:
+    def shared_key(self, trial: TrialConfig) -> str | None:
         if not self.cfg.phis:  # Eq. 1 alone: no entropy model to embed with
             return None
         subset_seed = trial.data.subset_seed if trial.data.subset_seed is not None else trial.trainer.seed
@@ -297,7 +298,7 @@ class RCL(_RCLMethod):
             sort_keys=True,
         )
 
-    def prepare_shared(self, trial: Any) -> RCLShared:
+    def prepare_shared(self, trial: TrialConfig) -> RCLShared:
         """Embed every distinct query and index text of the training rows once with every entropy model
         in ``entropy_models`` (all of them, so that trials with other ``phis`` share the result)."""
         from clsr.data.training import training_rows
@@ -327,11 +328,11 @@ class RCL(_RCLMethod):
     def load_entropy_model(self, path: str, model_cfg: ModelConfig) -> nn.Module:
         return load_trained_encoder(path, model_cfg, self.cfg.entropy_weights)
 
-    def text_pipeline(self, trial: Any, shared: RCLShared) -> Any:
+    def text_pipeline(self, trial: TrialConfig, shared: RCLShared) -> Any:
         self._shared = shared
         return super().text_pipeline(trial, shared)
 
-    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> Any:
+    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: TrialConfig) -> Any:
         if not self.cfg.phis:
             return super().prepare_rows(rows, pipeline, trial)
         self.check_columns(rows)

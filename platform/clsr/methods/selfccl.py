@@ -74,9 +74,11 @@ from pydantic import Field, field_validator
 
 from clsr.config.model import PoolingName
 from clsr.config.steps import plan_steps
+from clsr.config.trial import TrialConfig
 from clsr.data.batching import shuffled_batches
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.simcse_sup import simcse_sup_loss
+from clsr.tracking.run_logger import RunLogger
 
 EASY, SEMI_HARD, HARD = 0, 1, 2
 CLASS_NAMES = ("easy", "semi_hard", "hard")
@@ -326,14 +328,14 @@ class SelfCCL(Method):
         return TRIPLET
 
     # --- phase 1, once per study -------------------------------------------------------------------
-    def scoring_setup(self, trial: Any) -> tuple[str, str, int]:
+    def scoring_setup(self, trial: TrialConfig) -> tuple[str, str, int]:
         """(encoder, pooling, max length) that score the triplets."""
         pooling = self.cfg.scoring_pooling or trial.model.pooling
         if pooling == "cls":
             pooling = "cls_before_pooler"
         return self.cfg.scoring_model or trial.model.name, pooling, trial.model.max_seq_length
 
-    def shared_key(self, trial: Any) -> str:
+    def shared_key(self, trial: TrialConfig) -> str:
         """The scores depend on the rows (set, size, subset seed) and the scoring encoder only."""
         d = trial.data
         subset = d.subset_seed if d.subset_seed is not None else trial.trainer.seed
@@ -341,7 +343,7 @@ class SelfCCL(Method):
         weights = self.cfg.scoring_weights
         return f"selfccl-score:{d.train}:{d.data_dir}:{d.max_rows}:{subset}:{encoder}:{weights}:{pooling}:{length}"
 
-    def prepare_shared(self, trial: Any) -> TripletScores:
+    def prepare_shared(self, trial: TrialConfig) -> TripletScores:
         from clsr.config.model import ModelConfig
         from clsr.data.training import training_rows
         from clsr.encoders.embed import transformer_embedder
@@ -369,12 +371,12 @@ class SelfCCL(Method):
             d_pos, d_neg, rows_fingerprint(rows), encoder_name, pooling, length, time.perf_counter() - started
         )
 
-    def text_pipeline(self, trial: Any, shared: Any) -> Any:
+    def text_pipeline(self, trial: TrialConfig, shared: Any) -> Any:
         self._scores = shared
         return super().text_pipeline(trial, shared)
 
     # --- phase 2: the list and its pacing ----------------------------------------------------------
-    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> Any:
+    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: TrialConfig) -> Any:
         """Classifies and orders the rows, and keeps the plan (T, B, seed, epochs) for ``batch_order``."""
         self.check_columns(rows)
         if self._scores is None:
@@ -416,7 +418,7 @@ class SelfCCL(Method):
         total = sum(lengths[:-1]) + math.ceil((t.epochs - epochs + 1) * lengths[-1] - 1e-9)
         return total if t.max_steps is None else min(total, t.max_steps)
 
-    def plan_steps(self, num_rows: int, trial: Any, world: int) -> tuple[int, int]:
+    def plan_steps(self, num_rows: int, trial: TrialConfig, world: int) -> tuple[int, int]:
         """The loop's ⌊k/B⌋ steps per epoch (the slices ``batch_order`` hands out); per-epoch pacing's
         own total, planned by ``prepare_rows``."""
         steps_per_epoch, total_steps = super().plan_steps(num_rows, trial, world)  # the batch-size checks
@@ -521,7 +523,7 @@ class SelfCCL(Method):
         }
         return out.getvalue(), summary
 
-    def log_artifacts(self, stage: str, embed: Callable, logger: Any, trial: Any) -> None:
+    def log_artifacts(self, stage: str, embed: Callable, logger: RunLogger, trial: TrialConfig) -> None:
         if stage == "start":
             table, summary = self.scored_table()
             logger.log_text(table, "selfccl/scored_triplets.csv")

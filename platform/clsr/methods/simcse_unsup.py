@@ -50,6 +50,7 @@ from torch import nn
 
 from clsr.augment.positives import random_deletion, synonym_replacement, wordnet_synonym_source
 from clsr.config.model import ModelConfig
+from clsr.config.trial import TrialConfig
 from clsr.data.catalog import is_ordered
 from clsr.data.sources import DataUnavailableError
 from clsr.encoders.transformer import COMPILE_WIDTH_MULTIPLE, TransformerEncoder
@@ -198,7 +199,7 @@ class SimCSEUnsup(Method):
     def required_columns(self) -> tuple[str, ...]:
         return ("text",)
 
-    def unavailable(self, trial: Any) -> str | None:
+    def unavailable(self, trial: TrialConfig) -> str | None:
         if self.cfg.positive == "synonym_replacement":
             try:
                 wordnet_synonym_source()
@@ -206,7 +207,7 @@ class SimCSEUnsup(Method):
                 return str(err)
         return None
 
-    def trial_problems(self, trial: Any) -> list[str]:
+    def trial_problems(self, trial: TrialConfig) -> list[str]:
         if self.cfg.positive not in FOLLOWING:
             return []
         if not trial.data.external() and not is_ordered(trial.data.train):
@@ -223,7 +224,7 @@ class SimCSEUnsup(Method):
             ]
         return []
 
-    def rows_for_training(self, rows: list[dict[str, str]], trial: Any) -> list[dict[str, str]]:
+    def rows_for_training(self, rows: list[dict[str, str]], trial: TrialConfig) -> list[dict[str, str]]:
         if self.cfg.positive not in FOLLOWING:
             return rows
         self.check_columns(rows)
@@ -235,7 +236,7 @@ class SimCSEUnsup(Method):
             )
         return paired
 
-    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> Any:
+    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: TrialConfig) -> Any:
         if self.cfg.positive not in ("dropout", *FOLLOWING):  # an augmented copy of each row's text
             self.check_columns(rows)
             augment, rng = (

@@ -33,6 +33,7 @@ from clsr.augment.positives import (
     make_positive_augmenter,
     positive_augmentation_available,
 )
+from clsr.config.trial import TrialConfig
 from clsr.data.batching import TextViewBatcher, text_batches
 from clsr.methods.base import Method, MethodConfig
 from clsr.methods.losses import cos_sim
@@ -115,10 +116,10 @@ class SupMPN(Method):
         return ("anchor", *positive_columns(self.cfg.positives), *negative_columns(self.cfg.negatives))
 
     # --- data: fill slots, optionally augmented -------------------------------------------------
-    def unavailable(self, trial: Any) -> str | None:
+    def unavailable(self, trial: TrialConfig) -> str | None:
         return positive_augmentation_available(self.cfg.positive_augmentation)
 
-    def shared_key(self, trial: Any) -> str | None:
+    def shared_key(self, trial: TrialConfig) -> str | None:
         """Paraphrasing every row with a T5 model is costly: done once per study, shared."""
         aug = self.cfg.positive_augmentation
         if aug.kind != "paraphrase":
@@ -129,16 +130,16 @@ class SupMPN(Method):
         )  # the rows it paraphrases
         return f"supmpn-pp:{trial.data.train}:{subset}:{aug.model_dump_json()}"
 
-    def prepare_shared(self, trial: Any) -> list[dict[str, str]]:
+    def prepare_shared(self, trial: TrialConfig) -> list[dict[str, str]]:
         from clsr.data.training import training_rows
 
         return self.fill_positives(training_rows(trial), seed=0)
 
-    def text_pipeline(self, trial: Any, shared: Any) -> Any:
+    def text_pipeline(self, trial: TrialConfig, shared: Any) -> Any:
         self._filled_rows = shared  # paraphrased rows built once for the study, if any
         return super().text_pipeline(trial, shared)
 
-    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: Any) -> TextViewBatcher:
+    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: TrialConfig) -> TextViewBatcher:
         self.check_columns(rows)
         rows = getattr(self, "_filled_rows", None) or self.fill_positives(rows, seed=trial.trainer.seed)
         return self.text_view_batcher(rows, pipeline, trial)
