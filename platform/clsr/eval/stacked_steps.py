@@ -42,7 +42,7 @@ def gradients(inputs: Tensor, targets: Tensor, weight: Tensor, bias: Tensor) -> 
     grad_log_probs = torch.zeros_like(log_probs).scatter_(
         1, targets.unsqueeze(1), per_row.neg_().unsqueeze(1)
     )
-    # private but what autograd runs (torch is pinned; tests/test_transfer.py compares with autograd)
+    # private but what autograd runs (torch is pinned; tests/unit/eval/test_transfer.py compares with autograd)
     grad_logits = torch._log_softmax_backward_data(grad_log_probs, log_probs, 1, logits.dtype)
     return torch.bmm(grad_logits, inputs), grad_logits.sum(2, keepdim=True).squeeze(2)
 

@@ -1,5 +1,5 @@
 """Every touch of a private part of Ray (Tune, Train, core) or Optuna, in one place, each marked with the
-version it was written for and held by a test (``tests/test_tune_compat.py``).
+version it was written for and held by a test (``tests/unit/study/run/test_tune_compat.py``).
 
 Written by hand because neither library offers these as public API; keeping them here means a new
 Ray or Optuna release breaks one module, whose tests say which touch moved. A study run starts with
