@@ -324,10 +324,11 @@ def cmd_study_schema(args: argparse.Namespace) -> int:
 def cmd_study_run(args: argparse.Namespace) -> int:
     """``platform study run`` / ``study resume``: this process supervises; its driver child loads the study,
     runs it and tells how it ended."""
-    from clsr.study.control.driver_link import is_child
+    from clsr.study.control.driver_link import DriverLink
     from clsr.study.run.supervise import supervise
 
-    if not is_child():  # the driver runs as a child: whatever ends it, the record gets closed
+    link = DriverLink.from_environment()  # read once, here, and out of os.environ for Ray's processes
+    if not link.is_child:  # the driver runs as a child: whatever ends it, the record gets closed
         return supervise(args.argv)  # the child validates: this process stays light (no torch)
     from clsr.study.spec.schema import StudyError  # imports the methods, hence torch
 
@@ -345,14 +346,15 @@ def cmd_study_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return _run_study(args, study)
+    return _run_study(args, study, link)
 
 
-def _run_study(args: argparse.Namespace, study) -> int:
+def _run_study(args: argparse.Namespace, study, link) -> int:
     """The driver: the study run (or resumed) and its trials' table printed."""
-    from clsr.study.control.driver_link import tell
     from clsr.study.record.parent import NoEarlierRun, format_rows
-    from clsr.study.run.runner import run_study
+    from clsr.study.run.runner import Console, run_study
+
+    console = Console(link)  # this command's terminal: one quiet switch for both runs of --or-run
 
     started = time.perf_counter()
     resume = args.action == "resume"
@@ -362,7 +364,7 @@ def _run_study(args: argparse.Namespace, study) -> int:
         + ["--smoke"] * args.smoke
         + ["--yes"] * args.yes
     )
-    tell(resume_with=again)  # the supervisor says it if this driver ends before it can
+    link.tell(resume_with=again)  # the supervisor says it if this driver ends before it can
     try:
         outcome = run_study(
             study,
@@ -371,21 +373,21 @@ def _run_study(args: argparse.Namespace, study) -> int:
             allow_changes=resume and args.allow_changes,
             new=not resume and args.new,
             verbose=args.verbose,
+            console=console,
         )
     except NoEarlierRun:
         if not (resume and args.or_run):
             raise
         print(f"no earlier run of study {study.name!r} to resume: starting it (--or-run)")
-        outcome = run_study(study, study_text, verbose=args.verbose)
+        outcome = run_study(study, study_text, verbose=args.verbose, console=console)
     rows = outcome.rows
     print(f"\nstudy {study.name!r}: {len(rows)} trial(s) in {time.perf_counter() - started:.0f} s\n")
     print(format_rows(rows))
-    return _ending(args, outcome, again)
+    return _ending(args, outcome, again, link)
 
 
-def _ending(args: argparse.Namespace, outcome, again: str) -> int:
+def _ending(args: argparse.Namespace, outcome, again: str, link) -> int:
     """The run's exit code, with the way on told when it stopped early or kept trials' writes back."""
-    from clsr.study.control.driver_link import tell
     from clsr.study.run.supervise import how_to_continue
 
     if outcome.pending_records:
@@ -394,7 +396,7 @@ def _ending(args: argparse.Namespace, outcome, again: str) -> int:
             f"writes in the study's storage; `platform study sync {args.study}` sends them",
             file=sys.stderr,
         )
-        tell(told=True)  # the way on is the sync, not a resume
+        link.tell(told=True)  # the way on is the sync, not a resume
         return outcome.exit_code or 1
     if outcome.stopped_by == "lease_lost":
         print(
@@ -405,7 +407,7 @@ def _ending(args: argparse.Namespace, outcome, again: str) -> int:
         return outcome.exit_code
     if outcome.stopped_by:
         print(how_to_continue(outcome.stopped_by, again), file=sys.stderr)
-        tell(told=True)
+        link.tell(told=True)
         return outcome.exit_code
     return 1 if any(r["status"] not in ("finished", "stopped") for r in outcome.rows) else 0
 

@@ -21,7 +21,11 @@ from urllib.parse import urlsplit
 CONNECT_TIMEOUT_S = 3.0
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 TRUE_VALUES = ("1", "ON", "YES", "TRUE")
-_switched: list[str] = []  # why this process went offline by itself (empty: it did not)
+# Process state, kept where the switch itself lives: the environment. Going offline is process-wide (the
+# libraries read HF_HUB_OFFLINE for the whole process, and processes started later inherit it), so why it
+# happened is recorded beside it, in this variable, rather than in a module global; a worker started after
+# the switch inherits the reason with the flag.
+SWITCHED_ENV = "CLSR_HUB_SWITCHED_OFFLINE"
 
 
 def offline_requested() -> bool:
@@ -62,7 +66,7 @@ def go_offline_if_unreachable() -> str | None:
     cache, as ``HF_HUB_OFFLINE=1`` does; returns why, or None (offline already, or the hub may answer)."""
     if offline_requested() or (why := hub_unreachable()) is None:
         return None
-    _switched.append(why)
+    os.environ[SWITCHED_ENV] = why
     os.environ["HF_HUB_OFFLINE"] = "1"  # read by the libraries at import, and by processes started later
     # already imported: their module-level flags are what they consult on each call
     for module, name in [("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE"),
@@ -78,5 +82,5 @@ def go_offline_if_unreachable() -> str | None:
 
 
 def switched_offline() -> str | None:
-    """Why this process switched itself to the local cache (None: it did not)."""
-    return _switched[0] if _switched else None
+    """Why this process (or the one that started it) switched itself to the local cache (None: it did not)."""
+    return os.environ.get(SWITCHED_ENV) or None

@@ -5,12 +5,12 @@ GCLSR trial), so what the host does to them before the model sees them (tokenisi
 word ids) is done once per tokenizer or word table and kept (``_prepared``): 0.19 s of host time per
 evaluation with MiniLM's tokenizer here, a large share of an evaluation on a GPU. Hand-written because
 ``functools`` caches hold their keys strongly and need them hashable (a word table is not): this one
-is per tokenizer or table by identity, dropped with it, and keeps a few sentence sets.
+is per tokenizer or table by identity (held on it: ``PreparedSets``), dropped with it, and keeps a few
+sentence sets.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,28 +25,43 @@ Embedder = Callable[[Sequence[str]], np.ndarray]
 
 
 PREPARED_SETS = 4  # sentence sets kept per tokenizer or word table: the dev sets a trial scores
-_by_owner: dict[int, tuple[weakref.ref, OrderedDict[tuple, Any]]] = {}  # id(owner) -> (owner, its sets)
+PREPARED_ATTR = "_clsr_prepared_sets"  # where an owner holds its PreparedSets
+
+
+class PreparedSets:
+    """One owner's prepared sentence sets, least recently used dropped beyond ``PREPARED_SETS``.
+
+    Held on the owner itself (attribute ``PREPARED_ATTR``): it lives and dies with its tokenizer or word
+    table, and two owners never share one. It pickles empty, so a copy of its owner sent elsewhere (to a
+    Ray worker, into a saved model) carries no tensors with it."""
+
+    def __init__(self) -> None:
+        self.sets: OrderedDict[tuple, Any] = OrderedDict()
+
+    def __reduce__(self) -> tuple:
+        return (PreparedSets, ())
+
+    def get(self, key: tuple, prepare: Callable[[], Any]) -> Any:
+        if key in self.sets:
+            self.sets.move_to_end(key)
+            return self.sets[key]
+        value = self.sets[key] = prepare()
+        while len(self.sets) > PREPARED_SETS:
+            self.sets.popitem(last=False)
+        return value
 
 
 def _prepared(owner: Any, key: tuple, prepare: Callable[[], Any]) -> Any:
     """``prepare()``'s result for ``owner`` (a tokenizer, a word table: by identity, hashable or not) and
-    ``key``, computed once while ``owner`` lives; beyond ``PREPARED_SETS`` sets the least recently used
-    is dropped."""
-    held = _by_owner.get(id(owner))
-    if held is None or held[0]() is not owner:
+    ``key``, computed once while ``owner`` lives (``PreparedSets``, kept on the owner)."""
+    sets = getattr(owner, PREPARED_ATTR, None)
+    if not isinstance(sets, PreparedSets):
+        sets = PreparedSets()
         try:
-            held = _by_owner[id(owner)] = (weakref.ref(owner), OrderedDict())
-        except TypeError:  # not weakly referenceable: nothing kept
+            setattr(owner, PREPARED_ATTR, sets)
+        except (AttributeError, TypeError):  # frozen or slotted: nothing kept
             return prepare()
-        weakref.finalize(owner, _by_owner.pop, id(owner), None)
-    kept = held[1]
-    if key in kept:
-        kept.move_to_end(key)
-        return kept[key]
-    value = kept[key] = prepare()
-    while len(kept) > PREPARED_SETS:
-        kept.popitem(last=False)
-    return value
+    return sets.get(key, prepare)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

@@ -69,17 +69,6 @@ def attention_plan(cu_seq_lens: torch.Tensor, buckets: int = ATTENTION_BUCKETS) 
     )
 
 
-_last_plan: list = [None, None]  # (cu_seq_lens, its plan): every layer of a forward pass gets the same
-
-
-def cached_plan(cu_seq_lens: torch.Tensor) -> AttentionPlan:
-    cached, plan = _last_plan
-    if cached is not cu_seq_lens:
-        plan = attention_plan(cu_seq_lens)
-        _last_plan[:] = [cu_seq_lens, plan]
-    return plan
-
-
 def sdpa_packed(
     module: nn.Module,
     query: torch.Tensor,
@@ -89,6 +78,7 @@ def sdpa_packed(
     dropout: float = 0.0,
     scaling: float | None = None,
     cu_seq_lens_q: torch.Tensor | None = None,
+    attention_plan_: AttentionPlan | None = None,
     **kwargs,  # what else transformers passes: each bucket sizes itself (no max_length_q)
 ) -> tuple[torch.Tensor, None]:
     """Attention within each sentence of a packed ``(1, heads, tokens, head_dim)`` row; returns
@@ -97,12 +87,16 @@ def sdpa_packed(
     Both gathers are ``index_select`` on whole token rows (``heads × head_dim`` values each): their
     gradients are ``index_add_`` over those rows. Advanced indexing (``states[:, index]``,
     ``out[real]``) computes the same but its gradient, an accumulating ``index_put_``, is several
-    times slower on a CPU (8 % of a MiniLM step, measured)."""
+    times slower on a CPU (8 % of a MiniLM step, measured).
+
+    ``attention_plan_``: the forward pass's plan, built once by its caller (``encode_packed``) and passed
+    down through the backbone's keyword arguments to every layer, so each forward pass (and each encoder)
+    holds its own; without it the plan is built here."""
     if cu_seq_lens_q is None or query.size(0) != 1:
         raise ValueError(
             "model.attention sdpa_packed runs packed rows only (TransformerEncoder.encode_packed)"
         )
-    plan = cached_plan(cu_seq_lens_q)
+    plan = attention_plan_ if attention_plan_ is not None else attention_plan(cu_seq_lens_q)
     heads, head_dim = query.size(1), query.size(3)
 
     def gathered(states: torch.Tensor) -> list[torch.Tensor]:  # (1, H, T, D) -> [(n, H, width, D)]

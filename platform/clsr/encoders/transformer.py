@@ -11,7 +11,7 @@ from torch import nn
 from clsr.config.model import PACKED_ATTENTION, ModelConfig
 from clsr.data.model_registry import describe_load_failure, resolve_model_path
 from clsr.encoders.dropout_masks import use_uniform_dropout
-from clsr.encoders.packing import register_sdpa_packed
+from clsr.encoders.packing import attention_plan, register_sdpa_packed
 from clsr.encoders.pooling import Pooler
 
 if TYPE_CHECKING:
@@ -248,17 +248,19 @@ class TransformerEncoder(nn.Module):
         # each sentence's positions from its model's first (RoBERTa's: after the padding id)
         offsets = starts[:-1].repeat_interleave(lengths, output_size=flat.size(1)) - self.first_position
         positions = torch.arange(flat.size(1), device=flat.device) - offsets
-        widths = {}
+        passed: dict[str, Any] = {}
+        if self.attention == "sdpa_packed":  # one plan for every layer of this forward pass
+            passed["attention_plan_"] = attention_plan(cu_seq_lens)
         if self.pass_longest:
             longest = int(lengths.max())
-            widths = {"max_length_q": longest, "max_length_k": longest}
+            passed.update(max_length_q=longest, max_length_k=longest)
         out = self.backbone(
             input_ids=flat,
             position_ids=positions.unsqueeze(0),
             cu_seq_lens_q=cu_seq_lens,
             cu_seq_lens_k=cu_seq_lens,
             output_hidden_states=self.pooler.needs_all_layers,
-            **widths,
+            **passed,
         )
         packed = out.hidden_states if self.pooler.needs_all_layers else (out.last_hidden_state,)
         return self.pooler(tuple(unpack(h, real) for h in packed), attention_mask)

@@ -291,7 +291,7 @@ def test_a_node_writes_the_address_once_ray_runs_and_removes_its_folder(tmp_path
     assert not folder.exists()
 
 
-def test_resume_or_run_starts_a_study_with_no_earlier_run(monkeypatch, capsys):
+def test_resume_or_run_starts_a_study_with_no_earlier_run(monkeypatch, capsys, tmp_path):
     from clsr.study.control import driver_link
     from clsr.study.record import parent as record
     from clsr.study.run import runner
@@ -304,7 +304,8 @@ def test_resume_or_run_starts_a_study_with_no_earlier_run(monkeypatch, capsys):
             raise record.NoEarlierRun("no earlier run of study 'smoke'")
         return record.StudyOutcome(rows=[])
 
-    monkeypatch.setattr(driver_link, "is_child", lambda: True)
+    link = driver_link.DriverLink(str(tmp_path / "link"))  # as the supervisor's child
+    monkeypatch.setattr(driver_link.DriverLink, "from_environment", classmethod(lambda cls: link))
     monkeypatch.setattr(runner, "run_study", fake_run_study)
     assert main(["study", "resume", str(SMOKE), "--or-run"]) == 0
     assert calls == [True, False] and "starting it (--or-run)" in capsys.readouterr().out

@@ -25,7 +25,7 @@ def online(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
-    monkeypatch.setattr(hub_reach, "_switched", [])
+    monkeypatch.delenv(hub_reach.SWITCHED_ENV, raising=False)
     hub_reach.hub_unreachable.cache_clear()
     yield monkeypatch
     hub_reach.hub_unreachable.cache_clear()
@@ -47,6 +47,7 @@ def test_no_route_to_the_hub_switches_to_the_local_cache_once(online, capsys):
     assert hub_reach.switched_offline() == why
     assert huggingface_hub.constants.HF_HUB_OFFLINE and datasets.config.HF_HUB_OFFLINE
     assert sys.modules["os"].environ["HF_HUB_OFFLINE"] == "1"  # Ray workers started later inherit it
+    assert sys.modules["os"].environ[hub_reach.SWITCHED_ENV] == why  # and why, with it
     assert capsys.readouterr().err.count("working from the local cache only") == 1
     assert hub_reach.go_offline_if_unreachable() is None  # said once
     assert capsys.readouterr().err == ""

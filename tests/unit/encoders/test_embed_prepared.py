@@ -4,6 +4,8 @@ the dev set a trial scores at every evaluation is tokenised and padded once, wit
 from __future__ import annotations
 
 import gc
+import pickle
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,7 +65,24 @@ def test_sets_are_kept_per_owner_by_identity_and_dropped_with_it():
     for n in range(embed_module.PREPARED_SETS):  # the oldest set goes beyond PREPARED_SETS
         embed_module._prepared(table, (n,), prepare)
     assert embed_module._prepared(table, ("a",), prepare) == 3 + embed_module.PREPARED_SETS
-    owner_id = id(table)
+    held = weakref.ref(getattr(table, embed_module.PREPARED_ATTR))  # the sets live on their owner
     del table
     gc.collect()
-    assert owner_id not in embed_module._by_owner
+    assert held() is None
+
+
+def test_two_owners_never_share_sets_and_a_copy_of_an_owner_carries_none():
+    first, second = Table("t"), Table("t")
+    assert embed_module._prepared(first, ("a",), lambda: "first") == "first"
+    assert embed_module._prepared(second, ("a",), lambda: "second") == "second"
+    assert embed_module._prepared(first, ("a",), lambda: "again") == "first"
+    copy = pickle.loads(pickle.dumps(first))  # sent to a Ray worker, saved with a model
+    assert copy == first and not getattr(copy, embed_module.PREPARED_ATTR).sets
+    assert embed_module._prepared(copy, ("a",), lambda: "copy") == "copy"
+
+
+def test_a_real_tokenizer_holds_its_own_sets(tmp_path):
+    tokenizer = load_tokenizer(save_tiny_bert(tmp_path / "tiny"))
+    assert embed_module._prepared(tokenizer, ("a",), lambda: 1) == 1
+    assert embed_module._prepared(tokenizer, ("a",), lambda: 2) == 1
+    assert isinstance(getattr(tokenizer, embed_module.PREPARED_ATTR), embed_module.PreparedSets)

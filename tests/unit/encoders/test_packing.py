@@ -231,3 +231,35 @@ def test_packing_refuses_compile():
         ValueError, match="trainer.compile: true does not combine with model.attention sdpa_packed"
     ):
         TrialConfig.model_validate({**trial, "trainer": {"compile": True}})
+
+
+def test_sdpa_packed_plans_once_per_forward_pass_and_each_pass_holds_its_own(tmp_path: Path, monkeypatch):
+    """The plan is built by ``encode_packed`` and passed to every layer: no plan outlives its forward
+    pass or is shared between encoders (it once sat in a module global)."""
+    from clsr.encoders import packing, transformer
+
+    built, used = [], []
+    monkeypatch.setattr(
+        transformer, "attention_plan", lambda cu: built.append(packing.attention_plan(cu)) or built[-1]
+    )
+    kernel = packing.sdpa_packed
+
+    def spy(*args, attention_plan_=None, **kwargs):
+        used.append(attention_plan_)
+        return kernel(*args, attention_plan_=attention_plan_, **kwargs)
+
+    monkeypatch.setattr(packing, "sdpa_packed", spy)
+    packing.register_sdpa_packed()
+    try:
+        first = TransformerEncoder(ModelConfig(name=save_tiny_bert(tmp_path), attention="sdpa_packed"))
+        second = TransformerEncoder(ModelConfig(name=save_tiny_bert(tmp_path), attention="sdpa_packed"))
+        inputs = batch(first)
+        with torch.no_grad():
+            first.eval()(inputs["input_ids"], inputs["attention_mask"])
+            second.eval()(inputs["input_ids"], inputs["attention_mask"])
+    finally:
+        monkeypatch.undo()
+        packing.register_sdpa_packed()
+    layers = first.backbone.config.num_hidden_layers
+    assert len(built) == 2 and built[0] is not built[1]
+    assert used == [built[0]] * layers + [built[1]] * layers

@@ -13,38 +13,45 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 LINK_ENV = "CLSR_DRIVER_LINK"
 SUPERVISOR_ENV = "CLSR_DRIVER_SUPERVISOR"
 LEASE_LOST_EXIT = 75  # EX_TEMPFAIL: another driver took the study over; it runs the study now
-_inherited: dict[str, str] = {}  # the child's link and supervisor pid, taken out of the environment
 
 
-def _from_supervisor(name: str) -> str:
-    """Taken out of ``os.environ`` on first use, so that Ray's processes and any command the driver starts
-    do not inherit them (a ``platform study run`` started from there would write into this link)."""
-    if name not in _inherited:
-        _inherited[name] = os.environ.pop(name, "")
-    return _inherited[name]
+@dataclass(frozen=True)
+class DriverLink:
+    """What the supervisor gave this process: the link file (empty: no supervisor, nothing to tell) and
+    the supervisor's pid. Read once where the command starts (``from_environment``) and passed down to
+    whoever tells the supervisor something (the runner, the interrupt handling, the lease)."""
+
+    path: str = ""
+    supervisor: str = ""
+
+    @classmethod
+    def from_environment(cls) -> DriverLink:
+        """Taken out of ``os.environ``, so that Ray's processes and any command the driver starts do not
+        inherit them (a ``platform study run`` started from there would write into this link)."""
+        return cls(os.environ.pop(LINK_ENV, ""), os.environ.pop(SUPERVISOR_ENV, ""))
+
+    @property
+    def is_child(self) -> bool:
+        return bool(self.path)
+
+    def command_pid(self) -> int:
+        """The pid of the command the user ran (the supervisor), the one to name and to signal; this
+        process's own once the supervisor is gone (the driver is then stopping on its own)."""
+        supervisor = self.supervisor
+        return int(supervisor) if supervisor and os.getppid() == int(supervisor) else os.getpid()
+
+    def tell(self, **entry: Any) -> None:
+        """In the child: one line for the supervisor (nothing when run without one)."""
+        if not self.path:
+            return
+        with contextlib.suppress(OSError), open(self.path, "a") as link:
+            link.write(json.dumps(entry) + "\n")
 
 
-def is_child() -> bool:
-    _from_supervisor(SUPERVISOR_ENV)
-    return bool(_from_supervisor(LINK_ENV))
-
-
-def command_pid() -> int:
-    """The pid of the command the user ran (the supervisor), the one to name and to signal; this
-    process's own once the supervisor is gone (the driver is then stopping on its own)."""
-    supervisor = _from_supervisor(SUPERVISOR_ENV)
-    return int(supervisor) if supervisor and os.getppid() == int(supervisor) else os.getpid()
-
-
-def tell(**entry: Any) -> None:
-    """In the child: one line for the supervisor (nothing when run without one)."""
-    path = _from_supervisor(LINK_ENV)
-    if not path:
-        return
-    with contextlib.suppress(OSError), open(path, "a") as link:
-        link.write(json.dumps(entry) + "\n")
+NO_LINK = DriverLink()  # run without a supervisor (tests, ``sync``): nothing told, this process's pid named

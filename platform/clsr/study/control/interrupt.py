@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 
-from clsr.study.control.driver_link import LEASE_LOST_EXIT, tell
+from clsr.study.control.driver_link import LEASE_LOST_EXIT, NO_LINK, DriverLink
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 TIMED_OUT_EXIT = 124  # as timeout(1)
@@ -43,7 +43,8 @@ class Interrupts:
 
     GRACE_S = 20.0
 
-    def __init__(self, study_timeout_s: float | None = None):
+    def __init__(self, study_timeout_s: float | None = None, link: DriverLink = NO_LINK):
+        self.link = link  # the supervisor's: told why the driver stops and when the record is settled
         self.reason: str | None = None  # "SIGINT", "SIGTERM" or "study_timeout"
         self.exit_code = 0
         self.in_experiment = False  # a Tune fit is running: Tune stops it on SIGUSR1
@@ -105,7 +106,7 @@ class Interrupts:
 
     def _stop(self, reason: str, exit_code: int, from_thread: bool = False) -> None:
         self.reason, self.exit_code = reason, exit_code
-        tell(stopping=reason)
+        self.link.tell(stopping=reason)
         threading.Thread(target=self._give_up_later, name="clsr-grace", daemon=True).start()
         print(
             f"\n{reason}: stopping the study; running trials keep their last checkpoint "
@@ -128,7 +129,7 @@ class Interrupts:
                 )
                 try:
                     self.on_give_up()
-                    tell(settled=True)
+                    self.link.tell(settled=True)
                 except Exception as err:  # MLflow unreachable too: the lease goes stale, resume closes it
                     print(f"could not write the record ({type(err).__name__}: {err})", file=sys.stderr)
         if not hung:

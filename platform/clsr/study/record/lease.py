@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from clsr.study.control.driver_link import command_pid
 from clsr.tracking.patient import PatientClient
 from clsr.tracking.retry import describe, is_transient
 from clsr.tracking.study_runs import quoted
@@ -242,8 +241,9 @@ class Lease:
     """This driver's lease on a parent run: ``acquire`` (or ``take_first`` on a run it just created)
     takes it or raises ``LeaseHeld``; ``start`` beats; ``check`` fences record writes."""
 
-    def __init__(self, uri: str, run_id: str, study: str):
+    def __init__(self, uri: str, run_id: str, study: str, command_pid: Callable[[], int] = os.getpid):
         self.uri, self.run_id, self.study = uri, run_id, study
+        self.command_pid = command_pid  # the pid its beats name (DriverLink.command_pid in a driver)
         self.token = uuid.uuid4().hex[:12]
         self.generation = 0
         self.record_id: str | None = None  # the run its generation is logged on (see lease_record)
@@ -316,7 +316,7 @@ class Lease:
 
     def _beat(self, client: MlflowClient) -> None:
         self._beats += 1
-        text = f"{self.token} {socket.gethostname()} {pid_namespace()} {command_pid()} {self._beats}"
+        text = f"{self.token} {socket.gethostname()} {pid_namespace()} {self.command_pid()} {self._beats}"
         client.set_tag(self.record_id, LEASE_TAG, text)
 
     def start(self) -> Lease:

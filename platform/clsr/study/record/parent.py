@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,7 +126,15 @@ def study_parent(client, study: Study, current: dict[str, str]):
     return (same or parents or [None])[0]
 
 
-def start_record(client, uri: str, study: Study, study_text: str, current: dict[str, str], new: bool = False):
+def start_record(
+    client,
+    uri: str,
+    study: Study,
+    study_text: str,
+    current: dict[str, str],
+    new: bool = False,
+    command_pid: Callable[[], int] = os.getpid,
+):
     """A new parent run holding the study's lease; refused while another driver runs the study, while
     an earlier run was killed without closing (resume it), or, unless ``new``, when the study already
     has a record (a rerun would hide it from the report)."""
@@ -140,7 +150,7 @@ def start_record(client, uri: str, study: Study, study_text: str, current: dict[
     storage = new_storage(study)
     parent_run_id = start_parent_run(client, study.name, storage, study.description)
     client.set_tag(parent_run_id, FINGERPRINT_TAG, overall(current))
-    lease = Lease(uri, parent_run_id, study.name)
+    lease = Lease(uri, parent_run_id, study.name, command_pid)
     lease.take_first()
     # A driver that started the same study at the same moment: each one that sees another RUNNING
     # parent gives way (both may, never neither: the later one always sees the earlier one's run).
@@ -225,7 +235,15 @@ def refuse_live_rivals(client, uri: str, study: Study, parent_run_id: str) -> No
                 refuse_open_parent(client, uri, study, run)
 
 
-def take_over(client, uri: str, study: Study, study_text: str, current: dict[str, str], allow_changes: bool):
+def take_over(
+    client,
+    uri: str,
+    study: Study,
+    study_text: str,
+    current: dict[str, str],
+    allow_changes: bool,
+    command_pid: Callable[[], int] = os.getpid,
+):
     """The study's parent run, its lease taken (a killed driver's stale one too), the trial keys old
     experiments must not run (an edited resume: their new versions run in a new wave), and the sampled
     ablations searched again since the study started, each with the attempt that started its search."""
@@ -251,7 +269,7 @@ def take_over(client, uri: str, study: Study, study_text: str, current: dict[str
             f"ones are marked superseded (an edited sampled ablation is searched again)"
         )
     refuse_live_rivals(client, uri, study, parent_run_id)
-    lease = Lease(uri, parent_run_id, study.name)
+    lease = Lease(uri, parent_run_id, study.name, command_pid)
     attempt = lease.acquire()
     client.update_run(parent_run_id, status="RUNNING")
     lease.check(client)  # another driver could take a closed run's lease until it was RUNNING again

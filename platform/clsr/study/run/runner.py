@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlflow.tracking import MlflowClient
 
-from clsr.study.control.driver_link import tell
+from clsr.study.control.driver_link import NO_LINK, DriverLink
 from clsr.study.control.interrupt import Interrupted, Interrupts
 from clsr.study.plan.distinct import also_keys, merge_identical, run_keys
 from clsr.study.plan.resolve import (
@@ -66,8 +66,24 @@ QUIET_ENV = {
     # short in-process trials checkpoint often; Tune's "snapshotting may become a bottleneck" is noise here
     "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
 }
-# Without --verbose: where Ray's and Tune's output goes instead of the terminal (clsr.study.run.progress)
-_quiet = None
+
+
+@dataclass
+class Console:
+    """What one study command's driver holds for its terminal, passed down from the command (a
+    ``platform study resume --or-run`` runs the study twice with one Console): ``quiet``, without
+    --verbose where Ray's and Tune's output goes instead (a ``clsr.study.run.progress.DriverLog``);
+    ``noted``, the notes already said; ``link``, the supervisor's (``DriverLink``). Two studies run in one
+    process with their own Consoles share none of it."""
+
+    link: DriverLink = NO_LINK
+    quiet: Any = None
+    noted: set[str] = field(default_factory=set)
+
+    def note_once(self, line: str) -> None:
+        if line not in self.noted:
+            self.noted.add(line)
+            print(line)
 
 
 def refuse_unavailable(study: Study, unavailable: list[str] | tuple[str, ...]) -> None:
@@ -236,9 +252,10 @@ def build_tuner(
     ablation: str | None,
     restore: bool,
     name: str | None = None,
+    console: Console | None = None,
 ):
     tuner = _build_tuner(study, ctx, ablation, restore, name)
-    if _quiet is not None:
+    if console is not None and console.quiet is not None:
         quiet_tuner(tuner, study, name or ablation or "grid")
     return tuner
 
@@ -337,7 +354,7 @@ def trial_resources(study: Study) -> dict[str, float]:
     return {"cpu": res.cpus_per_worker, "gpu": res.gpus_per_worker}
 
 
-def init_ray() -> str | None:
+def init_ray(console: Console | None = None) -> str | None:
     """Join ``RAY_ADDRESS`` when set (a cluster), else start a local Ray; returns the dashboard's address.
 
     A local Ray keeps its dashboard process: it serves the state API through which Ray Train removes
@@ -352,7 +369,7 @@ def init_ray() -> str | None:
         os.environ.setdefault(key, value)
     if ray.is_initialized():
         return None
-    address = cluster_address()
+    address = cluster_address(console)
     local = {}
     if not address:  # Ray 2.60 turns token authentication on for a new local cluster unless told not to
         if os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
@@ -364,12 +381,12 @@ def init_ray() -> str | None:
         log_to_driver=True,  # without --verbose, to the driver's log (clsr.study.run.progress)
         **local,
     )
-    if _quiet is not None:
-        _quiet.route_workers()
+    if console is not None and console.quiet is not None:
+        console.quiet.route_workers()
     return context.dashboard_url
 
 
-def cluster_address() -> str | None:
+def cluster_address(console: Console | None = None) -> str | None:
     """The Ray cluster to join: ``RAY_ADDRESS``, else the one ``ray start`` last started on this machine
     while it answers (``ray.init()`` would join it too) and its pointer file is this user's own, else
     None: start a local Ray."""
@@ -381,7 +398,7 @@ def cluster_address() -> str | None:
     pointer = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
     try:
         if not written_by_me_alone(pointer):
-            _note_once(
+            (console or Console()).note_once(
                 f"note: not joining the Ray cluster named in {pointer}: another user could have written "
                 f"it (Ray makes that folder writable by everyone); set RAY_ADDRESS to join a cluster"
             )
@@ -392,15 +409,6 @@ def cluster_address() -> str | None:
             return address
     except (OSError, ValueError):
         return None
-
-
-_noted: set[str] = set()
-
-
-def _note_once(line: str) -> None:
-    if line not in _noted:
-        _noted.add(line)
-        print(line)
 
 
 def written_by_me_alone(path: Path) -> bool:
@@ -450,29 +458,39 @@ def run_study(
     allow_changes: bool = False,
     new: bool = False,
     verbose: bool = True,
+    console: Console | None = None,
 ) -> StudyOutcome:
     """Run (or resume) a study: one driver holds the study's lease; SIGINT/SIGTERM stop it with a
     truthful record (``StudyOutcome.stopped_by``). ``verbose=False`` (the command's default): Ray's and
-    Tune's output to ``<storage>/driver.log``, a progress table of the platform's on the terminal."""
-    global _quiet
+    Tune's output to ``<storage>/driver.log``, a progress table of the platform's on the terminal.
+    ``console``: the command's (``Console``); a fresh one when not given."""
+    console = console if console is not None else Console()
     from clsr.study.run.tune_compat import check_ray
 
     check_ray()  # before anything starts: the private touches of Ray are known for its supported versions
-    if not verbose and _quiet is None:
+    if not verbose and console.quiet is None:
         from clsr.study.run.progress import DriverLog
 
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's new output prints its folder at any verbosity
-        _quiet = DriverLog()
-        _quiet.start()
+        console.quiet = DriverLog()
+        console.quiet.start()
     try:
-        return _run_study(study, study_text, resume, allow_changes, new)
+        return _run_study(study, study_text, resume, allow_changes, new, console)
     finally:
-        if _quiet is not None and _quiet.path is None:  # ended before its storage: the logs to stderr
-            _quiet.close()
-            _quiet = None
+        if console.quiet is not None and console.quiet.path is None:  # ended before its storage: to stderr
+            console.quiet.close()
+            console.quiet = None
 
 
-def _run_study(study: Study, study_text: str, resume: bool, allow_changes: bool, new: bool) -> StudyOutcome:
+def _run_study(
+    study: Study,
+    study_text: str,
+    resume: bool,
+    allow_changes: bool,
+    new: bool,
+    console: Console | None = None,
+) -> StudyOutcome:
+    console = console if console is not None else Console()
     # validated (load_study), and the tracking server answers ...
     uri = resolve_tracking_uri(study.tracking_uri)
     check_reachable(uri)
@@ -480,25 +498,25 @@ def _run_study(study: Study, study_text: str, resume: bool, allow_changes: bool,
     # built once ...
     plan = plan_study(study)
     refuse_unavailable(study, plan.unavailable)  # before anything is recorded
-    check_storage(study)
+    check_storage(study, console)
     client = PatientClient(uri)  # a busy store (SQLite locked by a colleague's writes) is waited out
     # ... then the record starts (or is taken over) and the plan runs, wave by wave
-    with Interrupts(study.study_timeout_s) as interrupts:
+    with Interrupts(study.study_timeout_s, console.link) as interrupts:
         if resume:
             parent_run_id, storage, lease, skip, searches = take_over(
-                client, uri, study, study_text, plan.fingerprint, allow_changes
+                client, uri, study, study_text, plan.fingerprint, allow_changes, console.link.command_pid
             )
         else:
             parent_run_id, storage, lease = start_record(
-                client, uri, study, study_text, plan.fingerprint, new
+                client, uri, study, study_text, plan.fingerprint, new, console.link.command_pid
             )
             skip, searches = frozenset(), {}
-        if _quiet is not None:
+        if console.quiet is not None:
             from clsr.study.run.progress import log_path
 
-            _quiet.open(log_path(storage))
+            console.quiet.open(log_path(storage))
         lease.start()
-        tell(  # the supervisor closes the record if this process dies without closing it
+        console.link.tell(  # the supervisor closes the record if this process dies without closing it
             uri=uri,
             parent_run_id=parent_run_id,
             token=lease.token,
@@ -506,7 +524,7 @@ def _run_study(study: Study, study_text: str, resume: bool, allow_changes: bool,
             storage=storage,
         )
         try:
-            return _run_waves(plan, uri, parent_run_id, storage, lease, skip, searches, interrupts)
+            return _run_waves(plan, uri, parent_run_id, storage, lease, skip, searches, interrupts, console)
         finally:
             lease.release()
 
@@ -530,13 +548,13 @@ def confirm_trials(
     ]
 
 
-def check_storage(study: Study) -> None:
+def check_storage(study: Study, console: Console | None = None) -> None:
     """Before anything is recorded: cloud storage answers (a probe object), and a local folder is not
     used by a cluster whose nodes are on several hosts."""
     if is_cloud(study.storage_path):
         check_cloud_storage(study.name, study.storage_path)
-    if cluster_address():  # a cluster: join it now to see its nodes
-        init_ray()
+    if cluster_address(console):  # a cluster: join it now to see its nodes
+        init_ray(console)
         check_local_storage_on_cluster(study.name, study.storage_path)
 
 
@@ -549,14 +567,16 @@ def _run_waves(
     skip: frozenset[str],
     searches: dict[str, int],
     interrupts: Interrupts,
+    console: Console | None = None,
 ) -> StudyOutcome:
     """Each experiment of the plan in turn (its ``waves``); ``searches``: the sampled ablations an edited resume
     searched again, with the attempt that started their search (``record.search_versions``)."""
     study = plan.study
+    console = console if console is not None else Console()
     client = PatientClient(uri)
     interrupts.on_give_up = lambda: give_up(client, uri, parent_run_id, interrupts.reason, lease)
     lease.on_lost = interrupts.lease_lost
-    init_ray()
+    init_ray(console)
     interrupts.install()  # after ray.init, which replaces the SIGTERM handler
     status = "FINISHED"
     try:
@@ -585,10 +605,10 @@ def _run_waves(
                 study.model_dump(by_alias=True), uri, parent_run_id, storage, trials, shared, outputs,
                 lease.generation, skip,
             )  # fmt: skip
-            _fit(study, ctx, ablation, name, interrupts)
+            _fit(study, ctx, ablation, name, interrupts, console)
             if ablation is None:  # an edited resume: the changed and added trials, as their own wave
-                _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id)
-                adaptive_rounds(study, ctx, wave, interrupts, client)
+                _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id, console)
+                adaptive_rounds(study, ctx, wave, interrupts, client, console)
     except Interrupted:
         pass
     except BaseException:
@@ -601,7 +621,7 @@ def _run_waves(
             stop = (interrupts.reason, interrupts.exit_code)
             outcome = close_study(client, uri, parent_run_id, storage, study, stop, status, lease)
             interrupts.record_written = True
-            tell(settled=True)
+            console.link.tell(settled=True)
     if outcome.stopped_by is None and not outcome.pending_records:  # finished: resumable state not needed
         print(_shrink_checkpoints(study, client, parent_run_id, storage))
     return outcome
@@ -631,7 +651,14 @@ def say_merged(trials: list[dict[str, Any]]) -> None:
         print(f"  ... and {len(merged) - 10} more")
 
 
-def adaptive_rounds(study: Study, ctx: StudyContext, wave: list[str], interrupts: Interrupts, client) -> None:
+def adaptive_rounds(
+    study: Study,
+    ctx: StudyContext,
+    wave: list[str],
+    interrupts: Interrupts,
+    client,
+    console: Console | None = None,
+) -> None:
     """Adaptive-seeds ablations of a finished wave: round k (2, 3, ...) gives one more seed to each row
     that needs one (``clsr.study.run.adaptive``), as Tune experiment ``<ablation>-seeds<k>``; a resume
     restores a round's experiment by that name (``_fit``), then decides the next from MLflow again."""
@@ -653,12 +680,19 @@ def adaptive_rounds(study: Study, ctx: StudyContext, wave: list[str], interrupts
             fresh = [key for key in shared_inputs(study, trials, ctx.outputs) if key not in ctx.shared]
             shared = {**ctx.shared, **(prepare_shared(study, trials, ctx.outputs) if fresh else {})}
             round_ctx = replace(ctx, trials=trials, shared=shared, skip=frozenset())
-            _fit(study, round_ctx, None, f"{ablation}-seeds{k}", interrupts)
+            _fit(study, round_ctx, None, f"{ablation}-seeds{k}", interrupts, console)
             if interrupts.reason == "lease_lost":
                 return
 
 
-def _fit(study: Study, ctx: StudyContext, ablation: str | None, name: str, interrupts: Interrupts) -> None:
+def _fit(
+    study: Study,
+    ctx: StudyContext,
+    ablation: str | None,
+    name: str,
+    interrupts: Interrupts,
+    console: Console | None = None,
+) -> None:
     """Run one Tune experiment, or continue it (and the new-version experiments of earlier edited
     resumes) where an earlier driver left it."""
     from ray import tune
@@ -672,7 +706,9 @@ def _fit(study: Study, ctx: StudyContext, ablation: str | None, name: str, inter
     for version, experiment in [(1, name), *[(n, f"{name}-v{n}") for n in restorable]]:
         later = frozenset(key for key, at in superseded.items() if at > version)
         with interrupts.experiment():
-            tuner = build_tuner(study, replace(ctx, skip=ctx.skip | later), ablation, True, experiment)
+            tuner = build_tuner(
+                study, replace(ctx, skip=ctx.skip | later), ablation, True, experiment, console
+            )
             results = tuner.fit()
         if interrupts.reason == "lease_lost":  # the record is another driver's now
             return
@@ -695,7 +731,7 @@ def errors_of(results) -> dict[str, str]:
     return lost
 
 
-def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id) -> None:
+def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id, console=None) -> None:
     """An edited resume's changed and added trials of this wave, as a new Tune experiment."""
     if ctx.attempt == 1:  # a new study: its experiments hold every trial
         return
@@ -713,5 +749,5 @@ def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_i
         return
     with interrupts.experiment():
         new_ctx = replace(ctx, trials=fresh, skip=frozenset())
-        results = build_tuner(study, new_ctx, None, restore=True, name=f"{name}-v{ctx.attempt}").fit()
+        results = build_tuner(study, new_ctx, None, True, f"{name}-v{ctx.attempt}", console).fit()
     close_lost_trials(client, ctx.tracking_uri, parent_run_id, errors_of(results))

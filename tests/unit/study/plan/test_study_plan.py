@@ -128,7 +128,7 @@ def _stub_run(monkeypatch, calls: list):
             pass
 
     class Interrupts:
-        def __init__(self, timeout):
+        def __init__(self, timeout, link=None):
             pass
 
         def __enter__(self):
@@ -137,7 +137,7 @@ def _stub_run(monkeypatch, calls: list):
         def __exit__(self, *exc):
             return None
 
-    def start_record(client, uri, study, text, current, new):
+    def start_record(client, uri, study, text, current, new, command_pid=None):
         calls.append(("start_record", current))
         return "parent", "storage", Lease()
 
@@ -147,11 +147,10 @@ def _stub_run(monkeypatch, calls: list):
 
     monkeypatch.setattr(runner, "resolve_tracking_uri", lambda uri: "sqlite:///nowhere.db")
     monkeypatch.setattr(runner, "check_reachable", lambda uri: None)
-    monkeypatch.setattr(runner, "check_storage", lambda study: calls.append("check_storage"))
+    monkeypatch.setattr(runner, "check_storage", lambda study, console=None: calls.append("check_storage"))
     monkeypatch.setattr(runner, "PatientClient", lambda uri: object())
     monkeypatch.setattr(runner, "Interrupts", Interrupts)
     monkeypatch.setattr(runner, "start_record", start_record)
-    monkeypatch.setattr(runner, "tell", lambda **_: None)
     monkeypatch.setattr(runner, "_run_waves", run_waves)
 
 
@@ -217,7 +216,9 @@ def test_skipped_points_are_said_before_storage_is_checked(tmp_path, monkeypatch
     study = sampled_study(tmp_path, base=base, skip_unavailable=True)
     calls: list = []
     _stub_run(monkeypatch, calls)
-    monkeypatch.setattr(runner, "check_storage", lambda study: calls.append(capsys.readouterr().out))
+    monkeypatch.setattr(
+        runner, "check_storage", lambda study, console=None: calls.append(capsys.readouterr().out)
+    )
     with pytest.raises(_Stop):
         runner._run_study(study, "", resume=False, allow_changes=False, new=False)
     said = calls[0].splitlines()

@@ -191,3 +191,35 @@ def test_the_command_exits_with_its_threads_joined_its_exit_functions_run_and_it
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout == "buffered atexit ran "
     assert done.exists()
+
+
+def test_the_driver_link_is_read_once_and_taken_out_of_the_environment(monkeypatch, tmp_path):
+    """Ray's processes and commands the driver starts must not inherit the link: it leaves os.environ
+    where the driver reads it, and is passed down as a DriverLink from there."""
+    import json
+    import os
+
+    from clsr.study.control.driver_link import LINK_ENV, SUPERVISOR_ENV, DriverLink
+
+    path = tmp_path / "link"
+    monkeypatch.setenv(LINK_ENV, str(path))
+    monkeypatch.setenv(SUPERVISOR_ENV, str(os.getppid()))
+    link = DriverLink.from_environment()
+    assert LINK_ENV not in os.environ and SUPERVISOR_ENV not in os.environ
+    assert link.is_child and link.command_pid() == os.getppid()
+    link.tell(settled=True)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"settled": True}]
+    other = DriverLink.from_environment()  # another read finds nothing: not a child, its own pid
+    assert not other.is_child and other.command_pid() == os.getpid()
+    other.tell(settled=False)  # nowhere to write: nothing happens
+    assert path.read_text().count("\n") == 1
+
+
+def test_two_consoles_keep_their_own_notes(capsys):
+    from clsr.study.run.runner import Console
+
+    first, second = Console(), Console()
+    first.note_once("note: a")
+    first.note_once("note: a")
+    second.note_once("note: a")
+    assert capsys.readouterr().out == "note: a\nnote: a\n" and first.quiet is None is second.quiet

@@ -64,8 +64,8 @@ def test_a_study_run_refuses_an_unsupported_ray_before_it_starts_anything(tmp_pa
     monkeypatch.setattr(ray, "__version__", "2.55.0")
     monkeypatch.setattr(runner, "_run_study", lambda *a: pytest.fail("the study started"))
     with pytest.raises(UnsupportedRay, match=r"^clsr needs Ray 2\.60\.x \(installed: 2\.55\.0\)"):
-        runner.run_study(study_of(tmp_path), "", verbose=False)
-    assert runner._quiet is None and not ray.is_initialized()
+        runner.run_study(study_of(tmp_path), "", verbose=False, console=(console := runner.Console()))
+    assert console.quiet is None and not ray.is_initialized()
 
 
 # --- Tuner ---
