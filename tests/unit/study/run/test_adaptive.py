@@ -184,7 +184,7 @@ def test_rounds_add_seeds_to_wide_rows_only_up_to_max(tmp_path, monkeypatch, cap
             add_trial(uri, client, parent, label, seed)
     fits = []
 
-    def fake_fit(study, ctx, ablation, name, interrupts):
+    def fake_fit(study, ctx, ablation, name, interrupts, console=None):
         fits.append((name, sorted((t["label"], t["seed"]) for t in ctx.trials)))
         for t in ctx.trials:
             add_trial(uri, client, parent, t["label"], t["seed"])
