@@ -20,9 +20,10 @@ import torch
 from clsr.config.trial import TrialConfig
 from clsr.encoders.word_vectors import word_vector_average_embedder
 from clsr.eval.sts import STS12_15, evaluate_sts, format_table
+from clsr.methods import build_method
 from clsr.methods.gclsr import GCLSR
 from clsr.study.spec.dotted import parse_override, set_dotted
-from clsr.train.loop import build_method, fit
+from clsr.train.loop import fit
 from clsr.train.session import LocalSession
 
 

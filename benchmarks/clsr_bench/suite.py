@@ -152,7 +152,7 @@ def eval_and_checkpoint(model: str, device: str) -> dict[str, Any]:
     """Seconds of what a training epoch does besides its steps, at each ``eval_steps``: one STS-B dev
     evaluation (1,500 pairs, the trial's precision; the second of two, with the first's seconds beside
     it) and one checkpoint (model, AdamW state, best weights:
-    what ``clsr.train.loop.save_checkpoint`` writes), with the bytes written."""
+    what ``clsr.train.checkpoint.save_checkpoint`` writes), with the bytes written."""
     import shutil
     import time
 
@@ -163,7 +163,7 @@ def eval_and_checkpoint(model: str, device: str) -> dict[str, Any]:
     from clsr.encoders.precision import resolved_precision
     from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
     from clsr.eval.sts import evaluate_sts
-    from clsr.train.loop import save_checkpoint
+    from clsr.train.checkpoint import save_checkpoint
     from clsr_bench import synchronize
 
     dev = resolve_device(device)

@@ -78,8 +78,9 @@ class PlatformStep:
     """One optimiser step of ``clsr.train.loop.fit`` (one worker, no accumulation, no eval, no logs)."""
 
     def __init__(self, trial, rows: list[dict[str, str]], device: torch.device, total_steps: int = 1):
+        from clsr.methods import build_method
         from clsr.train.gradcache import check_gradcache
-        from clsr.train.loop import build_method, compiled
+        from clsr.train.loop import compiled
         from clsr.train.optim import build_optimizer, build_scheduler
 
         t = trial.trainer

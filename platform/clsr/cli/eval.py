@@ -83,6 +83,8 @@ def add_parsers(commands) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     """``platform eval``: 0 with each group's table printed (and logged with --mlflow), 2 for a bad option."""
     from clsr.encoders.export import load_model, make_embedder, pooling_of
+    from clsr.eval.suite import SuiteSettings, SuiteTasks, evaluate_suite
+    from clsr.eval.transfer import expand_transfer_tasks
 
     if (chosen := _chosen_tasks(args)) is None:
         return 2
@@ -93,20 +95,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     pooled = args.pooling if args.pooling.startswith("sentence-transformers") else f"{args.pooling} pooling"
     encoder.to(device)
     embed = make_embedder(encoder, pipeline, batch_size=args.batch_size, precision=args.precision)
-    metrics: dict[str, float] = {}
     tables: dict[str, str] = {}
-    if sts_tasks:
-        found, tables["sts_table.txt"] = _eval_sts(args, embed, pooled, sts_tasks, started)
-        metrics |= found
-    if transfer_tasks:
-        found, tables["transfer_table.txt"] = _eval_transfer(args, embed, pooled, transfer_tasks)
-        metrics |= found
-    if faq_tasks:
-        found, tables["faq_table.txt"] = _eval_faq(args, embed, pooled, faq_tasks)
-        metrics |= found
-    if custom:
-        found, tables["custom_table.txt"] = _eval_custom(args, embed, pooled, custom)
-        metrics |= found
+    printers = {"sts": _print_sts, "transfer": _print_transfer, "faq": _print_faq}
+    printers["custom"] = lambda *group: _print_custom(*group, tasks=len(custom))
+
+    def on_group(name: str, scores, metrics: dict, seconds: float) -> None:
+        if name == "sts":  # the STS time counts from the model's loading
+            seconds = time.perf_counter() - started
+        tables[f"{name}_table.txt"] = printers[name](args, pooled, scores, seconds)
+
+    settings = SuiteSettings(
+        data_dir=args.data_dir,
+        split=args.split,  # dev scores are not test scores: dev_<task>
+        transfer_mode=args.transfer_mode,
+        transfer_classifier=args.transfer_classifier,
+        transfer_max_examples=args.max_examples,
+        faq_max_queries=args.max_queries,
+    )
+    tasks = SuiteTasks(sts_tasks, transfer_tasks, faq_tasks, custom)
+    progress = _transfer_progress(len(expand_transfer_tasks(transfer_tasks))) if transfer_tasks else None
+    metrics = evaluate_suite(embed, tasks, settings, on_group=on_group, on_transfer_task=progress)
     if args.mlflow:
         _log_to_mlflow(
             args, device, metrics, tables, custom, transfer=bool(transfer_tasks), faq=bool(faq_tasks)
@@ -145,60 +153,36 @@ def _chosen_tasks(args: argparse.Namespace):
     return custom, sts_tasks, transfer_tasks, faq_tasks, device
 
 
-def _eval_sts(args: argparse.Namespace, embed, pooled: str, tasks, started: float) -> tuple[dict, str]:
-    """STS: the metrics and the printed table (the time counted from the model's loading)."""
-    from clsr.eval.sts import evaluate_sts, format_table, summary_metrics
+def _print_sts(args: argparse.Namespace, pooled: str, scores, seconds: float) -> str:
+    """STS: the printed table."""
+    from clsr.eval.sts import format_table
 
-    scores = evaluate_sts(embed, tasks, args.split, args.data_dir)
-    elapsed = time.perf_counter() - started
     table = format_table(scores)
-    metrics = summary_metrics(scores, prefix=f"{args.split}_")  # dev scores are not test scores
     print(f"\n{args.model} ({pooled}), Spearman × 100, {args.split} split, 'all' setting\n")
     print(table)
-    print(f"\n{sum(s.pairs for s in scores.values())} pairs in {elapsed:.1f} s")
-    return metrics, table
+    print(f"\n{sum(s.pairs for s in scores.values())} pairs in {seconds:.1f} s")
+    return table
 
 
-def _eval_transfer(args: argparse.Namespace, embed, pooled: str, tasks) -> tuple[dict, str]:
-    """The SentEval transfer tasks: the metrics and the printed table, a line per task as it ends."""
-    from clsr.eval.transfer import (
-        evaluate_transfer,
-        expand_transfer_tasks,
-        format_transfer_table,
-        transfer_summary_metrics,
-    )
+def _print_transfer(args: argparse.Namespace, pooled: str, transfer, seconds: float) -> str:
+    """The SentEval transfer tasks: the printed table (a line per task was printed as it ended)."""
+    from clsr.eval.transfer import format_transfer_table
 
-    started = time.perf_counter()
-    transfer = evaluate_transfer(
-        embed,
-        tasks,
-        args.data_dir,
-        mode=args.transfer_mode,
-        max_examples=args.max_examples,
-        classifier=args.transfer_classifier,
-        on_task=_transfer_progress(len(expand_transfer_tasks(tasks))),
-    )
-    elapsed = time.perf_counter() - started
     table = format_transfer_table(transfer)
-    metrics = transfer_summary_metrics(transfer)
     capped = f", at most {args.max_examples} rows per split" if args.max_examples else ""
     print(f"\n{args.model} ({pooled}), SentEval transfer accuracy × 100, {args.transfer_mode} mode{capped}\n")
     print(table)
     f1 = f"MRPC F1 {transfer['mrpc'].f1:.2f}; " if "mrpc" in transfer else ""
     embedding = sum(s.embed_seconds for s in transfer.values())
-    print(f"\n{f1}{len(transfer)} task(s) in {elapsed:.1f} s ({embedding:.1f} s embedding)")
-    return metrics, table
+    print(f"\n{f1}{len(transfer)} task(s) in {seconds:.1f} s ({embedding:.1f} s embedding)")
+    return table
 
 
-def _eval_faq(args: argparse.Namespace, embed, pooled: str, tasks) -> tuple[dict, str]:
-    """FAQ retrieval: the metrics and the printed table."""
-    from clsr.eval.faq import evaluate_faq, faq_summary_metrics, format_faq_table
+def _print_faq(args: argparse.Namespace, pooled: str, faq, seconds: float) -> str:
+    """FAQ retrieval: the printed table."""
+    from clsr.eval.faq import format_faq_table
 
-    started = time.perf_counter()
-    faq = evaluate_faq(embed, tasks, args.data_dir, max_queries=args.max_queries)
-    elapsed = time.perf_counter() - started
     table = format_faq_table(faq)
-    metrics = faq_summary_metrics(faq)
     capped = f", at most {args.max_queries} queries" if args.max_queries else ""
     print(
         f"\n{args.model} ({pooled}), FAQ retrieval × 100, cosine ranking of the whole "
@@ -207,22 +191,17 @@ def _eval_faq(args: argparse.Namespace, embed, pooled: str, tasks) -> tuple[dict
     print(table)
     sizes = "; ".join(f"{name}: {s.queries} queries, {s.candidates} FAQ items" for name, s in faq.items())
     embedding = sum(s.embed_seconds for s in faq.values())
-    print(f"\n{sizes}; {len(faq)} data set(s) in {elapsed:.1f} s ({embedding:.1f} s embedding)")
-    return metrics, table
+    print(f"\n{sizes}; {len(faq)} data set(s) in {seconds:.1f} s ({embedding:.1f} s embedding)")
+    return table
 
 
-def _eval_custom(args: argparse.Namespace, embed, pooled: str, custom: dict) -> tuple[dict, str]:
-    """Your own evaluation sets (--custom): the metrics and the printed table."""
-    from clsr.eval.custom import ClassifierSettings, evaluate_custom
-
-    started = time.perf_counter()
-    fits = ClassifierSettings(args.transfer_mode, args.transfer_classifier)
-    scores = evaluate_custom(embed, custom, fits)
+def _print_custom(args: argparse.Namespace, pooled: str, scores: dict, seconds: float, tasks: int) -> str:
+    """Your own evaluation sets (--custom): the printed table."""
     table = "\n".join(f"{k.removeprefix('test_'):<28} {v:7.2f}" for k, v in scores.items())
     print(f"\n{args.model} ({pooled}), your evaluation sets × 100\n")
     print(table)
-    print(f"\n{len(custom)} task(s) in {time.perf_counter() - started:.1f} s")
-    return scores, table
+    print(f"\n{tasks} task(s) in {seconds:.1f} s")
+    return table
 
 
 def _log_to_mlflow(

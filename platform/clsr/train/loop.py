@@ -1,21 +1,17 @@
 """The generic training loop shared by every method. Read it top to bottom: ``fit``.
 
 The loop knows nothing about any method: the method builds the model, orders the rows into batches
-and computes the loss. Rank 0 evaluates on the dev set every ``eval_steps`` steps, keeps the best
-weights (the SimCSE protocol) and logs to MLflow; every rank reports to Ray Train at the same steps.
-``trainer.max_steps: 0`` makes an evaluation-only point (``evaluate_only``): the starting model is scored.
+and computes the loss. Rank 0 evaluates on the dev set every ``eval_steps`` steps (``Evaluator``),
+keeps the best weights (the SimCSE protocol) and logs to MLflow; every rank reports to Ray Train at the
+same steps. ``trainer.max_steps: 0`` makes an evaluation-only point (``evaluate_only``): the starting
+model is scored. Checkpoint I/O: ``clsr.train.checkpoint``; the trial's cost: ``clsr.train.clock``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import shutil
-import tempfile
 import time
-import warnings
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,57 +20,27 @@ from torch import nn
 
 from clsr.config.steps import eval_interval
 from clsr.config.trial import TrainerConfig, TrialConfig
-from clsr.data.faq import FAQData, load_faq
-from clsr.data.model_registry import ModelUnavailableError
-from clsr.data.sources import DataUnavailableError, resolve_data_dir
-from clsr.data.sts import load_sts, subsample
-from clsr.data.tasks import split_eval_tasks
 from clsr.data.training import training_rows
-from clsr.encoders import checkpoint_files
 from clsr.encoders.precision import autocast_context, resolved_precision
-from clsr.eval.alignment import alignment_uniformity
-from clsr.eval.custom import ClassifierSettings, evaluate_custom
-from clsr.eval.faq import dev_map, evaluate_faq, faq_summary_metrics
-from clsr.eval.sts import evaluate_sts, summary_metrics
-from clsr.eval.transfer import TransferScore, evaluate_transfer, shares, transfer_summary_metrics
-from clsr.methods import get_method
+from clsr.methods import build_method
 from clsr.methods.base import Method
-from clsr.runtime.distributed import broadcast_, gather_or_raise, patient_group
 from clsr.tracking.run_logger import RunLogger
+from clsr.train.checkpoint import (
+    folder_bytes,
+    load_checkpoint,
+    load_trained_state,
+    save_checkpoint,
+    trained_state,
+    unwrap,
+    waiting_for_checkpoints,
+)
+from clsr.train.clock import TrialClock
+from clsr.train.evaluator import Evaluator, dev_scores
 from clsr.train.gradcache import check_gradcache, gradcache_backward
 from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, warmup_steps
+from clsr.train.outcome import EVAL_ONLY_TAG, FINAL_FAILURES, is_evaluation_only
 from clsr.train.readback import PendingSteps
-from clsr.train.rng import restore_rng, rng_state
 from clsr.train.session import node_tags
-from clsr.train.staging import staging_folder
-
-DEV_SPLIT = "dev"
-EVAL_ONLY_TAG = "clsr.eval_only"  # "true" on the MLflow run of a point that trained nothing
-# Failures that come back on every retry from the same checkpoint (a diverging loss, a value the trial
-# cannot run with, a data file or model that is not there, a batch that does not fit the device): the
-# trial ends with them, never retried (``clsr.train.worker.NON_RETRYABLE``).
-FINAL_FAILURES = (
-    FloatingPointError, ValueError, TypeError, FileNotFoundError, DataUnavailableError,
-    ModelUnavailableError, torch.OutOfMemoryError,
-)  # fmt: skip
-
-
-def failure_line(err: BaseException) -> str:
-    """What a final failure is recorded as (the trial run's ``clsr.error``, the study's last table)."""
-    text = f"{type(err).__name__}: {err}"
-    if isinstance(err, torch.OutOfMemoryError):
-        text = text.splitlines()[0] + (
-            " -- the batch does not fit this device: set trainer.gradcache_chunk_rows (the same loss in "
-            "less memory), trainer.precision: bf16, or a smaller trainer.batch_size"
-        )
-    return text
-
-
-CPU = torch.device("cpu")
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if hasattr(model, "module") else model
 
 
 def loss_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
@@ -83,137 +49,11 @@ def loss_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type, enabled=resolved_precision(precision, device) == "fp16")
 
 
-def is_evaluation_only(trial: TrialConfig) -> bool:
-    """``trainer.max_steps: 0``: the point trains nothing and scores its starting model."""
-    return trial.trainer.max_steps == 0
-
-
 def compiled(model: nn.Module, t: TrainerConfig) -> nn.Module:
     """The model with ``trainer.compile`` applied (its training forward compiled in place)."""
     if t.compile:
         model.compile_for_training(t.compile_mode)
     return model
-
-
-def build_method(trial: TrialConfig) -> Method:
-    method_cls = get_method(trial.method["name"])
-    return method_cls(method_cls.Config(**trial.method))
-
-
-class Evaluator:
-    """Dev scores during training and the final test scores, computed on rank 0; the ranks of a
-    multi-worker trial share its final transfer tasks (``shared_transfer``)."""
-
-    def __init__(self, trial: TrialConfig, method: Method, pipeline: Any):
-        self.cfg = trial.eval
-        self.data_dir = trial.data.data_dir
-        self.method = method
-        self.pipeline = pipeline  # the tokenizer or word table the method encodes text with
-        self.trial = trial
-        self._faq_data: FAQData | None = None  # the trained FAQ set, read once per trial for its dev scores
-
-    def artifacts(self, model: nn.Module, stage: str, logger: RunLogger) -> None:
-        """The method's own files for the MLflow run ("start": untrained model, "final": best)."""
-        if logger.active:
-            self.method.log_artifacts(stage, self.embedder(model), logger, self.trial)
-
-    def embedder(self, model: nn.Module):
-        """Scores in the precision the trial trains in (``trainer.precision``)."""
-        return self.method.make_embedder(
-            unwrap(model), self.pipeline, self.cfg.batch_size, self.trial.trainer.precision
-        )
-
-    def dev(self, model: nn.Module) -> dict[str, float]:
-        sts = [task for task in self.cfg.dev_tasks if task != "faq"]
-        cap = self.cfg.sts_max_pairs
-        scores = evaluate_sts(self.embedder(model), sts, DEV_SPLIT, self.data_dir, cap) if sts else {}
-        metrics = {f"dev_{task}": s.all for task, s in scores.items()}
-        if "faq" in self.cfg.dev_tasks:  # MAP of the trained FAQ set's dev queries (RCL Table 2)
-            if self._faq_data is None:
-                self._faq_data = load_faq(self.trial.data.faq_set(), resolve_data_dir(self.data_dir))
-            caps = {"max_queries": self.cfg.faq_max_queries, "max_items": self.cfg.faq_max_items}
-            metrics["dev_faq"] = dev_map(self._faq_data, self.trial.data.fold, self.embedder(model), **caps)
-        return metrics
-
-    def log_model(self, model: nn.Module, logger: RunLogger) -> None:
-        """The best model as the run's ``model/`` artifacts, in a format users load without clsr."""
-        with tempfile.TemporaryDirectory(prefix="clsr-model-") as folder:
-            try:
-                self.method.export_model(unwrap(model), self.pipeline, self.trial, Path(folder) / "model")
-                logger.log_artifacts(Path(folder) / "model", "model")
-            except Exception as err:  # the scores stand; a trial is not lost over its export
-                warnings.warn(f"the trained model could not be logged: {err!r}", stacklevel=2)
-                logger.set_tags({"clsr.model_error": repr(err)[:5000]})
-
-    def transfer_tasks(self) -> list[str]:
-        return split_eval_tasks(self.cfg.builtin_tasks())[1]
-
-    def shares_transfer(self, world_size: int) -> bool:
-        """Whether the ranks share the final transfer tasks (the same answer on every rank)."""
-        return world_size > 1 and len(self.transfer_tasks()) > 1
-
-    def transfer(self, model: nn.Module, tasks: list[str]) -> dict[str, TransferScore]:
-        return evaluate_transfer(
-            self.embedder(model),
-            tasks,
-            self.data_dir,
-            mode=self.cfg.transfer_mode,
-            max_examples=self.cfg.transfer_max_examples,
-            classifier=self.cfg.transfer_classifier,
-            device=self.transfer_device(model),
-        )
-
-    def transfer_device(self, model: nn.Module) -> str | None:
-        """The GPU that ``transfer_device: auto`` fits on: the model's, when it is on one."""
-        if self.cfg.transfer_device != "auto":
-            return None
-        device = next(model.parameters()).device
-        return str(device) if device.type == "cuda" else None
-
-    def shared_transfer(self, model: nn.Module, session) -> dict[str, TransferScore]:
-        """Every rank takes rank 0's weights (the best ones, loaded there) and scores its share of the
-        transfer tasks (split by their fit cost) on its own device and CPUs; the scores are gathered on
-        every rank. SentEval's classifier fits are CPU-bound, so on one GPU node the ranks' CPUs fit in
-        parallel, and each rank embeds its tasks' sentences on its own GPU."""
-        broadcast_(trained_state(unwrap(model)).values())
-        tasks = self.transfer_tasks()
-        mine = shares(tasks, session.world_size)[session.rank]
-        # the ranks wait for the slowest share: longer than the default group's timeout allows
-        with patient_group() as group:
-            parts = gather_or_raise(lambda: self.transfer(model, mine) if mine else {}, group)
-        gathered = {task: score for part in parts for task, score in part.items()}
-        return {task: gathered[task] for task in tasks}
-
-    def final(self, model: nn.Module, transfer: dict[str, TransferScore] | None = None) -> dict[str, float]:
-        """The test scores; ``transfer``: the transfer scores when the ranks computed them together."""
-        embed = self.embedder(model)
-        sts_tasks, transfer_tasks, faq_tasks = split_eval_tasks(self.cfg.builtin_tasks())
-        sts = (
-            evaluate_sts(embed, sts_tasks, "test", self.data_dir, self.cfg.sts_max_pairs) if sts_tasks else {}
-        )
-        metrics = summary_metrics(sts) if sts else {}
-        if transfer_tasks:
-            scores = transfer if transfer is not None else self.transfer(model, transfer_tasks)
-            metrics |= transfer_summary_metrics(scores)
-        if faq_tasks:  # 5-fold CV over the queries, whole collection as the pool (methods.md §6.5)
-            scores = evaluate_faq(
-                embed,
-                faq_tasks,
-                self.data_dir,
-                max_queries=self.cfg.faq_max_queries,
-                max_items=self.cfg.faq_max_items,
-                test_fold=(faq_set, self.trial.data.fold) if (faq_set := self.trial.data.faq_set()) else None,
-            )
-            metrics |= faq_summary_metrics(scores)
-        if custom := self.cfg.custom_tasks():  # the user's own sets (clsr.eval.custom)
-            fits = ClassifierSettings(
-                self.cfg.transfer_mode, self.cfg.transfer_classifier, device=self.transfer_device(model)
-            )
-            metrics |= evaluate_custom(embed, custom, fits)
-        if self.cfg.alignment_uniformity:
-            dev = load_sts("stsb", DEV_SPLIT, resolve_data_dir(self.data_dir))
-            metrics |= alignment_uniformity(subsample(dev, self.cfg.sts_max_pairs), embed)
-        return metrics
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -224,101 +64,6 @@ def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {
         k: v.pin_memory().to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
     }
-
-
-def frozen_parameters(model: nn.Module) -> set[str]:
-    return {name for name, p in model.named_parameters() if not p.requires_grad}
-
-
-def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state a checkpoint keeps: everything but its frozen parameters (GCLSR's word table,
-    gigabytes for word2vec), which ``build_model`` rebuilds from the trial's config on a resume."""
-    frozen = frozen_parameters(model)
-    return {k: v for k, v in model.state_dict().items() if k not in frozen}
-
-
-def load_trained_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Load what ``trained_state`` kept; only frozen parameters may be missing."""
-    frozen = frozen_parameters(model)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or set(missing) - frozen:
-        raise RuntimeError(
-            f"the checkpoint does not fit the model: missing {sorted(set(missing) - frozen)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}; was it written by a trial of another model config?"
-        )
-
-
-def folder_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
-
-
-def save_checkpoint(
-    model: nn.Module,
-    optimizer,
-    scheduler,
-    state: dict,
-    best_weights: dict | None,
-    device: torch.device = CPU,
-    grad_scaler: torch.amp.GradScaler | None = None,
-) -> Path:
-    """A fresh folder with ``state.pt`` (and ``best_model.pt``), each written atomically, and a
-    ``manifest.json`` of their SHA-256 written last; nothing is left behind when a write fails. The
-    random states are the CPU's and ``device``'s only (``clsr.train.rng``: placement-independent)."""
-    folder = staging_folder("ckpt")
-    try:
-        saved = {
-            "model": trained_state(unwrap(model)),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "rng": rng_state(device),
-            **state,
-        }
-        if grad_scaler is not None and grad_scaler.is_enabled():
-            saved["grad_scaler"] = grad_scaler.state_dict()
-        hashes = {"state.pt": checkpoint_files.save_tensors(saved, folder / "state.pt")}
-        if best_weights is not None:
-            hashes["best_model.pt"] = checkpoint_files.save_tensors(best_weights, folder / "best_model.pt")
-        checkpoint_files.write_manifest(folder, hashes)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    return folder
-
-
-def load_checkpoint(
-    folder: Path,
-    model,
-    optimizer,
-    scheduler,
-    state: dict,
-    session,
-    seed: int,
-    device: torch.device = CPU,
-    grad_scaler: torch.amp.GradScaler | None = None,
-) -> dict | None:
-    """Restore what ``save_checkpoint`` wrote into the live objects and ``state``; the best weights.
-
-    Files are checked against the folder's manifest and loaded as tensors and plain data only."""
-    saved = checkpoint_files.load_tensors(folder / "state.pt")
-    if "optimizer" not in saved:  # shrunk once its study finished (clsr.study.record.retention): weights only
-        raise ValueError(
-            f"{folder}: this checkpoint keeps weights only (its study finished and was shrunk), so training "
-            "cannot continue from it; start the trial anew, or set keep_checkpoints: true in the study"
-        )
-    load_trained_state(unwrap(model), saved.pop("model"))
-    optimizer.load_state_dict(saved.pop("optimizer"))
-    scheduler.load_state_dict(saved.pop("scheduler"))
-    scaler_state = saved.pop("grad_scaler", None)
-    if grad_scaler is not None and grad_scaler.is_enabled() and scaler_state is not None:
-        grad_scaler.load_state_dict(scaler_state)  # the loss scale it had found, not the initial 2^16
-    state.update(saved)
-    rng = state.pop("rng")  # rank 0's dropout masks continue as if the run had never stopped
-    if session.rank == 0:
-        restore_rng(rng, device)
-    else:  # other ranks keep masks of their own
-        torch.manual_seed(seed + session.rank + 7919 * state["step"])
-    best = folder / "best_model.pt"
-    return checkpoint_files.load_tensors(best) if best.exists() else None
 
 
 def fit(
@@ -503,16 +248,6 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     return finish(model, state, best_weights, evaluator, logger, session, clock)
 
 
-@contextlib.contextmanager
-def waiting_for_checkpoints(state: dict) -> Iterator[None]:
-    """Adds the block's seconds to ``state["checkpoint_wait_s"]``: training waiting on checkpoint copies."""
-    began = time.perf_counter()
-    try:
-        yield
-    finally:
-        state["checkpoint_wait_s"] = state.get("checkpoint_wait_s", 0.0) + time.perf_counter() - began
-
-
 def evaluate_only(trial: TrialConfig, method: Method, session, logger: RunLogger, clock: TrialClock):
     """An evaluation-only point: no training rows, optimiser, steps or checkpoints. The starting model is
     scored on the dev set (the best-dev selection falls back to it, step 0) and on the test sets."""
@@ -528,11 +263,6 @@ def evaluate_only(trial: TrialConfig, method: Method, session, logger: RunLogger
             state["best_dev"] = evaluator.dev(model)
         state["best_score"] = state["best_dev"].get(f"dev_{trial.eval.select_on}", -math.inf)
     return finish(model, state, None, evaluator, logger, session, clock)
-
-
-def dev_scores(metrics: dict[str, float]) -> dict[str, float]:
-    """The dev-set scores of one evaluation (``dev_<task>``), kept for the step that was selected."""
-    return {key: float(value) for key, value in metrics.items() if key.startswith("dev_")}
 
 
 def loss_stalled(state: dict, loss: float, patience: int | None) -> bool:
@@ -591,91 +321,3 @@ def finish(model, state, best_weights, evaluator, logger, session, clock: TrialC
         logger.flush()
     session.report(final, None)
     return final if main else {}
-
-
-class TrialClock:
-    """What a trial cost: wall seconds, CPU seconds of every worker, and GPU seconds (GPUs held × wall);
-    and where this attempt's wall time went (``phases``: what ``platform study plan`` projects from)."""
-
-    def __init__(self) -> None:
-        self.wall_started = time.perf_counter()
-        self.cpu_started = time.process_time()
-        self.training_cpu_s = 0.0
-        self.eval_cpu_started = 0.0
-        self.setup_s: float | None = None
-        self.first_step = 0
-        self.phase_s: dict[str, float] = {"dev_eval": 0.0, "checkpoint": 0.0, "test_eval": 0.0}
-        self.phase_count: dict[str, int] = {"dev_eval": 0, "checkpoint": 0}
-        self.last_phase_s = 0.0  # how long the last ``phase`` took
-        self.other_ranks_eval_cpu_s = 0.0  # their shares of the final evaluation
-
-    def setup_done(self, step: int) -> None:
-        """Model, data and restored state are ready; this attempt trains from ``step``."""
-        self.setup_s, self.first_step = time.perf_counter() - self.wall_started, step
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.last_phase_s = time.perf_counter() - began
-            self.phase_s[name] += self.last_phase_s
-            if name in self.phase_count:
-                self.phase_count[name] += 1
-
-    def phases(self, step: int) -> dict[str, float]:
-        """This attempt's wall seconds by phase (rank 0's view): set-up, optimiser steps (what is left),
-        dev evaluations, checkpoint writes and the test evaluation, with the counts that make per-unit
-        costs. Call after the test evaluation."""
-        if self.setup_s is None:
-            return {}
-        wall = time.perf_counter() - self.wall_started
-        steps = step - self.first_step
-        train = wall - self.setup_s - sum(self.phase_s.values())
-        return {
-            "trial_setup_s": self.setup_s,
-            "trial_steps_s": max(train, 0.0) if steps else 0.0,
-            "trial_steps_run": float(steps),
-            "trial_dev_eval_s": self.phase_s["dev_eval"],
-            "trial_dev_evaluations": float(self.phase_count["dev_eval"]),
-            "trial_checkpoint_write_s": self.phase_s["checkpoint"],
-            "trial_checkpoints_written": float(self.phase_count["checkpoint"]),
-            "trial_test_eval_s": self.phase_s["test_eval"],
-        }
-
-    def stop_training(self, session) -> None:
-        """Sum the workers' CPU seconds so far (a collective: every rank calls it)."""
-        self.training_cpu_s = _sum_over_ranks(time.process_time() - self.cpu_started, session)
-        self.eval_cpu_started = time.process_time()
-
-    def add_other_ranks_eval_cpu(self, session) -> None:
-        """Sum the other ranks' CPU seconds since training stopped (a collective: every rank calls it)."""
-        mine = 0.0 if session.rank == 0 else time.process_time() - self.eval_cpu_started
-        self.other_ranks_eval_cpu_s = _sum_over_ranks(mine, session)
-
-    def cost(self, session) -> dict[str, float]:
-        wall = time.perf_counter() - self.wall_started
-        gpus = session.world_size * session.gpu_share if session.device.type == "cuda" else 0.0
-        eval_cpu = time.process_time() - self.eval_cpu_started + self.other_ranks_eval_cpu_s
-        return {
-            "trial_wall_s": wall,
-            "trial_cpu_s": self.training_cpu_s + eval_cpu,
-            "trial_gpu_s": wall * gpus,
-        }
-
-    @staticmethod
-    def device(session) -> str:
-        if session.device.type == "cuda":
-            return f"{session.world_size} x {torch.cuda.get_device_name(session.device)}"
-        return f"{session.world_size} x cpu"
-
-
-def _sum_over_ranks(value: float, session) -> float:
-    """``value`` summed over the trial's ranks (a collective when there are several)."""
-    total = torch.tensor([value], dtype=torch.float64)
-    if session.world_size > 1 and torch.distributed.is_initialized():
-        backend = torch.distributed.get_backend()
-        total = total.to(session.device if backend == "nccl" else torch.device("cpu"))
-        torch.distributed.all_reduce(total)
-    return float(total.item())

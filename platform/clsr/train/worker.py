@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from clsr.config.trial import TrialConfig
-from clsr.train.loop import FINAL_FAILURES, failure_line, fit
+from clsr.train.loop import fit
+from clsr.train.outcome import FINAL_FAILURES, failure_line
 from clsr.train.session import RayTrainSession, TuneTrialSession, cap_gpu_memory
 
 # Failures that happen again on every retry from the same checkpoint and random state: a diverging loss

@@ -171,7 +171,7 @@ def test_failures_that_come_back_on_every_retry_are_final():
 
     from clsr.data.model_registry import ModelUnavailableError
     from clsr.data.sources import DataUnavailableError
-    from clsr.train.loop import failure_line
+    from clsr.train.outcome import failure_line
     from clsr.train.worker import NON_RETRYABLE
 
     for final in (DataUnavailableError, ModelUnavailableError, FileNotFoundError, torch.OutOfMemoryError):

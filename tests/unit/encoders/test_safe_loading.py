@@ -35,7 +35,7 @@ from clsr.tracking.study_runs import (
     trial_run,
     under_root,
 )
-from clsr.train.loop import load_checkpoint, save_checkpoint
+from clsr.train.checkpoint import load_checkpoint, save_checkpoint
 from tests.support.stores import sqlite_uri
 
 MODEL = ModelConfig(name="minilm", pooling="avg", max_seq_length=16)

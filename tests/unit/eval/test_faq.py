@@ -373,7 +373,7 @@ def test_task_names_and_eval_config() -> None:
 
 
 def test_final_evaluation_of_the_training_loop_runs_faq(tiny_root: Path) -> None:
-    from clsr.train.loop import Evaluator
+    from clsr.train.evaluator import Evaluator
 
     cfg = EvalConfig(tasks=["stackfaq"], alignment_uniformity=False, dev_tasks=[])
     from clsr.config.trial import DataConfig

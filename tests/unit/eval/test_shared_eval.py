@@ -20,7 +20,7 @@ RANK = textwrap.dedent(
     import torch, torch.distributed as dist
     from clsr.eval.transfer import TransferScore
     from clsr.config.trial import TrialConfig
-    from clsr.train.loop import Evaluator
+    from clsr.train.evaluator import Evaluator
 
     rank, fail_on = int(sys.argv[1]), sys.argv[2]
     dist.init_process_group("gloo", rank=rank, world_size=2)

@@ -246,7 +246,7 @@ def test_fast_mode_subsample_and_n_jobs(tiny_root: Path) -> None:
 
 
 def test_final_evaluation_of_the_training_loop_runs_transfer_tasks(tiny_root: Path) -> None:
-    from clsr.train.loop import Evaluator
+    from clsr.train.evaluator import Evaluator
 
     cfg = EvalConfig(tasks=["mr", "mrpc"], transfer_mode="fast", alignment_uniformity=False, dev_tasks=[])
     trial = SimpleNamespace(
@@ -582,7 +582,7 @@ def test_transfer_device_follows_the_setting_and_the_model() -> None:
     from types import SimpleNamespace
 
     from clsr.eval.transfer import _Runner
-    from clsr.train.loop import Evaluator
+    from clsr.train.evaluator import Evaluator
 
     assert EvalConfig().transfer_device == "cpu"
     model = torch.nn.Linear(2, 2)

@@ -124,7 +124,7 @@ def test_prepare_shared_embeds_each_training_text_once_per_entropy_model(data_di
     from clsr.config.trial import TrialConfig
     from clsr.data.training import training_rows
     from clsr.encoders.transformer import load_tokenizer
-    from clsr.train.loop import build_method
+    from clsr.methods import build_method
 
     trial = TrialConfig.model_validate(
         {
@@ -287,7 +287,7 @@ def _assert_stage_2_loads_the_scored_weights(model: str, phi: float, session, da
     model's trial scored for Table 5: its best-dev weights, scored again here to the same STS-B value."""
     from clsr.encoders.checkpoint_files import load_tensors
     from clsr.eval.sts import evaluate_sts
-    from clsr.train.loop import build_method
+    from clsr.methods import build_method
 
     final = session.reports[-1]
     assert RCLConfig.model_fields["entropy_weights"].default == "best" and final["best_step"] >= 1

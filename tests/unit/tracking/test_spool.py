@@ -329,7 +329,7 @@ def test_a_trial_that_ends_for_good_keeps_its_last_points_and_one_that_is_retrie
 
 
 def test_the_loop_and_the_worker_agree_on_which_failures_are_final():
-    from clsr.train.loop import FINAL_FAILURES
+    from clsr.train.outcome import FINAL_FAILURES
     from clsr.train.worker import NON_RETRYABLE
 
     assert set(FINAL_FAILURES) == set(NON_RETRYABLE)

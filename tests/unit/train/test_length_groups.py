@@ -86,7 +86,7 @@ def test_length_group_size_setting(monkeypatch):
 
 
 def test_methods_batch_with_the_trainer_group_size(encoder):
-    from clsr.train.loop import build_method
+    from clsr.methods import build_method
 
     trial = TrialConfig(
         model={"name": encoder.cfg.name, "pooling": "avg"},

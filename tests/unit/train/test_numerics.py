@@ -12,7 +12,7 @@ from torch import nn
 
 from clsr.methods import METHODS, get_method
 from clsr.methods.losses import cos_sim
-from clsr.train import loop, rng
+from clsr.train import checkpoint, loop, rng
 from clsr.train.gradcache import gradcache_backward
 from clsr.train.readback import PendingSteps
 
@@ -123,10 +123,10 @@ def test_fp16_scales_the_loss_and_the_scale_survives_a_resume(tmp_path):
         scaler.update()
         optimizer.zero_grad()
     scaler.update(1234.0)  # a scale the run found
-    folder = loop.save_checkpoint(model, optimizer, scheduler, {"step": 3}, None, cpu, scaler)
+    folder = checkpoint.save_checkpoint(model, optimizer, scheduler, {"step": 3}, None, cpu, scaler)
     fresh = loop.loss_scaler("fp16", cpu)
     state: dict = {}
-    loop.load_checkpoint(
+    checkpoint.load_checkpoint(
         folder, model, optimizer, scheduler, state, type("S", (), {"rank": 0}), 0, cpu, fresh
     )
     assert fresh.get_scale() == 1234.0 and state["step"] == 3 and "grad_scaler" not in state

@@ -41,7 +41,7 @@ def test_training_changes_every_parameter_and_resumes_from_its_checkpoint(data_d
 
 
 def test_every_parameter_moves_after_one_step(data_dir):
-    from clsr.train.loop import build_method
+    from clsr.methods import build_method
 
     trial = tiny_trial(max_steps=1, eval_steps=1)
     model = build_method(trial).build_model(trial.model, None)
@@ -182,7 +182,7 @@ def test_frozen_parameters_stay_out_of_checkpoints_and_are_rebuilt(tmp_path):
     """GCLSR's frozen word table (gigabytes for word2vec) is rebuilt from the config, not saved."""
     from torch import nn
 
-    from clsr.train.loop import load_checkpoint, save_checkpoint, trained_state
+    from clsr.train.checkpoint import load_checkpoint, save_checkpoint, trained_state
 
     def model() -> nn.Module:
         torch.manual_seed(0)

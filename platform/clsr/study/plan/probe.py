@@ -40,7 +40,7 @@ def probe_trial(
     the study's documents (``clsr.study.plan.resolve.StudyDocuments``); by default those kept with the study."""
     from clsr.config.steps import eval_interval
     from clsr.data.training import training_rows
-    from clsr.train.loop import build_method
+    from clsr.methods import build_method
 
     name = ablation or next(iter(study.ablations))
     if name not in study.ablations:
@@ -65,7 +65,8 @@ def probe_trial(
 
 def run_copy(trial_json: str, gpu_share: float) -> Sample:
     """One probe copy, in its own process: the trial on this machine's device, its share of the GPU."""
-    from clsr.train.loop import TrialClock, fit
+    from clsr.train.clock import TrialClock
+    from clsr.train.loop import fit
     from clsr.train.session import LocalSession, cap_gpu_memory
 
     trial = TrialConfig.model_validate_json(trial_json)

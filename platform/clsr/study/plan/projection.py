@@ -3,7 +3,7 @@ trials that did run.
 
 Each finished trial logs where its wall time went (``trial_setup_s``, ``trial_steps_s`` over
 ``trial_steps_run``, ``trial_dev_eval_s`` over ``trial_dev_evaluations``, ``trial_checkpoint_write_s``
-over ``trial_checkpoints_written``, ``trial_test_eval_s``: ``clsr.train.loop.TrialClock``). The medians
+over ``trial_checkpoints_written``, ``trial_test_eval_s``: ``clsr.train.clock.TrialClock``). The medians
 over a recorded study's trials, per ablation where it has them, give per-unit costs; every distinct
 trial of the planned study is then priced by its own steps, evaluations and checkpoints, the trials
 of each stage are packed onto the GPUs (``concurrency`` slots, or as many as the GPUs hold), and the
@@ -155,7 +155,7 @@ class Work:
 def trial_work(trial: TrialConfig, rows: int) -> Work:
     """The loop's own plan for a trial of ``rows`` training rows (one device per rank)."""
     from clsr.config.steps import eval_interval
-    from clsr.train.loop import build_method
+    from clsr.methods import build_method
 
     steps_per_epoch, total = build_method(trial).plan_steps(rows, trial, 1)
     if total == 0:  # an evaluation-only point scores its starting model once
@@ -189,7 +189,7 @@ class Projection:
 def count_rows(trial: TrialConfig, cache: dict[str, int | str]) -> int | str:
     """The trial's training rows (read once per data section), or why they could not be read."""
     from clsr.data.training import training_rows
-    from clsr.train.loop import build_method
+    from clsr.methods import build_method
 
     key = trial.data.model_dump_json() + str(trial.trainer.seed) + str(sorted(trial.method.items()))
     if key not in cache:

@@ -121,8 +121,8 @@ def check_points(
     """Every grid point, and why each point that cannot run here can't (its model or data is not here,
     or its method says so); StudyError when a point can never run as written (``clsr.study.plan.sources``).
     ``grids`` and ``resolve``: the plan's points and configurations (default: the study's documents, ``StudyDocuments.of``)."""
+    from clsr.methods import build_method
     from clsr.study.plan.sources import check_sources, trial_source_problems
-    from clsr.train.loop import build_method
 
     if grids is None:
         grids = StudyDocuments.of(study).grids

@@ -1,6 +1,6 @@
 """What a finished study keeps of its trials' checkpoints: what a later study loads, not what a resume needs.
 
-A trial's checkpoint (``clsr.train.loop.save_checkpoint``) holds ``state.pt``: the trained weights plus
+A trial's checkpoint (``clsr.train.checkpoint.save_checkpoint``) holds ``state.pt``: the trained weights plus
 the optimizer's state (Adam's two moments: twice the weights), the scheduler's, the random generators'
 and the counters; and ``best_model.pt``: the best-dev weights. About 4x the trained weights, all of it
 needed to resume the trial. Once the study's record is closed as finished, no finished trial runs again

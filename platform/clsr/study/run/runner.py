@@ -161,7 +161,8 @@ def shared_inputs(
 ) -> dict[str, dict[str, Any]]:
     """shared_key -> the config of the first trial that needs it: one build per distinct key.
     ``resolved``: a trial's configuration when the study plan holds it (``StudyPlan.config_of``)."""
-    from clsr.train.loop import build_method, is_evaluation_only
+    from clsr.methods import build_method
+    from clsr.train.outcome import is_evaluation_only
 
     wanted: dict[str, dict[str, Any]] = {}
     for t in trials:  # a sampled ablation's entry holds its base (overrides: {}); samples share it
@@ -176,7 +177,7 @@ def shared_inputs(
 
 def _build_shared(trial_doc: dict[str, Any]) -> Any:
     from clsr.config.trial import TrialConfig
-    from clsr.train.loop import build_method
+    from clsr.methods import build_method
 
     trial = TrialConfig.model_validate(trial_doc)
     return build_method(trial).prepare_shared(trial)

@@ -64,7 +64,7 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
     """The Tune trainable: resolve the trial's config, open its MLflow run, run Ray Train."""
     import ray.tune
 
-    from clsr.train.loop import build_method
+    from clsr.methods import build_method
 
     study = _study(ctx)
     if "point" not in config:  # Tune started a restored experiment over: it could not read its state
@@ -182,7 +182,7 @@ def _train(study: Study, ctx: StudyContext, key: str, loop_config: dict[str, Any
 
 
 def failure_text(err: BaseException) -> str:
-    from clsr.train.loop import failure_line
+    from clsr.train.outcome import failure_line
 
     return failure_line(err)
 

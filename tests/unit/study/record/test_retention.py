@@ -27,7 +27,7 @@ from clsr.study.record.retention import RESUME_ONLY, SWAP, shrink_checkpoint, sh
 from clsr.study.spec.schema import Study
 from clsr.tracking.study_runs import close_run, open_child_run, start_parent_run
 from clsr.tracking.tags import CHECKPOINT_TAG
-from clsr.train.loop import save_checkpoint, trained_state
+from clsr.train.checkpoint import save_checkpoint, trained_state
 from tests.support.stores import sqlite_uri
 
 REPO_ROOT = Path(__file__).resolve().parents[4]

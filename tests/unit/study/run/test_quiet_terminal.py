@@ -197,7 +197,7 @@ def test_ray_and_tune_records_go_to_the_file_and_errors_are_said_in_one_line(tmp
         logging.getLogger("ray.tune.tune").error("Experiment state snapshotting failed:\nTraceback ...")
         log.worker_output({"pid": 7, "actor_name": "RayTrainWorker", "is_err": True, "lines": [
             "Reporting training result 1: TrainingReport(checkpoint=None, metrics={})",
-            "/x/platform/clsr/train/loop.py:150: UserWarning: the trained model could not be logged: E",
+            "/x/platform/clsr/train/evaluator.py:80: UserWarning: the trained model could not be logged: E",
             "MLflow unreachable while logging metrics (ConnectionError); retrying in 5 s",
         ]})  # fmt: skip
         log.ray_message(
@@ -224,7 +224,7 @@ def test_ray_and_tune_records_go_to_the_file_and_errors_are_said_in_one_line(tmp
     where = tmp_path / "driver.log"
     assert echoed == [
         f"ray: Experiment state snapshotting failed: (details in {where})",
-        "/x/platform/clsr/train/loop.py:150: UserWarning: the trained model could not be logged: E",
+        "/x/platform/clsr/train/evaluator.py:80: UserWarning: the trained model could not be logged: E",
         "MLflow unreachable while logging metrics (ConnectionError); retrying in 5 s",
         f"ray: Task was killed due to the node running low on memory. (details in {where})",
     ]
