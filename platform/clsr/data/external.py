@@ -254,10 +254,13 @@ def _offline() -> bool:
     return any(flag in ("1", "ON", "YES", "TRUE") for flag in flags)
 
 
-def data_source_problem(data: Any, needed: Sequence[str]) -> tuple[str | None, str | None]:
+def data_source_problem(
+    data: Any, needed: Sequence[str], fewer: Sequence[str] = ()
+) -> tuple[str | None, str | None]:
     """``(problem, unavailable)`` for ``data`` (a ``DataConfig``) and the views a method ``needed``,
     reading column names only: ``problem`` when it can never work as written (a missing file, columns
-    the data lacks), ``unavailable`` when it could elsewhere (a hub set not cached while offline)."""
+    the data lacks), ``unavailable`` when it could elsewhere (a hub set not cached while offline).
+    ``fewer``: the method's settings that need fewer columns, said before any mapping hint."""
     if not data.external():
         from clsr.data.catalog import DATASETS, unavailable
 
@@ -280,7 +283,7 @@ def data_source_problem(data: Any, needed: Sequence[str]) -> tuple[str | None, s
             f"data.filter: {data.train!r} has no column {', '.join(map(repr, absent))} (its columns: {', '.join(columns)})",
             None,
         )
-    if problem := columns_problem(columns, data.columns, needed):
+    if problem := columns_problem(columns, data.columns, needed, fewer):
         return f"data.train {data.train!r}: {problem}", None
     return None, None
 
@@ -293,21 +296,36 @@ def mapped_columns(columns: Sequence[str], mapping: Mapping[str, str] | None) ->
 
 
 def columns_problem(
-    columns: Sequence[str], mapping: Mapping[str, str] | None, needed: Sequence[str]
+    columns: Sequence[str], mapping: Mapping[str, str] | None, needed: Sequence[str], fewer: Sequence[str] = ()
 ) -> str | None:
-    """Why ``needed`` views cannot be read from ``columns`` under ``mapping``, or None."""
+    """Why ``needed`` views cannot be read from ``columns`` under ``mapping``, or None. ``fewer``: settings
+    that need fewer columns (``method.hard_negatives: false``), offered before mapping another column."""
     if not columns:
         return None  # a hub set that publishes no features: the loader checks
     absent = [f"{view}: {column}" for view, column in (mapping or {}).items() if column not in columns]
     if absent:
         return f"data.columns maps to columns the data lacks ({', '.join(absent)}); its columns: {', '.join(columns)}"
+    if shared := _one_column_many_roles(mapping or {}):
+        return f"data.columns maps {shared}: each role needs a column of its own"
     provided = mapped_columns(columns, mapping)
     if missing := [view for view in needed if view not in provided]:
+        options = "".join(f"; {option}" for option in fewer)
         return (
-            f"the method needs columns {list(needed)} and the data provides {provided} (missing {missing}); "
-            f"map them with data.columns, e.g. {{{missing[0]}: <a column of: {', '.join(columns)}>}}"
+            f"the method needs columns {list(needed)} and the data provides {provided} (missing {missing})"
+            f"{options}; {'otherwise ' if fewer else ''}map them with data.columns, e.g. "
+            f"{{{missing[0]}: <a column of: {', '.join(columns)}>}}"
         )
     return None
+
+
+def _one_column_many_roles(mapping: Mapping[str, str]) -> str | None:
+    """``"column 's2' to positive and negative"`` when one column is mapped to several roles: a positive
+    read again as its own hard negative validates and trains nonsense."""
+    roles: dict[str, list[str]] = {}
+    for role, column in mapping.items():
+        roles.setdefault(column, []).append(role)
+    shared = [f"column {column!r} to {' and '.join(names)}" for column, names in roles.items() if len(names) > 1]
+    return "; ".join(shared) or None
 
 
 def external_rows(data: Any) -> list[Row]:

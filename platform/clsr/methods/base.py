@@ -61,6 +61,20 @@ class Method(ABC):
     def required_columns(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(self.views()))
 
+    def fewer_columns(self) -> list[tuple[str, bool, tuple[str, ...]]]:
+        """``(option, value, columns)`` for each on/off option of this method's config that, flipped, needs
+        fewer columns (SimCSE's ``hard_negatives: false`` reads no third column): named to a user whose
+        data lacks a column before any hint to map one, since mapping a wrong column trains nonsense."""
+        fewer = []
+        for option, value in self.cfg.model_dump().items():
+            if not isinstance(value, bool):
+                continue
+            flipped = type(self)(self.cfg.model_copy(update={option: not value}))
+            columns = flipped.required_columns()
+            if set(columns) < set(self.required_columns()):
+                fewer.append((option, not value, columns))
+        return fewer
+
     # --- inputs shared by the trials of a study ---------------------------------------------------
     def shared_key(self, trial: TrialConfig) -> str | None:
         """Trials with the same key share one ``prepare_shared`` result; None: nothing to share."""

@@ -179,8 +179,16 @@ def test_study_validate_accepts_a_mapped_file(tmp_path, capsys):
             [
                 "ablations.temp[method.temperature=0.05], ablations.temp[method.temperature=0.1]: data.train '{source}': the method needs columns "
                 "['anchor', 'positive', 'negative'] and the data provides ['sentence1', 'sentence2', 'hard_neg', "
-                "'label'] (missing ['anchor', 'positive', 'negative']); map them with data.columns, e.g. "
+                "'label'] (missing ['anchor', 'positive', 'negative']); with method.hard_negatives: false it "
+                "needs only ['anchor', 'positive']; otherwise map them with data.columns, e.g. "
                 "{{anchor: <a column of: sentence1, sentence2, hard_neg, label>}}"
+            ],
+        ),
+        (  # the positive mapped again as the hard negative: validates today, trains nonsense
+            "{{train: {source}, columns: {{anchor: sentence1, positive: sentence2, negative: sentence2}}}}",
+            [
+                "ablations.temp[method.temperature=0.05], ablations.temp[method.temperature=0.1]: data.train '{source}': data.columns maps "
+                "column 'sentence2' to positive and negative: each role needs a column of its own"
             ],
         ),
         (  # a mapping to a column the file lacks
@@ -198,7 +206,7 @@ def test_study_validate_accepts_a_mapped_file(tmp_path, capsys):
             ],
         ),
     ],
-    ids=["unmapped", "bad-mapping", "missing-file"],
+    ids=["unmapped", "one-column-two-roles", "bad-mapping", "missing-file"],
 )
 def test_study_validate_refuses_bad_data_with_file_field_and_what_to_do(tmp_path, capsys, data, expected):
     source = write_source("csv", tmp_path)
@@ -436,3 +444,17 @@ def test_relative_paths_of_a_study_are_made_absolute_where_it_is_loaded(tmp_path
     monkeypatch.chdir(REPO_ROOT)  # a worker's folder: the dumped study still points at the files
     trial = resolve_trial(loaded, "corpus", points[1]["overrides"], 1)
     assert trial.data.train == str(tmp_path / "other.csv")
+
+
+def test_the_readmes_study_validates_on_a_two_column_file(tmp_path, capsys, monkeypatch):
+    """The README's example study, as written, on a file with only its two columns: no hard negative is
+    asked for, so nothing tempts a user to map the positive again as one."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    study = readme.split("## A study file", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "pairs.csv").write_text("s1,s2\nA man plays a guitar.,Someone plays music.\n")
+    (tmp_path / "readme.yaml").write_text(study)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(stub_hub_cache(tmp_path / "hub", ["bert-base-uncased"])))
+    code, out, problems = validate(capsys, tmp_path / "readme.yaml")
+    assert (code, problems) == (0, []) and out.startswith("ok  ")

@@ -40,7 +40,11 @@ def trial_source_problems(trial: Any) -> tuple[list[str], list[str]]:
     """``(problems, unavailable)`` of one resolved ``TrialConfig``."""
     method_cls = get_method(trial.method["name"])
     method = method_cls(method_cls.Config(**trial.method))
-    checks = [data_source_problem(trial.data, method.required_columns())]
+    fewer = [
+        f"with method.{option}: {str(value).lower()} it needs only {list(columns)}"
+        for option, value, columns in method.fewer_columns()
+    ]
+    checks = [data_source_problem(trial.data, method.required_columns(), fewer)]
     if method_cls.encoder_type == "transformer":
         checks.append(_model_check(trial.model.name))
     problems = [p for p, _ in checks if p]
