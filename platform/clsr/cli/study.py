@@ -271,6 +271,7 @@ def cmd_study_validate(args: argparse.Namespace) -> int:
     from clsr.study.plan.load import load_study
     from clsr.study.plan.resolve import StudyDocuments, seed_notes
     from clsr.study.plan.sources import NeedsHub, require_sources
+    from clsr.study.run.resources import no_gpu_note
     from clsr.study.spec.dotted import parse_override
 
     try:
@@ -302,6 +303,8 @@ def cmd_study_validate(args: argparse.Namespace) -> int:
             print(f"    note: {line}")
         for line in seed_notes(study):
             print(f"    note: {line}")
+        if gpu_note := no_gpu_note(study):
+            print(f"    warning: {gpu_note}")
     if len(paths) > 1:
         print(_validate_summary(len(paths) - failed - len(needs_hub), needs_hub, failed))
     return 1 if failed or needs_hub else 0
@@ -353,6 +356,7 @@ def _run_study(args: argparse.Namespace, study, link) -> int:
     """The driver: the study run (or resumed) and its trials' table printed."""
     from clsr.study.record.parent import NoEarlierRun, format_rows
     from clsr.study.run.runner import Console, run_study
+    from clsr.study.spec.schema import StudyError
 
     console = Console(link)  # this command's terminal: one quiet switch for both runs of --or-run
 
@@ -380,6 +384,9 @@ def _run_study(args: argparse.Namespace, study, link) -> int:
             raise
         print(f"no earlier run of study {study.name!r} to resume: starting it (--or-run)")
         outcome = run_study(study, study_text, verbose=args.verbose, console=console)
+    except StudyError as err:  # refused before anything was recorded (sources here, resources): no resume
+        print(err, file=sys.stderr)
+        return 1
     rows = outcome.rows
     print(f"\nstudy {study.name!r}: {len(rows)} trial(s) in {time.perf_counter() - started:.0f} s\n")
     print(format_rows(rows))

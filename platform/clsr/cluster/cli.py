@@ -84,7 +84,11 @@ def add_slurm_parsers(cluster) -> None:
     )
     sbatch.add_argument("study", help="study YAML file (studies/<name>.yaml)")
     sbatch.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    sbatch.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node (default 1)")
+    sbatch.add_argument(
+        "--gpus-per-node", type=int, default=None,
+        help="GPUs per node (default: what one worker asks for, resources.gpus_per_worker rounded up; 0 when "
+        "the trials ask for none)",
+    )  # fmt: skip
     sbatch.add_argument("--cpus-per-node", type=int, default=8, help="CPUs per node (default 8)")
     sbatch.add_argument("--partition", help="SLURM partition (default: the cluster's default)")
     sbatch.add_argument("--account", help="SLURM account to charge")
@@ -129,6 +133,7 @@ def cmd_slurm_node(args: argparse.Namespace) -> int:
 
 def cmd_sbatch(args: argparse.Namespace) -> int:
     """Check everything, then write the script; a problem is a line naming the file or the flag."""
+    import math
     import os
     import shlex
     import sys
@@ -141,8 +146,17 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
     from clsr.study.spec.dotted import parse_override
 
     try:
+        study = load_study(args.study, [parse_override(o) for o in args.overrides])
+        require_sources(study, args.study)
+    except ValueError as err:  # a StudyError, or an override that does not fit the file
+        print(err, file=sys.stderr)
+        return 2
+    gpus = args.gpus_per_node
+    if gpus is None:  # GPUs only when the trials need them: a CPU study never waits in a GPU queue
+        gpus = math.ceil(study.resources.gpus_per_worker)
+    try:
         request = SbatchRequest(
-            nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
+            nodes=args.nodes, gpus_per_node=gpus, cpus_per_node=args.cpus_per_node,
             partition=args.partition, account=args.account, time=args.time, grace_s=args.grace,
             setup=args.setup, tmp=args.tmp,
         )  # fmt: skip
@@ -150,12 +164,6 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
         for problem in err.errors():
             flag = "--" + str(problem["loc"][0]).removesuffix("_s").replace("_", "-")
             print(f"error: {flag}: {problem['msg'].removeprefix('Value error, ')}", file=sys.stderr)
-        return 2
-    try:
-        study = load_study(args.study, [parse_override(o) for o in args.overrides])
-        require_sources(study, args.study)
-    except ValueError as err:  # a StudyError, or an override that does not fit the file
-        print(err, file=sys.stderr)
         return 2
     if problems := check_request(study, request, args.study, args.overrides):
         print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)

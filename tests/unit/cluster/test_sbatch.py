@@ -322,3 +322,12 @@ def test_a_node_offers_ray_what_slurm_granted(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
     assert slurm_node.granted(8, 4) == (6, 2)
     assert slurm_node.granted(8, 0) == (6, 0)  # a CPU job's GPUs are not Ray's
+
+
+def test_the_job_asks_slurm_for_gpus_only_when_the_trials_need_them(tmp_path):
+    out = tmp_path / "job.sbatch"
+    assert main(["cluster", "sbatch", str(SMOKE), "--out", str(out)]) == 0  # the smoke study: CPUs only
+    assert "--gpus-per-task" not in out.read_text() and "--gpus 0" in out.read_text()
+    args = ["cluster", "sbatch", str(SMOKE), "--set", "resources.gpus_per_worker=0.5", "--out", str(out)]
+    assert main(args) == 0
+    assert "#SBATCH --gpus-per-task=1" in out.read_text()

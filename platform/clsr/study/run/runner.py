@@ -500,6 +500,7 @@ def _run_study(
     plan = plan_study(study)
     refuse_unavailable(study, plan.unavailable)  # before anything is recorded
     check_storage(study, console)
+    check_trial_resources(study, console)  # a request no node meets would wait forever, silently
     client = PatientClient(uri)  # a busy store (SQLite locked by a colleague's writes) is waited out
     # ... then the record starts (or is taken over) and the plan runs, wave by wave
     with Interrupts(study.study_timeout_s, console.link) as interrupts:
@@ -557,6 +558,16 @@ def check_storage(study: Study, console: Console | None = None) -> None:
     if cluster_address(console):  # a cluster: join it now to see its nodes
         init_ray(console)
         check_local_storage_on_cluster(study.name, study.storage_path)
+
+
+def check_trial_resources(study: Study, console: Console | None = None) -> None:
+    """Before anything is recorded: a trial's request fits a node of the Ray it will run on."""
+    from clsr.study.run.resources import check_resources, cluster_nodes, local_node
+
+    if cluster_address(console):  # joined by check_storage
+        check_resources(study, cluster_nodes(), local=False)
+    else:
+        check_resources(study, [local_node()], local=True)
 
 
 def _run_waves(
