@@ -60,8 +60,9 @@ def test_ctrl_c_twice_records_interrupted_and_resume_finishes_without_duplicates
     """Ctrl-C (twice) to the driver's process group: exit 130, nothing unfinished marked finished; a
     second driver is refused meanwhile; an edited file is refused on resume with its changes; resume
     finishes with one run per trial; --allow-changes runs only what changed."""
-    # long enough that the trials are still training after the second driver's refusal (~10 s)
-    trainer = {"max_steps": 400, "eval_steps": 10, "log_every": 5}
+    # long enough that the trials are still training after the second driver's refusal (~10 s) on a
+    # busy machine too (400 steps let one trial finish first in CI)
+    trainer = {"max_steps": 1200, "eval_steps": 20, "log_every": 5}
     # 'same' is lr's first point again: one trial, whose run stands for both (clsr.also)
     ablations = {**LR_GRID, "same": {"grid": {"trainer.lr": [3.0e-5]}}}
     study_file, uri = tiny_study(tmp_path, "record", trainer, ablations, **IN_PROCESS)
