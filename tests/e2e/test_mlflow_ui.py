@@ -309,14 +309,20 @@ def test_compare_view_shows_both_trials(mlflow_ui, study, page, tmp_path):
 
 
 def test_parent_run_artifacts(mlflow_ui, smoke_study, study, page, tmp_path):
-    """The study's parent run: its artifacts (the study YAMLs) are listed and served."""
+    """The study's parent run: its artifacts (the study YAMLs) are listed and served, and it carries
+    what the study found (each point's mean) and its shape as params."""
     experiment, parent, _ = study
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert any(key.startswith("summary/") for key in parent.data.metrics), parent.data.metrics
+    assert parent.data.params["study.metric"] == "best_dev_stsb"
     study_yaml = MlflowClient(smoke_study.uri).download_artifacts(
         parent.info.run_id, "study.yaml", str(tmp_path)
     )
     lines = [line.strip() for line in Path(study_yaml).read_text().splitlines()]
     line = max((line for line in lines if line[:1].isalpha()), key=len)  # a long line that is not a comment
     with screenshot(page, "parent_run_artifacts", tmp_path):
+        page.goto(f"{mlflow_ui}/#/experiments/{experiment.experiment_id}/runs/{parent.info.run_id}")
+        expect(page.get_by_text(f"Metrics ({len(parent.data.metrics)})", exact=True)).to_be_visible()
         page.goto(f"{mlflow_ui}/#/experiments/{experiment.experiment_id}/runs/{parent.info.run_id}/artifacts")
         expect(page.get_by_role("heading", name=parent.info.run_name, exact=True)).to_be_visible()
         for artifact in ("study.yaml", "resolved.yaml"):

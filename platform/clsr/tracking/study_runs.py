@@ -51,9 +51,24 @@ def git_commit() -> str:
         return "unknown"
 
 
+# MLflow 3's UI opens an experiment of no declared kind on its GenAI overview; a study's experiment is
+# model training (the value MLflow's own UI writes for "Model training").
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+
+
 def experiment_id(client: MlflowClient, name: str) -> str:
     experiment = client.get_experiment_by_name(name)
-    return experiment.experiment_id if experiment else client.create_experiment(name)
+    if experiment is None:
+        return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND})
+    if EXPERIMENT_KIND_TAG not in experiment.tags:  # made by an older clsr, or by hand
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+    return experiment.experiment_id
+
+
+def trial_run_name(ablation: str, label: str, seed: int) -> str:
+    """What the MLflow runs table shows for a trial: ``temperature method.temperature=0.05 · seed 1``."""
+    return f"{ablation} {label} · seed {seed}"
 
 
 def start_parent_run(client: MlflowClient, study_name: str, storage: str, description: str | None) -> str:
@@ -328,7 +343,7 @@ def record_skipped(uri: str, parent_run_id: str, ablation: str, label: str, seed
     """A child run for a trial that could not start (its upstream trials failed), so MLflow lists it."""
     trial_id = f"skipped:{ablation}:{label}:{seed}"
     tags = {"clsr.ablation": ablation, "clsr.point": label, "clsr.seed": seed}
-    run_id = open_child_run(uri, parent_run_id, trial_id, f"{ablation}/{label}/seed={seed}", tags, {})
+    run_id = open_child_run(uri, parent_run_id, trial_id, trial_run_name(ablation, label, seed), tags, {})
     close_run(uri, run_id, "skipped", reason)
 
 

@@ -29,6 +29,7 @@ from clsr.study.plan.distinct import also_of
 from clsr.study.plan.fingerprint import changed_searches, compare, fingerprint, overall
 from clsr.study.plan.resolve import grid_points, point_label, stages, trial_document
 from clsr.study.record.lease import HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, leased, watch
+from clsr.study.record.parent_summary import log_parent_summary
 from clsr.study.spec.schema import Study
 from clsr.tracking.patient import PatientClient
 from clsr.tracking.retry import call_with_retry
@@ -489,6 +490,7 @@ def close_study(
     if status == "FINISHED" and reason is None and all_failed(rows):  # nothing to report: say so
         status = "FAILED"
     state = "failed" if status == "FAILED" else {None: "finished", "study_timeout": "timed_out"}.get(reason)
+    log_parent_summary(client, parent_run_id, study, rows)
     client.set_tag(parent_run_id, "clsr.trials", str(len(rows)))
     client.set_tag(parent_run_id, "clsr.status", state or "interrupted")
     client.set_terminated(parent_run_id, status=status)

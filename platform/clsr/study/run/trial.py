@@ -28,6 +28,7 @@ from clsr.tracking.study_runs import (
     finish_child,
     open_child_run,
     trial_run,
+    trial_run_name,
 )
 
 
@@ -96,7 +97,7 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         ctx.tracking_uri,
         ctx.parent_run_id,
         key,
-        f"{point['ablation']}/{label}/seed={seed}",
+        trial_run_name(point["ablation"], label, seed),
         tags,
         # study.* params: what the MLflow compare view and parallel-coordinates plot group and sort by
         trial.model_dump() | {"study": {"ablation": point["ablation"], "point": label, "seed": seed}},

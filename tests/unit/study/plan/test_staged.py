@@ -183,7 +183,7 @@ def test_outputs_are_read_back_from_mlflow_and_skipped_trials_are_recorded(tmp_p
     skipped = [
         r
         for r in client.search_runs([client.get_run(parent).info.experiment_id])
-        if r.info.run_name == "regulators/4/seed=1"
+        if r.info.run_name == "regulators 4 · seed 1"
     ]
     assert skipped[0].data.tags["clsr.status"] == "skipped"
     assert skipped[0].data.tags["clsr.error"].startswith("upstream trials without a checkpoint")
