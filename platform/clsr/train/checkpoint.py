@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -116,13 +113,3 @@ def load_checkpoint(
         torch.manual_seed(seed + session.rank + 7919 * state["step"])
     best = folder / "best_model.pt"
     return checkpoint_files.load_tensors(best) if best.exists() else None
-
-
-@contextlib.contextmanager
-def waiting_for_checkpoints(state: dict) -> Iterator[None]:
-    """Adds the block's seconds to ``state["checkpoint_wait_s"]``: training waiting on checkpoint copies."""
-    began = time.perf_counter()
-    try:
-        yield
-    finally:
-        state["checkpoint_wait_s"] = state.get("checkpoint_wait_s", 0.0) + time.perf_counter() - began

@@ -21,7 +21,7 @@ from clsr.methods.rcl import (
     rcl_final_loss,
     regulator_loss,
 )
-from clsr.train.loop import loss_stalled
+from clsr.train.loop_state import LoopState
 from tests.support.models import save_tiny_bert
 
 R = 1 / math.sqrt(2)
@@ -229,10 +229,10 @@ def test_drophead_keeps_the_expected_scale():
 
 
 def test_loss_stalled_counts_steps_without_a_new_lowest_loss():
-    state = {"lowest_loss": math.inf, "stalled_steps": 0}
-    flags = [loss_stalled(state, loss, 3) for loss in (5.0, 4.0, 4.5, 4.0, 3.0, 3.5, 3.2, 3.1)]
+    state = LoopState()
+    flags = [state.loss_stalled(loss, 3) for loss in (5.0, 4.0, 4.5, 4.0, 3.0, 3.5, 3.2, 3.1)]
     assert flags == [False, False, False, False, False, False, False, True]
-    assert not any(loss_stalled({"lowest_loss": 0, "stalled_steps": 0}, 1.0, None) for _ in range(5))
+    assert not any(LoopState(lowest_loss=0).loss_stalled(1.0, None) for _ in range(5))
 
 
 # SICK-R dev picks the best weights (as STS-B dev does in the study); STS-B test is what the trial scores
