@@ -479,7 +479,7 @@ def trained_parameters(model: str, pooling: str) -> int | None:
     import torch
     from transformers import AutoConfig, AutoModel
 
-    from clsr.data.model_registry import resolve_model_path
+    from clsr.data.hub.model_registry import resolve_model_path
 
     try:
         config = AutoConfig.from_pretrained(resolve_model_path(model))
