@@ -81,7 +81,7 @@ def run_sts_eval(
     from sentence_transformers import SentenceTransformer
 
     from clsr.config.model import ModelConfig
-    from clsr.data.model_registry import resolve_model_path
+    from clsr.data.hub.model_registry import resolve_model_path
     from clsr.encoders.embed import transformer_embedder
     from clsr.encoders.export import eval_max_length
     from clsr.encoders.transformer import TransformerEncoder, load_tokenizer

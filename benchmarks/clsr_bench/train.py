@@ -177,7 +177,7 @@ def sentence_transformers_trainer(
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from transformers import TrainerCallback
 
-    from clsr.data.model_registry import resolve_model_path
+    from clsr.data.hub.model_registry import resolve_model_path
 
     if attention == "sdpa_packed":  # clsr's packing; sentence-transformers pads its batches for sdpa
         attention = "sdpa"

@@ -24,7 +24,7 @@ def stub_datasets_cache(root: Path) -> Path:
     """A datasets cache (``HF_DATASETS_CACHE``) at ``root`` holding every hub data set of the manifest as
     ``load_dataset`` leaves a prepared one (``owner___name/<config>/<version>/<hash>``), and the ordered
     Wikipedia text as ``wiki_ordered`` keeps it: what ``study validate`` looks for offline. No rows."""
-    from clsr.data.hub_manifest import HUB_DATASETS
+    from clsr.data.hub.manifest import HUB_DATASETS
     from clsr.data.ordered_text import built_copy
 
     for hub_id, entry in HUB_DATASETS.items():
@@ -39,7 +39,7 @@ def stub_datasets_cache(root: Path) -> Path:
 
 def hub_model_ids(studies: list[Path]) -> list[str]:
     """Every hub id the shipped studies' trials name as model.name (not short names, not folders)."""
-    from clsr.data.model_registry import SHORT_NAMES
+    from clsr.data.hub.model_registry import SHORT_NAMES
 
     names = {getattr(trial.model, "name", "minilm") for trial in _shipped_trials(studies)}
     return sorted(names - set(SHORT_NAMES))

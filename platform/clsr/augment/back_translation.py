@@ -13,7 +13,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from tqdm.auto import tqdm
 
-from clsr.data.model_registry import ModelUnavailableError, resolve_model_path
+from clsr.data.hub.model_registry import ModelUnavailableError, resolve_model_path
 
 MAX_TOKENS = 512  # Marian's position limit
 

@@ -144,7 +144,7 @@ def paraphraser_unavailable(model_id: str, err: Exception) -> DataUnavailableErr
 def _load_paraphraser(model_id: str) -> tuple[Any, Any]:
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from clsr.data.model_registry import resolve_model_path
+    from clsr.data.hub.model_registry import resolve_model_path
 
     try:
         path = resolve_model_path(model_id)
@@ -292,7 +292,7 @@ def positive_augmentation_available(cfg: PositiveAugmentation) -> str | None:
     elif cfg.kind == "paraphrase":
         from transformers import AutoConfig, AutoTokenizer
 
-        from clsr.data.model_registry import resolve_model_path
+        from clsr.data.hub.model_registry import resolve_model_path
 
         try:
             path = resolve_model_path(cfg.paraphrase_model)

@@ -65,7 +65,7 @@ class ModelConfig(BaseModel):
     @model_validator(mode="after")
     def _own_pooling(self) -> ModelConfig:
         if self.pooling == "auto":  # only read on request: the model's small module files, never weights
-            from clsr.data.st_modules import NotSentenceTransformers, own_pooling
+            from clsr.data.hub.st_modules import NotSentenceTransformers, own_pooling
 
             try:
                 self.pooling = own_pooling(self.name)

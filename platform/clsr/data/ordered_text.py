@@ -114,7 +114,7 @@ def built_copy(cache: Path | None = None) -> Path:
 def wiki_ordered_unavailable(root: Path | None) -> str | None:
     """Why ``wiki_ordered`` cannot be read here: no local file, no copy built earlier, and the hub is off
     (a stream caches nothing) or NLTK, which splits it, is not installed."""
-    from clsr.data.hub_reach import datasets_hub_off
+    from clsr.data.hub.reach import datasets_hub_off
 
     if local_files(root, ORDERED_FILE) or built_copy().is_file():
         return None

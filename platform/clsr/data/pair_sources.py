@@ -13,7 +13,7 @@
   ``para-nmt-5m-processed.txt`` (two tab-separated sentences a line), the table's "ParaNMT (5m)". No hub
   copy documents its columns or its filtering, so it is read only from the data folder.
 
-Each other one comes from the hub source ``clsr.data.hub_manifest`` lists, or from the same file under the
+Each other one comes from the hub source ``clsr.data.hub.manifest`` lists, or from the same file under the
 data folder when it is there (the shared offline folder has none of them).
 """
 

@@ -110,7 +110,7 @@ def files_or_hub_unavailable(
     wanted = f"{' and '.join(f'<data_dir>/{f}' for f in files)} (data folder: {root or 'none set'})"
     if hub_id is None:
         return f"it has no hub copy; provide {wanted}{f': {hint}' if hint else ''}"
-    from clsr.data.hub_reach import datasets_hub_off
+    from clsr.data.hub.reach import datasets_hub_off
 
     if (off := datasets_hub_off()) is None or arrow_cached(hub_id, config):
         return None
@@ -136,14 +136,14 @@ def require_file(root: Path, hub_id: str, *candidates: str) -> Path:
 def load_from_hub(
     hub_id: str, local_hint: str, alternative: str = "", reads: Iterable[str] = (), **kwargs: Any
 ) -> Any:
-    """``datasets.load_dataset(hub_id, **kwargs)`` for a source ``clsr.data.hub_manifest`` lists (with
+    """``datasets.load_dataset(hub_id, **kwargs)`` for a source ``clsr.data.hub.manifest`` lists (with
     the ``split``, the ``data_files`` and the splits the caller ``reads`` from a DatasetDict); an
     unlisted request or any failure becomes DataUnavailableError naming the local file to provide.
 
     With ``HF_HUB_OFFLINE=1`` / ``HF_DATASETS_OFFLINE=1``, or when the hub cannot be reached from here
-    (``clsr.data.hub_reach``), this fails in about a second unless the data set is in the local HF cache.
+    (``clsr.data.hub.reach``), this fails in about a second unless the data set is in the local HF cache.
     """
-    from clsr.data.hub_manifest import NotInManifest, require_listed
+    from clsr.data.hub.manifest import NotInManifest, require_listed
 
     split, files = kwargs.get("split"), kwargs.get("data_files")
     try:
@@ -155,7 +155,7 @@ def load_from_hub(
             f"{err}. Provide <data_dir>/{local_hint} and point {ENV_VAR} / data.data_dir at that data_dir. "
             f"{alternative}".rstrip()
         ) from None
-    from clsr.data.hub_reach import go_offline_if_unreachable
+    from clsr.data.hub.reach import go_offline_if_unreachable
 
     go_offline_if_unreachable()  # no route to the hub: the local cache at once, not ~25 s of retries
     try:

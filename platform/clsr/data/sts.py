@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clsr.data.hub_manifest import HUB_DATASETS
+from clsr.data.hub.manifest import HUB_DATASETS
 from clsr.data.sources import load_from_hub, local_dir, require_file
 
 STS_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")

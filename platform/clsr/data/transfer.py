@@ -11,7 +11,7 @@ Labels follow SentEval: 1 = the first file of each binary pair (MR/CR/MPQA posit
 *objective*), TREC classes ABBR, DESC, ENTY, HUM, LOC, NUM = 0…5, MRPC 1 = paraphrase.
 
 Without a data folder the tasks come from the Hugging Face hub (``HUB_SOURCES``): public mirrors
-whose ids, splits and columns are recorded in ``clsr.data.hub_manifest``; their rows have not been
+whose ids, splits and columns are recorded in ``clsr.data.hub.manifest``; their rows have not been
 compared with the SentEval files (no hub access where this was written), so a hub-loaded score may
 differ from a local one.
 """
@@ -58,7 +58,7 @@ class HubSource:
     splits: dict[str, tuple[str, tuple[str, ...]]]
 
 
-# Listed in clsr.data.hub_manifest (see the module docstring). Text columns are found by name ("text"/"sentence",
+# Listed in clsr.data.hub.manifest (see the module docstring). Text columns are found by name ("text"/"sentence",
 # "text1"/"sentence1", …); labels are "label", TREC's "coarse_label" mapped through its class names.
 HUB_SOURCES: dict[str, HubSource] = {
     "mr": HubSource({"all": ("cornell-movie-review-data/rotten_tomatoes", ("train", "validation", "test"))}),

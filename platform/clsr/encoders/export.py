@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 import clsr
-from clsr.data.st_modules import sentence_transformers_folder
+from clsr.data.hub.st_modules import sentence_transformers_folder
 
 FORMAT_FILE = "clsr_model.json"
 FORMAT_VERSION = 1

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from clsr.config.model import PACKED_ATTENTION, ModelConfig
-from clsr.data.model_registry import describe_load_failure, resolve_model_path
+from clsr.data.hub.model_registry import describe_load_failure, resolve_model_path
 from clsr.encoders.dropout_masks import use_uniform_dropout
 from clsr.encoders.packing import attention_plan, register_sdpa_packed
 from clsr.encoders.pooling import Pooler

@@ -224,7 +224,7 @@ def _lookup_transformer(name: str, tokens: Sequence[str], tokenizer: Any) -> Loo
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
-    from clsr.data.model_registry import describe_load_failure, resolve_model_path
+    from clsr.data.hub.model_registry import describe_load_failure, resolve_model_path
 
     hf_logging.disable_progress_bar()  # the "Loading weights" bar would clutter every trial's log
     try:

@@ -2,7 +2,7 @@
 
 SentEval's classifier (``nhid=0``) is a linear layer trained on each fit's batch-mean cross-entropy with
 PyTorch's Adam ("test" mode) or RMSprop ("fast"), at their default hyperparameters plus an L2 penalty
-(``weight_decay``). ``clsr.eval.transfer`` steps up to 32 such fits as one stacked layer ``[fits,
+(``weight_decay``). ``clsr.eval.transfer_fits`` steps up to 32 such fits as one stacked layer ``[fits,
 classes, dim]``: thousands of steps a fit, each a few microseconds of arithmetic, so autograd's graph
 and engine and the optimizer's per-step Python (about 0.5 ms a step on one CPU thread) were most of a
 stack's time. Here, for logits ``z = b + W xᵀ`` and log-probabilities ``ℓ = log_softmax(z)`` over the

@@ -26,13 +26,8 @@ or Ray component keeps writes across that, so a trial's writes go through this s
   the run's hand-overs: the driver's last writes (``finish_child``) replay after the trial's own. The
   study driver (``replay_pending``; ``platform study resume`` and ``sync``) sends them in that order and
   removes each once sent;
-* a journal read back is untrusted input: others can write the study's storage (a shared bucket or
-  file system), and checkpoints live there. Each entry is checked before anything is done with it
-  (``refusal``): a known operation with well-formed values, a local file named by one plain name and
-  read only inside its journal's own ``files/`` (never through a link), MLflow artifact paths relative
-  and without ``..``. An entry refused, a line that cannot be read, or a write MLflow refuses for good
-  is skipped with a warning; the journal that held it is not deleted but kept aside
-  (``journal.kept.jsonl``, not replayed again) for a person to read.
+* a journal read back is untrusted input, checked entry by entry before anything is done with it
+  (``clsr.tracking.journal``: the journal's format, its checks, and sending one entry).
 """
 
 from __future__ import annotations
@@ -47,22 +42,30 @@ import tempfile
 import threading
 import time
 import uuid
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clsr.tracking.journal import (
+    FILES,
+    JOURNAL,
+    Read,
+    copy_inside,
+    copy_local,
+    read_journal,
+    refusal,
+    remove_local,
+    send,
+    sound,
+    unlinked,
+    warn,
+    write_journal,
+)
 from clsr.tracking.retry import backoff_s, is_transient
 
-JOURNAL = "journal.jsonl"
 KEPT = "journal.kept.jsonl"  # a journal with writes that were not sent: for a person, never replayed
-FILES = "files"
 PENDING = "spool"  # <storage>/spool/<run_id>/: what a trial could not send by its end
-STATUSES = ("FINISHED", "FAILED", "KILLED")
 LEFTOVER = re.compile(r"clsr-spool-(\d+)-(\d+)-")  # a spool folder: its owner's pid and pid namespace
 HAND_OVER = re.compile(r"(\d{6,})-[0-9a-f]{12}")
-FILE_NAME = re.compile(r"[0-9a-f]{12}-[^/\\\x00]+")  # what ``Spool.artifacts`` names its copies
 RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 
 
@@ -108,9 +111,9 @@ class Spool:
         name = f"{uuid.uuid4().hex[:12]}-{Path(local_path).name}"
         target = self.folder / FILES / name
         try:
-            _copy(Path(local_path), target)
+            copy_local(Path(local_path), target)
         except BaseException:
-            _remove(target)
+            remove_local(target)
             raise
         self._append({"op": "artifacts", "file": name, "artifact_path": artifact_path})
 
@@ -150,7 +153,7 @@ class Spool:
                         self._lock.wait(backoff_s(failures))
                     failures += 1
                     continue
-                _warn(f"a {entry['op']} write of run {self.run_id} was refused for good: {err}")
+                warn(f"a {entry['op']} write of run {self.run_id} was refused for good: {err}")
             failures = 0
             with self._lock:
                 self._queue.popleft()
@@ -193,236 +196,26 @@ class Spool:
         metric points that go into it without being queued here (yet)."""
         left = self.unsent() + ([{"op": "metrics", "points": [list(p) for p in points]}] if points else [])
         if left:
-            _write_journal(left, self.folder, checkpoint / PENDING)
+            write_journal(left, self.folder, checkpoint / PENDING)
 
     def load_from(self, checkpoint: Path) -> None:
         """Queue what a checkpoint's trial had not sent. The checkpoint came from the study's storage:
         each entry is checked, and its file read only from the checkpoint's own ``spool/files/``."""
         journal = checkpoint / PENDING / JOURNAL
-        if not journal.is_file() or not _unlinked(checkpoint, f"{PENDING}/{JOURNAL}"):
+        if not journal.is_file() or not unlinked(checkpoint, f"{PENDING}/{JOURNAL}"):
             return
         read = read_journal(journal.read_text(errors="replace"))
         if read.unreadable:
-            _warn(f"{read.unreadable} unreadable line(s) in {journal}: skipped")
+            warn(f"{read.unreadable} unreadable line(s) in {journal}: skipped")
         for entry in read.entries:
             reason = refusal(entry)
             if reason is None and entry["op"] == "artifacts":
                 source = f"{PENDING}/{FILES}/{entry['file']}"
-                reason = _copy_inside(checkpoint, source, self.folder / FILES / entry["file"])
+                reason = copy_inside(checkpoint, source, self.folder / FILES / entry["file"])
             if reason is not None:
-                _warn(f"refused a write in {journal}: {reason}")
+                warn(f"refused a write in {journal}: {reason}")
                 continue
             self._append(entry)
-
-
-# --- a journal read back: untrusted ----------------------------------------------------------------------
-
-
-@dataclass
-class Read:
-    """A journal's entries, and how many of its lines could not be read (never executed)."""
-
-    entries: list[Any]
-    unreadable: int
-
-
-def read_journal(text: str) -> Read:
-    """A journal's entries; a line that cannot be read is skipped and counted, and reading goes on."""
-    entries, unreadable = [], 0
-    for line in text.splitlines():
-        if line.strip():
-            try:
-                entries.append(json.loads(line))
-            except (ValueError, RecursionError):
-                unreadable += 1
-    return Read(entries, unreadable)
-
-
-def refusal(entry: Any) -> str | None:
-    """Why a journal entry read back must not be executed; None when it may."""
-    if not isinstance(entry, dict):
-        return "not a journal entry"
-    check = _CHECKS.get(entry.get("op"))  # type: ignore[arg-type]
-    if check is None:
-        return f"unknown operation {str(entry.get('op'))[:40]!r}"
-    try:
-        return check(entry)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return f"a malformed {entry['op']} entry"
-
-
-def _metric_points(entry: dict[str, Any]) -> str | None:
-    def point(p: Any) -> bool:
-        return (
-            isinstance(p, list)
-            and len(p) == 4
-            and isinstance(p[0], str)
-            and isinstance(p[1], int | float)
-            and all(isinstance(n, int) for n in p[2:])
-        )
-
-    points = entry["points"]
-    return None if isinstance(points, list) and all(point(p) for p in points) else "malformed metric points"
-
-
-def _strings(entry: dict[str, Any], field: str) -> str | None:
-    values = entry[field]
-    plain = isinstance(values, dict) and all(isinstance(v, str) for v in values.values())
-    return None if plain else f"malformed {field}"
-
-
-def _text(entry: dict[str, Any]) -> str | None:
-    if not isinstance(entry["text"], str):
-        return "malformed text"
-    return _artifact_path_refusal(entry["file"])
-
-
-def _artifacts(entry: dict[str, Any]) -> str | None:
-    name = entry["file"]
-    if not isinstance(name, str) or FILE_NAME.fullmatch(name) is None:
-        return f"file {str(name)[:200]!r} is not one plain name in the journal's own files/"
-    return None if entry["artifact_path"] is None else _artifact_path_refusal(entry["artifact_path"])
-
-
-def _terminate(entry: dict[str, Any]) -> str | None:
-    ok = entry["status"] in STATUSES and isinstance(entry["end_time"], int)
-    return None if ok else "malformed terminate"
-
-
-_CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {
-    "metrics": _metric_points,
-    "params": lambda entry: _strings(entry, "params"),
-    "tags": lambda entry: _strings(entry, "tags"),
-    "text": _text,
-    "artifacts": _artifacts,
-    "terminate": _terminate,
-}
-
-
-def _artifact_path_refusal(path: Any) -> str | None:
-    """An MLflow artifact path must stay inside its run: relative, '/'-separated, no '..'. (MLflow's
-    local store refuses '..' itself; not every artifact store does.)"""
-    parts = path.split("/") if isinstance(path, str) else [""]
-    if "\\" in str(path) or "\x00" in str(path) or any(p in ("", ".", "..") for p in parts):
-        return f"artifact path {str(path)[:200]!r} leaves its run"
-    return None
-
-
-class Refused(ValueError):
-    """A journal entry that is never executed (``refusal`` says why); final for ``is_transient``."""
-
-
-def send(uri: str, run_id: str, entry: dict[str, Any], folder: Path) -> None:
-    """One journal entry to MLflow (idempotent); an artifact's file is read from ``folder/files/``."""
-    from mlflow.entities import Metric, Param, RunTag
-    from mlflow.tracking import MlflowClient
-
-    if reason := refusal(entry):
-        raise Refused(f"a journal entry refused: {reason}")
-    client = MlflowClient(uri)
-    op = entry["op"]
-    if op == "metrics":
-        points = [Metric(k, float(v), int(t), int(s)) for k, v, t, s in entry["points"]]
-        for start in range(0, len(points), 1000):  # MLflow's per-request metric limit
-            client.log_batch(run_id, metrics=points[start : start + 1000])
-    elif op == "params":
-        items = [Param(k, v) for k, v in entry["params"].items()]
-        for start in range(0, len(items), 100):  # MLflow's per-request param limit
-            client.log_batch(run_id, params=items[start : start + 100])
-    elif op == "tags":
-        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in entry["tags"].items()])
-    elif op == "text":
-        client.log_text(run_id, entry["text"], entry["file"])
-    elif op == "artifacts":
-        _send_artifacts(client, run_id, folder / FILES / entry["file"], entry["artifact_path"])
-    else:
-        client.set_terminated(run_id, status=entry["status"], end_time=entry["end_time"])
-
-
-def _send_artifacts(client: Any, run_id: str, path: Path, artifact_path: str | None) -> None:
-    if path.is_dir():
-        client.log_artifacts(run_id, str(path), artifact_path)
-        return
-    with tempfile.TemporaryDirectory() as tmp:  # the file keeps its name (the copy has a unique prefix)
-        original = Path(tmp) / path.name.split("-", 1)[1]
-        shutil.copy2(path, original)
-        client.log_artifact(run_id, str(original), artifact_path)
-
-
-# --- local files ------------------------------------------------------------------------------------------
-
-
-def _copy(source: Path, target: Path) -> None:
-    if source.is_dir():
-        shutil.copytree(source, target, dirs_exist_ok=True)
-    else:
-        shutil.copy2(source, target)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _unlinked(anchor: Path, relative: str) -> bool:
-    """Whether ``anchor/relative`` exists and resolves to itself: no part below ``anchor`` is a link."""
-    path = os.path.join(os.path.realpath(anchor), relative)
-    return os.path.lexists(path) and os.path.realpath(path) == path
-
-
-def _copy_inside(anchor: Path, relative: str, target: Path) -> str | None:
-    """Copy a journal's file (or folder) ``anchor/relative``, which must lie there and hold no link;
-    the reason it was refused, or None."""
-    if not _unlinked(anchor, relative):
-        return f"{relative} is missing or reached through a link"
-    source = Path(os.path.realpath(anchor)) / relative
-    if source.is_dir():
-        shutil.copytree(source, target, symlinks=True)  # a link inside stays a link here, and is refused
-        if _holds_links(target):
-            shutil.rmtree(target, ignore_errors=True)
-            return f"{relative} holds a link"
-    else:
-        shutil.copy2(source, target, follow_symlinks=False)
-        if target.is_symlink():
-            target.unlink()
-            return f"{relative} is a link"
-    return None
-
-
-def _holds_links(folder: Path) -> bool:
-    for parent, folders, files in os.walk(folder):
-        if any(os.path.islink(os.path.join(parent, name)) for name in folders + files):
-            return True
-    return False
-
-
-def _sound(entries: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
-    """The entries that may be written to ``where``; a refused one is left out with a warning."""
-    kept = []
-    for entry in entries:
-        if reason := refusal(entry):
-            _warn(f"refused a write for {where}: {reason}")
-        else:
-            kept.append(entry)
-    return kept
-
-
-def _write_journal(entries: list[dict[str, Any]], source: Path, target: Path) -> None:
-    """A journal and its files into a local folder (a checkpoint's ``spool/``), the journal last."""
-    entries = _sound(entries, str(target))
-    (target / FILES).mkdir(parents=True, exist_ok=True)
-    for entry in entries:
-        if entry["op"] == "artifacts":
-            _copy(source / FILES / entry["file"], target / FILES / entry["file"])
-    temporary = target / f".{JOURNAL}.{uuid.uuid4().hex[:12]}"
-    temporary.write_text("".join(json.dumps(e) + "\n" for e in entries))
-    os.replace(temporary, target / JOURNAL)
-
-
-def _warn(message: str) -> None:
-    warnings.warn(message, stacklevel=3)
 
 
 # --- leftovers of killed trials -----------------------------------------------------------------------------
@@ -511,7 +304,7 @@ class _Storage:
 
     def read_text(self, relative: str) -> str | None:
         """A journal's text; None when it is reached through a link (a local storage)."""
-        if self.local and not _unlinked(Path(self.base), relative):
+        if self.local and not unlinked(Path(self.base), relative):
             return None
         with self.filesystem.open_input_stream(self.path(relative)) as stream:
             return stream.read().decode("utf-8", errors="replace")
@@ -521,7 +314,7 @@ class _Storage:
         import pyarrow.fs
 
         if self.local:
-            return _copy_inside(Path(self.base), relative, target)
+            return copy_inside(Path(self.base), relative, target)
         if self.filesystem.get_file_info(self.path(relative)).type == pyarrow.fs.FileType.NotFound:
             return f"{relative} is missing"
         pyarrow.fs.copy_files(self.path(relative), str(target), source_filesystem=self.filesystem)
@@ -566,7 +359,7 @@ class _Storage:
 def hand_over(entries: list[dict[str, Any]], source: Path, pending_root: str, run_id: str) -> None:
     """``entries`` (and their files) as the run's next pending journal in the study's storage: a folder
     of its own, its journal written last and whole, numbered after the run's earlier hand-overs."""
-    entries = _sound(entries, f"{pending_root} (run {run_id})")
+    entries = sound(entries, f"{pending_root} (run {run_id})")
     if not entries:
         return
     storage = _Storage(pending_root)
@@ -617,7 +410,7 @@ def _replay_journal(uri: str, storage: _Storage, run_id: str, folder: str) -> in
         (Path(tmp) / FILES).mkdir()
         for entry in read.entries:
             if reason := _unsendable(entry, storage, folder, Path(tmp)):
-                _warn(f"refused a write in {storage.path(folder)}/{JOURNAL}: {reason}")
+                warn(f"refused a write in {storage.path(folder)}/{JOURNAL}: {reason}")
                 skipped += 1
                 continue
             try:
@@ -625,13 +418,13 @@ def _replay_journal(uri: str, storage: _Storage, run_id: str, folder: str) -> in
             except Exception as err:
                 if is_transient(err):  # MLflow did not answer: the journal waits for the next replay
                     raise
-                _warn(f"MLflow refused a write in {storage.path(folder)}/{JOURNAL} for good: {err}")
+                warn(f"MLflow refused a write in {storage.path(folder)}/{JOURNAL} for good: {err}")
                 skipped += 1
                 continue
             sent += 1
     if skipped:
         kept = storage.keep_aside(folder)
-        _warn(f"{read.unreadable} unreadable line(s), {skipped} write(s) not sent: kept as {kept}")
+        warn(f"{read.unreadable} unreadable line(s), {skipped} write(s) not sent: kept as {kept}")
     else:
         storage.remove(folder)
     return sent

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from clsr.config.trial import TrialConfig
-from clsr.data.model_registry import ModelUnavailableError
+from clsr.data.hub.model_registry import ModelUnavailableError
 from clsr.data.sources import DataUnavailableError
 
 EVAL_ONLY_TAG = "clsr.eval_only"  # "true" on the MLflow run of a point that trained nothing

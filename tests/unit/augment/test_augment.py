@@ -31,7 +31,7 @@ from clsr.augment.pwva import (
     random_background_noise,
     random_zero_setting,
 )
-from clsr.data.model_registry import ModelUnavailableError
+from clsr.data.hub.model_registry import ModelUnavailableError
 from clsr.data.sources import DataUnavailableError
 
 D = 300

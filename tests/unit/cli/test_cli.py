@@ -169,7 +169,7 @@ def test_failures_that_come_back_on_every_retry_are_final():
     """A missing data file or model, and a batch that does not fit, end the trial at once with a reason."""
     import torch
 
-    from clsr.data.model_registry import ModelUnavailableError
+    from clsr.data.hub.model_registry import ModelUnavailableError
     from clsr.data.sources import DataUnavailableError
     from clsr.train.outcome import failure_line
     from clsr.train.worker import NON_RETRYABLE

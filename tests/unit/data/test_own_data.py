@@ -281,7 +281,7 @@ def cls_dense_normalize(tmp_path_factory) -> Path:
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer import modules as models
 
-    from clsr.data.model_registry import resolve_model_path
+    from clsr.data.hub.model_registry import resolve_model_path
 
     torch.manual_seed(0)
     word = models.Transformer(resolve_model_path("minilm"), max_seq_length=128)
@@ -341,7 +341,7 @@ def cls_normalize(tmp_path_factory) -> Path:
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer import modules as models
 
-    from clsr.data.model_registry import resolve_model_path
+    from clsr.data.hub.model_registry import resolve_model_path
 
     word = models.Transformer(resolve_model_path("minilm"), max_seq_length=128)
     pool = models.Pooling(word.get_embedding_dimension(), pooling_mode="cls")
@@ -356,7 +356,7 @@ def test_model_pooling_auto_trains_with_the_models_own_pooling(source, expected,
     from sentence_transformers import SentenceTransformer
 
     from clsr.config.model import ModelConfig
-    from clsr.data.model_registry import resolve_model_path
+    from clsr.data.hub.model_registry import resolve_model_path
     from clsr.encoders.embed import transformer_embedder
     from clsr.encoders.transformer import TransformerEncoder, load_tokenizer
 

@@ -1,5 +1,5 @@
 """SimCSE Table 4's other pair sources (clsr.data.pair_sources) read from hand-made local copies in each
-source's own format, compared with rows written out by hand; their hub path is in test_hub_manifest.py."""
+source's own format, compared with rows written out by hand; their hub path is in hub/test_manifest.py."""
 
 from __future__ import annotations
 

@@ -186,7 +186,7 @@ def test_fixed_oov_rows_are_deterministic(w2v_text: Path) -> None:
 def test_wordpiece_rows_are_minilm_input_embeddings(minilm_table: WordTable) -> None:
     from transformers import AutoModel
 
-    from clsr.data.model_registry import resolve_model_path
+    from clsr.data.hub.model_registry import resolve_model_path
 
     table = minilm_table
     assert table.tokenizer.kind == "wordpiece" and table.dim == 384 and table.oov_words == 0

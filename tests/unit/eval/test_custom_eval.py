@@ -15,7 +15,7 @@ import yaml
 
 from clsr.cli import main
 from clsr.config.trial import TrialConfig
-from clsr.data.model_registry import resolve_model_path
+from clsr.data.hub.model_registry import resolve_model_path
 from clsr.data.sts import load_sts
 from clsr.data.transfer import load_transfer
 from clsr.train.loop import fit

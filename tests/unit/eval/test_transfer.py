@@ -18,18 +18,16 @@ from clsr.data.transfer import TRANSFER_TASKS, TREC_CLASSES, load_transfer
 from clsr.eval.transfer import (
     CLASSIFIERS,
     MODES,
-    FitSettings,
-    Job,
     TransferScore,
     classify,
     evaluate_transfer,
-    fit_predict,
     format_transfer_table,
     mrpc_features,
     split_tasks,
     stratified_subsample,
     transfer_summary_metrics,
 )
+from clsr.eval.transfer_fits import FitSettings, Job, fit_predict, stacks
 from tests.support.stores import sqlite_uri
 
 # --- loaders on the real files (data README §3) ----------------------------------------------------
@@ -547,7 +545,7 @@ def test_senteval_pytorch_split_scheme_against_the_reference() -> None:
 def test_stacked_fits_equal_one_fit_at_a_time(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fits of one lockstep key (training size, validation scheme, penalty) run as one stacked layer;
     each fit's predictions and early stop equal its own fit run alone, also after others stopped."""
-    import clsr.eval.transfer as transfer
+    from clsr.eval import transfer_fits
 
     X, y = overlapping_blobs(480, 3, seed=5)
     features = torch.from_numpy(X.astype(np.float32))
@@ -557,17 +555,17 @@ def test_stacked_fits_equal_one_fit_at_a_time(mode: str, monkeypatch: pytest.Mon
     test = np.arange(400, 480)
     jobs = [Job(np.setdiff1d(rows, fold), [fold, test], 1e-3, fold) for fold in folds]
     refits = [Job(np.setdiff1d(rows, fold), [test], 1e-2) for fold in folds[:4]]  # seeded 5 % valid
-    assert [len(g) for g in transfer.stacks(jobs + refits)] == [8, 4]
+    assert [len(g) for g in stacks(jobs + refits)] == [8, 4]
     torch.set_num_threads(1)
-    keep_fits = transfer._keep_fits
+    keep_fits = transfer_fits._keep_fits
     for group in (jobs, refits):
         cuts: list[int] = []  # fits kept each time the stack shrank
         monkeypatch.setattr(
-            transfer, "_keep_fits", lambda *a, cuts=cuts: cuts.append(len(a[-1])) or keep_fits(*a)
+            transfer_fits, "_keep_fits", lambda *a, cuts=cuts: cuts.append(len(a[-1])) or keep_fits(*a)
         )
-        stacked = transfer._torch_fit_group(features, y, group, fit)
-        monkeypatch.setattr(transfer, "_keep_fits", keep_fits)
-        alone = [transfer._torch_fit_group(features, y, [job], fit)[0] for job in group]
+        stacked = transfer_fits._torch_fit_group(features, y, group, fit)
+        monkeypatch.setattr(transfer_fits, "_keep_fits", keep_fits)
+        alone = [transfer_fits._torch_fit_group(features, y, [job], fit)[0] for job in group]
         for (got, got_stopped), (want, want_stopped) in zip(stacked, alone, strict=True):
             assert got_stopped == want_stopped
             for a, b in zip(got, want, strict=True):
@@ -581,7 +579,7 @@ def test_transfer_device_follows_the_setting_and_the_model() -> None:
     model's GPU, and stays on the CPU for a model there."""
     from types import SimpleNamespace
 
-    from clsr.eval.transfer import _Runner
+    from clsr.eval.transfer_fits import Runner
     from clsr.train.evaluator import Evaluator
 
     assert EvalConfig().transfer_device == "cpu"
@@ -591,23 +589,25 @@ def test_transfer_device_follows_the_setting_and_the_model() -> None:
         assert Evaluator.transfer_device(evaluator, model) is None  # a model on the CPU
     fit = FitSettings("senteval_pytorch", MODES["fast"].torch, n_classes=2)
     X, y = overlapping_blobs(40, 2)
-    assert _Runner(X, y, fit, 2, "cuda:0").device == "cuda:0"
-    assert _Runner(X, y, fit, 2, "cpu").device is None  # CPU fits keep their processes
+    assert Runner(X, y, fit, 2, "cuda:0").device == "cuda:0"
+    assert Runner(X, y, fit, 2, "cpu").device is None  # CPU fits keep their processes
     liblinear = FitSettings("liblinear", MODES["fast"].torch, n_classes=2)
-    assert _Runner(X, y, liblinear, 2, "cuda:0").device is None  # scikit-learn has no GPU path
+    assert Runner(X, y, liblinear, 2, "cuda:0").device is None  # scikit-learn has no GPU path
 
 
 def test_stacked_fits_on_a_named_device_equal_the_cpu_processes() -> None:
     """The in-process device path (what a GPU trial runs), here on the CPU: the same scores as the
     fits spread over processes."""
-    import clsr.eval.transfer as transfer
+    from clsr.eval import transfer_fits
 
     X, y = overlapping_blobs(300, 2, seed=7)
     fit = FitSettings("senteval_pytorch", MODES["fast"].torch, n_classes=2)
     train, test = np.arange(240), np.arange(240, 300)
     jobs = [Job(train, [test], reg) for reg in (1e-5, 1e-3)]
-    on_device = [r for stack in transfer._fit_stacks(X, y, [[j] for j in jobs], fit, "cpu") for r in stack]
-    in_processes = transfer._Runner(X, y, fit, 2)(jobs)
+    on_device = [
+        r for stack in transfer_fits._fit_stacks(X, y, [[j] for j in jobs], fit, "cpu") for r in stack
+    ]
+    in_processes = transfer_fits.Runner(X, y, fit, 2)(jobs)
     for (got, _), want in zip(on_device, in_processes, strict=True):
         np.testing.assert_array_equal(got[0], want[0])
 
@@ -626,22 +626,22 @@ def test_fits_on_the_gpu_score_as_on_the_cpu() -> None:
 def test_groups_are_cut_into_the_fewest_stacks_of_near_equal_size() -> None:
     """A lockstep group is cut into the fewest stacks of at most STACK_FITS, of near-equal size: SUBJ's
     100 inner fits of one penalty run as 4 × 25, MR's 58 as 29 + 29."""
-    import clsr.eval.transfer as transfer
+    from clsr.eval import transfer_fits
 
     def group(count: int, size: int) -> list[Job]:
         return [Job(np.arange(size), [np.arange(size)], 1e-4, np.arange(size)) for _ in range(count)]
 
-    assert transfer.STACK_FITS == 32
-    assert [len(s) for s in transfer.stacks(group(100, 30))] == [25, 25, 25, 25]
-    assert [len(s) for s in transfer.stacks(group(58, 30) + group(129, 31))] == [29, 29, 26, 26, 26, 26, 25]
-    indices = [i for s in transfer.stacks(group(129, 31)) for i in s]
+    assert transfer_fits.STACK_FITS == 32
+    assert [len(s) for s in stacks(group(100, 30))] == [25, 25, 25, 25]
+    assert [len(s) for s in stacks(group(58, 30) + group(129, 31))] == [29, 29, 26, 26, 26, 26, 25]
+    indices = [i for s in stacks(group(129, 31)) for i in s]
     assert sorted(indices) == list(range(129)) and all(type(i) is int for i in indices)
 
 
 def test_a_full_stack_equals_its_fits_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """STACK_FITS fits of MiniLM's width, one batched product of that many matrices whose gathered rows
     outgrow the cache, predict and stop as each fit run alone, also after the stack has shrunk."""
-    import clsr.eval.transfer as transfer
+    from clsr.eval import transfer_fits
 
     informative, y = overlapping_blobs(700, 3, seed=13)  # 8 columns; 376 of noise: the fits stop apart
     X = np.hstack([informative, np.random.default_rng(13).normal(size=(700, 376))])
@@ -649,18 +649,18 @@ def test_a_full_stack_equals_its_fits_alone(monkeypatch: pytest.MonkeyPatch) -> 
     fit = FitSettings("senteval_pytorch", MODES["fast"].torch, n_classes=3)
     rng = np.random.default_rng(3)
     test = np.arange(400, 700)
-    trains = [np.sort(rng.choice(400, 360, replace=False)) for _ in range(transfer.STACK_FITS)]
+    trains = [np.sort(rng.choice(400, 360, replace=False)) for _ in range(transfer_fits.STACK_FITS)]
     jobs = [Job(train, [test], 1e-4, np.setdiff1d(np.arange(400), train)) for train in trains]
-    assert [len(s) for s in transfer.stacks(jobs)] == [transfer.STACK_FITS]
+    assert [len(s) for s in stacks(jobs)] == [transfer_fits.STACK_FITS]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     cuts: list[int] = []  # fits kept each time the stack shrank
-    keep_fits = transfer._keep_fits
-    monkeypatch.setattr(transfer, "_keep_fits", lambda *a: cuts.append(len(a[-1])) or keep_fits(*a))
+    keep_fits = transfer_fits._keep_fits
+    monkeypatch.setattr(transfer_fits, "_keep_fits", lambda *a: cuts.append(len(a[-1])) or keep_fits(*a))
     try:
-        stacked = transfer._torch_fit_group(features, y, jobs, fit)
-        monkeypatch.setattr(transfer, "_keep_fits", keep_fits)
-        alone = [transfer._torch_fit_group(features, y, [job], fit)[0] for job in jobs]
+        stacked = transfer_fits._torch_fit_group(features, y, jobs, fit)
+        monkeypatch.setattr(transfer_fits, "_keep_fits", keep_fits)
+        alone = [transfer_fits._torch_fit_group(features, y, [job], fit)[0] for job in jobs]
     finally:
         torch.set_num_threads(threads)
     assert any(0 < kept < len(jobs) for kept in cuts)  # some fits trained on after others stopped
@@ -672,18 +672,18 @@ def test_a_full_stack_equals_its_fits_alone(monkeypatch: pytest.MonkeyPatch) -> 
 def test_stacks_do_not_depend_on_n_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A group larger than a stack is cut the same way in one process and over several workers,
     whose chunks hold whole stacks: the same predictions for every n_jobs."""
-    import clsr.eval.transfer as transfer
+    from clsr.eval import transfer_fits
 
-    monkeypatch.setattr(transfer, "STACK_FITS", 3)  # 8 same-key fits: stacks of 3, 3, 2
+    monkeypatch.setattr(transfer_fits, "STACK_FITS", 3)  # 8 same-key fits: stacks of 3, 3, 2
     X, y = overlapping_blobs(330, 2, dim=64, seed=11)
     fit = FitSettings("senteval_pytorch", MODES["fast"].torch, n_classes=2)
     rows = np.arange(320)
     folds = np.split(rows, 8)
     jobs = [Job(np.setdiff1d(rows, fold), [fold, np.arange(320, 330)], 1e-4, fold) for fold in folds]
-    assert transfer.stacks(jobs) == [[0, 1, 2], [3, 4, 5], [6, 7]]
-    one = transfer._Runner(X, y, fit, 1)(jobs)
+    assert stacks(jobs) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    one = transfer_fits.Runner(X, y, fit, 1)(jobs)
     for n_jobs in (2, 3):  # parts of whole stacks, cut in this process
-        spread = transfer._Runner(X, y, fit, n_jobs)(jobs)
+        spread = transfer_fits.Runner(X, y, fit, n_jobs)(jobs)
         for a, b in zip(one, spread, strict=True):
             for p, q in zip(a, b, strict=True):
                 np.testing.assert_array_equal(p, q)

@@ -20,9 +20,10 @@ from mlflow.tracking import MlflowClient
 
 import clsr.tracking.spool as spool_module
 from clsr.tracking import retry
+from clsr.tracking.journal import Refused
 from clsr.tracking.patient import PatientClient
 from clsr.tracking.retry import FINAL, TRANSIENT_CODES, call_with_retry, is_transient
-from clsr.tracking.spool import Refused, Spool, hand_over, pending_runs, replay_pending
+from clsr.tracking.spool import Spool, hand_over, pending_runs, replay_pending
 from tests.support.stores import sqlite_uri
 
 # the two the driver and the spool disagreed on, and the rest of the brief's examples

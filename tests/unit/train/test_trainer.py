@@ -93,7 +93,7 @@ def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(
     from scipy.stats import spearmanr
     from sentence_transformers import SentenceTransformer
 
-    from clsr.data.model_registry import resolve_model_path
+    from clsr.data.hub.model_registry import resolve_model_path
     from clsr.data.sts import load_sts, subsample
 
     max_pairs = 120  # a seeded sample of each split: the comparison is per sentence, not per set

@@ -29,7 +29,8 @@ from clsr.study.plan.resolve import (
     grid_points,
     report_points,
 )
-from clsr.study.spec.schema import Ablation, Study
+from clsr.study.spec.ablation import Ablation
+from clsr.study.spec.schema import Study
 from clsr.study.stats.effects import Effects, coerce, grid_effects, sampled_effects
 from clsr.study.stats.pareto import ParetoFront, pareto_front
 from clsr.study.stats.seeds import Paired, Stats, holm, paired_test, seed_stats

@@ -20,16 +20,10 @@ from clsr.study.plan.resolve import (
     stages,
     upstream_points,
 )
+from clsr.study.spec.ablation import Ablation, Need
 from clsr.study.spec.dotted import deep_merge, set_dotted
-from clsr.study.spec.schema import (
-    MAX_SHOWN,
-    MAX_TRIALS,
-    SECTIONS,
-    Ablation,
-    Need,
-    Study,
-    StudyError,
-)
+from clsr.study.spec.schema import MAX_SHOWN, SECTIONS, Study, StudyError
+from clsr.study.spec.strict import MAX_TRIALS
 from clsr.study.spec.yaml_safe import YAMLSafetyError, read_yaml_file
 from clsr.suggest import did_you_mean
 

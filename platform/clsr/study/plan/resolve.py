@@ -13,14 +13,10 @@ from typing import Any
 
 from clsr.config.trial import TrialConfig
 from clsr.methods import get_method
+from clsr.study.spec.ablation import Ablation, Need
 from clsr.study.spec.dotted import deep_merge, set_dotted
 from clsr.study.spec.paths import absolute_in_dotted
-from clsr.study.spec.schema import (
-    Ablation,
-    Need,
-    Outputs,
-    Study,
-)
+from clsr.study.spec.schema import Outputs, Study
 
 Resolve = Callable[[str | None, dict[str, Any], int], TrialConfig]  # (ablation, overrides, seed) -> config
 
@@ -479,7 +475,7 @@ def trained_parameters(model: str, pooling: str) -> int | None:
     import torch
     from transformers import AutoConfig, AutoModel
 
-    from clsr.data.model_registry import resolve_model_path
+    from clsr.data.hub.model_registry import resolve_model_path
 
     try:
         config = AutoConfig.from_pretrained(resolve_model_path(model))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clsr.data.external import data_source_problem
-from clsr.data.model_registry import model_source_problem
+from clsr.data.hub.model_registry import model_source_problem
 from clsr.eval.custom import source_problems as custom_task_problems
 from clsr.methods import get_method
 from clsr.study.plan.resolve import Resolve, StudyDocuments, resolver
@@ -56,7 +56,7 @@ def trial_source_problems(trial: Any) -> tuple[list[str], list[str]]:
 
 def _hub_dev_problems(trial: Any) -> list[str]:
     """Dev sets the hub does not publish (SICK-R's), when the trial reads from the hub (no data_dir)."""
-    from clsr.data.hub_manifest import NotInManifest, require_listed
+    from clsr.data.hub.manifest import NotInManifest, require_listed
     from clsr.data.sources import DataUnavailableError, resolve_data_dir
     from clsr.data.sts import HUB_IDS, HUB_SPLITS, pair_file
 
@@ -81,7 +81,7 @@ def _hub_dev_problems(trial: Any) -> list[str]:
 def trial_source_notes(trial: Any) -> list[str]:
     """A sentence-transformers model trained with a pooling other than its own (model.pooling set, or a
     method's default): said, with how to use its own, since its published scores assume its own."""
-    from clsr.data.st_modules import NotSentenceTransformers, own_modules, own_pooling
+    from clsr.data.hub.st_modules import NotSentenceTransformers, own_modules, own_pooling
 
     if get_method(trial.method["name"]).encoder_type != "transformer" or any(_model_check(trial.model.name)):
         return []
@@ -104,7 +104,7 @@ def trial_source_notes(trial: Any) -> list[str]:
 
 def attention_notes(trial: Any, on_gpu: bool) -> list[str]:
     """What ``model.attention: auto`` will run (chosen where the model loads: the same rule here)."""
-    from clsr.data.model_registry import model_type
+    from clsr.data.hub.model_registry import model_type
     from clsr.encoders.transformer import choose_attention
 
     if getattr(trial.model, "attention", None) != "auto":
@@ -121,7 +121,7 @@ _MODEL_CHECKS: dict[tuple[str, str, str], tuple[str | None, str | None]] = {}
 
 def _model_check(name: str) -> tuple[str | None, str | None]:
     """One check per name and offline setting in this process (a grid repeats its model many times)."""
-    from clsr.data.model_registry import hub_cache, offline
+    from clsr.data.hub.model_registry import hub_cache, offline
 
     key = (name, str(offline()), str(hub_cache()))
     if key not in _MODEL_CHECKS:

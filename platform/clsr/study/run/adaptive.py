@@ -18,7 +18,8 @@ from scipy import stats as sps
 
 from clsr.study.analyse.rows import AblationReport, ablation_report
 from clsr.study.plan.resolve import grid_points
-from clsr.study.spec.schema import AdaptiveSeeds, Study
+from clsr.study.spec.ablation import AdaptiveSeeds
+from clsr.study.spec.schema import Study
 from clsr.study.stats.verdict import CONFIDENCE, INCONCLUSIVE, verdict
 
 

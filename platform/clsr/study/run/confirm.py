@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from clsr.study.plan.resolve import point_label
-from clsr.study.spec.schema import Study, typed_value
+from clsr.study.spec.schema import Study
+from clsr.study.spec.space import typed_value
 from clsr.tracking.study_runs import SUPERSEDED_TAG, children
 
 

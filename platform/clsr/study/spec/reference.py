@@ -15,18 +15,10 @@ from clsr.config.custom_task import CustomTask
 from clsr.config.model import ModelConfig, TextCNNConfig
 from clsr.config.trial import DataConfig, EvalConfig, TrainerConfig
 from clsr.methods import METHODS, get_method
-from clsr.study.spec.schema import (
-    Ablation,
-    AdaptiveSeeds,
-    Confirm,
-    Need,
-    Point,
-    ReportOptions,
-    Resources,
-    Scheduler,
-    Search,
-    Study,
-)
+from clsr.study.spec.ablation import Ablation, AdaptiveSeeds, Confirm, Need
+from clsr.study.spec.schema import Study
+from clsr.study.spec.space import Point
+from clsr.study.spec.tuning import ReportOptions, Resources, Scheduler, Search
 
 HEADER = """# Study file reference
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from clsr.study.spec.schema import typed_value
+from clsr.study.spec.space import typed_value
 
 CONFIDENCE = 0.95
 N_RESAMPLES = 499  # percentile ends; each resample refits (~10 ms), so 499 keeps a grid to seconds
@@ -229,7 +229,7 @@ def optuna_distribution(spec: Any) -> Any:
 
 def coerce(spec: Any, text: str) -> Any:
     """A parameter as MLflow logged it (a string) back to a value of its distribution
-    (``clsr.study.spec.schema.typed_value``); a choice no longer in the space stays its text, which the
+    (``clsr.study.spec.space.typed_value``); a choice no longer in the space stays its text, which the
     importance then refuses with a line."""
     try:
         return typed_value(spec, text)

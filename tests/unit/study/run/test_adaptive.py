@@ -25,7 +25,8 @@ from clsr.study.plan.resolve import count_trials, seed_notes
 from clsr.study.run import runner
 from clsr.study.run.adaptive import half_width, needs_seed
 from clsr.study.run.trial import StudyContext
-from clsr.study.spec.schema import AdaptiveSeeds, StudyError
+from clsr.study.spec.ablation import AdaptiveSeeds
+from clsr.study.spec.schema import StudyError
 from clsr.tracking.study_runs import close_run, open_child_run, start_parent_run
 from tests.support.stores import sqlite_uri
 

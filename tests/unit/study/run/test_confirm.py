@@ -18,7 +18,8 @@ from clsr.study.plan.fingerprint import fingerprint
 from clsr.study.plan.load import load_study
 from clsr.study.plan.resolve import ablation_trials, count_trials, point_label, stages
 from clsr.study.run.confirm import confirm_points, rank_configurations, wave_points
-from clsr.study.spec.schema import Distribution, StudyError, typed_value
+from clsr.study.spec.schema import StudyError
+from clsr.study.spec.space import Distribution, typed_value
 from tests.support.stores import sqlite_uri
 
 SPACE = {

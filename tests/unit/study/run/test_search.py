@@ -168,7 +168,7 @@ def test_cmaes_needs_a_numeric_dimension(tmp_path):
 
 
 def test_gp_refused_on_an_optuna_older_than_3_6(monkeypatch):
-    from clsr.study.spec.schema import Search
+    from clsr.study.spec.tuning import Search
 
     monkeypatch.setattr(optuna, "__version__", "3.5.0")
     with pytest.raises(ValueError, match=r"gp needs optuna>=3.6 \(installed: 3.5.0\)"):

@@ -30,7 +30,7 @@ from clsr.study.run.tune_compat import (
     tuner_run_config,
     tuner_tune_config,
 )
-from clsr.study.spec.schema import SAMPLERS
+from clsr.study.spec.tuning import SAMPLERS
 from tests.unit.study.run.test_search import study_of, tune_config
 from tests.unit.study.run.test_tune_state import state_with_checkpoint
 

@@ -20,7 +20,8 @@ from clsr.study.plan import load
 from clsr.study.plan import resolve as plan
 from clsr.study.plan.load import load_study
 from clsr.study.plan.resolve import count_trials
-from clsr.study.spec.schema import MAX_TRIALS, StudyError
+from clsr.study.spec.schema import StudyError
+from clsr.study.spec.strict import MAX_TRIALS
 from clsr.study.spec.yaml_safe import MAX_FILE_BYTES
 from tests.support.hub import hub_model_ids, stub_datasets_cache, stub_hub_cache
 

@@ -13,7 +13,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 from scipy import stats
 
-from clsr.study.spec.schema import Distribution
+from clsr.study.spec.space import Distribution
 from clsr.study.stats.effects import (
     N_RESAMPLES,
     anova_table,

@@ -1,4 +1,4 @@
-"""The built-in loaders' hub path asks only for what ``clsr.data.hub_manifest`` lists: every loader runs
+"""The built-in loaders' hub path asks only for what ``clsr.data.hub.manifest`` lists: every loader runs
 with ``datasets.load_dataset`` replaced by one that records the request and serves a small real
 ``datasets.Dataset`` holding exactly the manifest's columns (a column a loader reads that the manifest
 does not list fails). SICK-R dev, which the hub does not publish, is refused with the file to provide,
@@ -14,7 +14,7 @@ import pytest
 
 from clsr.cli import main
 from clsr.data.corpora import load_nli_for_simcse, load_nli_pairs, load_wiki_sentences
-from clsr.data.hub_manifest import HUB_DATASETS, NotInManifest, require_listed
+from clsr.data.hub.manifest import HUB_DATASETS, NotInManifest, require_listed
 from clsr.data.ordered_text import load_wiki_ordered
 from clsr.data.pair_sources import load_anli_pairs, load_flickr30k_pairs, load_qqp_pairs
 from clsr.data.sources import DataUnavailableError

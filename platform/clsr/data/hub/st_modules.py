@@ -31,7 +31,7 @@ class NotSentenceTransformers(ValueError):
 def sentence_transformers_folder(source: str) -> Path | None:
     """The local folder of ``source`` (a folder, a short name, or a hub id in the local cache or
     downloadable) when it is a sentence-transformers model (``modules.json``), else None."""
-    from clsr.data.model_registry import ModelUnavailableError, resolve_model_path
+    from clsr.data.hub.model_registry import ModelUnavailableError, resolve_model_path
 
     try:
         local = Path(resolve_model_path(source))
@@ -69,7 +69,7 @@ def own_modules(source: str) -> tuple[str, ...]:
     """``("Pooling(mean)", "Normalize")``-style names of the modules after the transformer."""
     folder = sentence_transformers_folder(source)
     if folder is None:
-        from clsr.data.model_registry import model_source_problem
+        from clsr.data.hub.model_registry import model_source_problem
 
         problem, unavailable = model_source_problem(source)
         raise NotSentenceTransformers(

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from clsr.cluster.ports import free_port
-from clsr.data import hub_reach
-from clsr.data.model_registry import model_source_problem
+from clsr.data.hub import reach as hub_reach
+from clsr.data.hub.model_registry import model_source_problem
 from clsr.data.sources import DataUnavailableError, load_from_hub
 
 

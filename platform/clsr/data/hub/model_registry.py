@@ -56,7 +56,7 @@ WEIGHT_FILES = (
 
 def offline() -> bool:
     """The user asked for no hub traffic, or this process switched itself to the cache (read per call)."""
-    from clsr.data.hub_reach import offline_requested
+    from clsr.data.hub.reach import offline_requested
 
     return offline_requested()
 
@@ -101,7 +101,7 @@ def _hub_problem(name: str) -> tuple[str | None, str | None]:
         validate_repo_id(name)
     except HFValidationError as err:
         return f"model.name {name!r} is neither a local folder nor a hub id ({err})", None
-    from clsr.data.hub_reach import go_offline_if_unreachable, switched_offline
+    from clsr.data.hub.reach import go_offline_if_unreachable, switched_offline
 
     cached = isinstance(try_to_load_from_cache(name, "config.json", cache_dir=hub_cache()), str)
     go_offline_if_unreachable()  # no route to the hub: say so now, not after the libraries' retries

@@ -153,7 +153,7 @@ def require_listed(
     configuration (the columns are the listed configuration's)."""
     entry = HUB_DATASETS.get(hub_id)
     if entry is None:
-        raise NotInManifest(f"{hub_id!r} is not a built-in hub source (clsr.data.hub_manifest)")
+        raise NotInManifest(f"{hub_id!r} is not a built-in hub source (clsr.data.hub.manifest)")
     if entry.unusable:
         raise NotInManifest(f"{hub_id!r} cannot be read from the hub: {entry.unusable}")
     if config is not None and config not in entry.configs:

@@ -1,0 +1,162 @@
+"""How a study's trials are run on Tune: the resources of each trial, the search that chooses points, the
+scheduler that stops trials early, and how the report judges rows against the papers."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from clsr.study.spec.strict import MAX_TRIALS, Strict
+
+
+class Resources(Strict):
+    workers_per_trial: int = Field(
+        1,
+        ge=0,
+        le=10_000,
+        description="Ray Train workers (DDP processes) per trial; 0 runs the trial in its Tune process "
+        "(Ray Train local mode: no worker-group start-up, for small single-device trials)",
+    )
+    cpus_per_worker: float = Field(1.0, gt=0, le=10_000)
+    gpus_per_worker: float = Field(
+        0.0, ge=0, le=1_024, description="fractions below 1 let small trials share a GPU"
+    )
+
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _whole_above_one(cls, gpus: float) -> float:
+        if gpus > 1 and gpus != int(gpus):
+            raise ValueError("more than one GPU per worker must be a whole number")
+        return gpus
+
+    @model_validator(mode="after")
+    def _one_gpu_per_rank(self) -> Resources:
+        # DDP ranks sharing a GPU: NCCL refuses two ranks on one device, and Ray would pack them there
+        if 0 < self.gpus_per_worker < 1 and self.workers_per_trial > 1:
+            raise ValueError(
+                f"gpus_per_worker {self.gpus_per_worker:g} with workers_per_trial {self.workers_per_trial} "
+                f"would put several DDP ranks on one GPU (NCCL refuses); use gpus_per_worker: 1 with several "
+                f"workers, or workers_per_trial: 1 (or 0) to share GPUs between trials"
+            )
+        return self
+
+
+SAMPLERS = ("tpe", "cmaes", "gp", "nsga2", "random")
+MULTI_OBJECTIVE_SAMPLERS = ("tpe", "gp", "nsga2", "random")  # CmaEsSampler optimises one objective
+SCHEDULERS = ("fifo", "asha", "hyperband", "median", "pbt")
+GP_OPTUNA = (3, 6)  # optuna.samplers.GPSampler came with Optuna 3.6
+
+
+class Search(Strict):
+    """How points are chosen: every grid point, or ``num_samples`` configurations of each sampled
+    ablation's space, each run once per seed (the searcher sees the mean over seeds)."""
+
+    algorithm: Literal["grid", "random", "optuna"] = Field(
+        "grid",
+        description="grid: every point x seeds. random: Tune's random sampling; each sampled "
+        "configuration runs with every seed (the same values). optuna: Optuna suggests a "
+        "configuration, Tune's Repeater runs it once per seed and tells Optuna the mean over the seeds "
+        "of the study's metric (a seed that reported none is left out of the mean)",
+    )
+    num_samples: int = Field(
+        1,
+        ge=1,
+        le=MAX_TRIALS,
+        description="configurations sampled per ablation for random/optuna (at most 100,000); each runs "
+        "once per seed, so an ablation runs num_samples x seeds trials",
+    )
+    sampler: Literal["tpe", "cmaes", "gp", "nsga2", "random"] | None = Field(
+        None,
+        description="optuna: the Optuna sampler (tpe, cmaes, gp, nsga2, random; default tpe), seeded with "
+        "the ablation's first seed; several objectives: tpe, gp, nsga2 or random",
+    )
+    n_startup_trials: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_TRIALS,
+        description="optuna tpe/cmaes/gp: configurations sampled at random before the model guides "
+        "(default: the sampler's own, 10)",
+    )
+    points_to_evaluate: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="configurations ({space key: value}) run first, before any sampled one; they count "
+        "towards num_samples",
+    )
+
+    @model_validator(mode="after")
+    def _fits_algorithm(self) -> Search:
+        if self.algorithm != "optuna" and self.sampler is not None:
+            raise ValueError(
+                f"search.sampler is for algorithm optuna (given algorithm: {self.algorithm}); allowed "
+                f"samplers: {', '.join(SAMPLERS)}"
+            )
+        if self.n_startup_trials is not None and (self.sampler or "tpe") in ("random", "nsga2"):
+            raise ValueError(
+                "search.n_startup_trials is for optuna samplers tpe, cmaes, gp (given: "
+                f"algorithm {self.algorithm}, sampler {self.sampler})"
+            )
+        if self.algorithm == "grid" and self.points_to_evaluate:
+            raise ValueError("search.points_to_evaluate is for algorithm random or optuna (given: grid)")
+        if self.sampler == "gp":
+            check_gp_sampler()
+        return self
+
+
+def check_gp_sampler() -> None:
+    """Optuna's GPSampler exists from 3.6 on; an older install is refused here, not in the first trial."""
+    import optuna
+
+    version = tuple(int(p) for p in re.findall(r"\d+", optuna.__version__)[:2])
+    if version < GP_OPTUNA:
+        raise ValueError(
+            f"search.sampler gp needs optuna>=3.6 (installed: {optuna.__version__}); use tpe, cmaes or random"
+        )
+
+
+class Scheduler(Strict):
+    """When trials are stopped early. fifo: never. asha, hyperband, median: on the study's metric at
+    each evaluation (``step`` is the time axis). pbt is refused (see its message)."""
+
+    type: Literal["fifo", "asha", "hyperband", "median", "pbt"] = Field(
+        "fifo",
+        description="fifo: none; asha: ASHAScheduler; hyperband: HyperBandScheduler; median: "
+        "MedianStoppingRule; pbt: refused (trials cannot take another trial's checkpoint with a new "
+        "config). Each stopped seed of a sampled configuration still counts in its mean",
+    )
+    max_t: int | None = Field(
+        None,
+        ge=1,
+        le=10**9,
+        description="asha, hyperband: most steps a trial may run (default: its trainer.max_steps)",
+    )
+    grace_period: int = Field(
+        1, ge=1, le=10**9, description="asha, median: steps before a trial may be stopped"
+    )
+    reduction_factor: float = Field(2.0, gt=1, description="asha, hyperband: the halving rate (eta)")
+    min_samples_required: int = Field(
+        3, ge=1, le=MAX_TRIALS, description="median: trials reporting at a step before any is stopped"
+    )
+
+    @model_validator(mode="after")
+    def _no_pbt(self) -> Scheduler:
+        if self.type == "pbt":
+            raise ValueError(
+                "scheduler.type pbt is refused: a trial cannot continue from another trial's checkpoint "
+                "with a new config (its MLflow run, parameters and Train checkpoint folder belong to one "
+                "configuration); allowed: fifo, asha, hyperband, median"
+            )
+        return self
+
+
+class ReportOptions(Strict):
+    """How ``platform study report`` judges the rows against the papers' numbers."""
+
+    tolerance: float = Field(
+        0.5,
+        gt=0,
+        le=100,
+        description="equivalence margin, in points of the metric (scores x 100): a row is reproduced when "
+        "a two one-sided tests (TOST) p < 0.05 puts its mean over seeds within paper ± tolerance",
+    )
