@@ -22,8 +22,6 @@ LONG_MODULES = {
     "study/record/parent.py",  # 665 lines: the parent run's life
 }
 LONG_FUNCTIONS = {
-    "train/loop.py:train",  # 157 lines
-    "study/plan/projection.py:project",  # 88 lines
     "study/record/parent.py:take_over",  # 82 lines
 }
 
