@@ -101,14 +101,14 @@ def render_markdown(report: StudyReport, images: dict[str, list[Path]]) -> str:
         f"# Study report: {report.study.name}",
         "",
         f"Parent run `{report.parent_run_id}` at `{report.tracking_uri}`; built {report.created}.",
-        *report.notes,
+        *(md_escape(n) for n in report.notes),
     ]
     for ab in report.ablations:
         out += [
             "",
             f"## {ab.name}",
             "",
-            *(f"{n}  " for n in ablation_notes(ab)),
+            *(f"{md_escape(n)}  " for n in ablation_notes(ab)),
             "",
             markdown_table(summary_table(ab)),
         ]
