@@ -37,9 +37,10 @@ from clsr.tracking import escape
 def text_table(table: Table) -> str:
     """Columns padded to their widest line; a rule between rows when cells span several lines; a
     control character in a cell shown as its escape (it would start a terminal sequence, or break a row)."""
-    table = Table(table.title, table.header, [[[escape.visible(s) for s in c] for c in r] for r in table.rows])
+    header = [escape.visible(h) for h in table.header]
+    table = Table(table.title, header, [[[escape.visible(s) for s in c] for c in r] for r in table.rows])
     widths = [
-        max(len(h), *(len(line) for r in table.rows for line in r[i])) for i, h in enumerate(table.header)
+        max([len(h), *(len(line) for r in table.rows for line in r[i])]) for i, h in enumerate(table.header)
     ]
     multi = any(len(cell) > 1 for r in table.rows for cell in r)
 
