@@ -11,6 +11,7 @@ import io
 import math
 import re
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -225,3 +226,11 @@ def test_the_reader_never_raises_on_any_tag_param_or_metric(tags, params, metric
         study = type("S", (), {"metric": "m", "mode": "max", "name": "s"})()
         assert best(scored, study).metrics["m"] == max(t.metrics["m"] for t in ranked)
     assert not CONTROL.search(capsys.readouterr().err.replace("\n", ""))
+
+
+def test_sbatch_refuses_a_line_break_in_out_as_in_every_other_argument(tmp_path, capsys):
+    smoke = Path(__file__).resolve().parents[2] / "studies" / "smoke.yaml"
+    out = tmp_path / "job.sbatch\n#SBATCH --uid=0"  # echoed into the script's header
+    assert main(["cluster", "sbatch", str(smoke), "--out", str(out)]) == 2
+    assert not out.exists() and not list(tmp_path.iterdir())
+    assert "no line breaks" in capsys.readouterr().err
