@@ -47,10 +47,11 @@ def _finish(proc: subprocess.Popen, started: float, log: Path, what: str) -> flo
 def _trials(uri: str, name: str) -> int:
     from mlflow.tracking import MlflowClient
 
-    from clsr.tracking.study_runs import children, find_parent_run
+    from clsr.study.record.reader import study_parent
+    from clsr.tracking.study_runs import children
 
     client = MlflowClient(uri)
-    return len(children(client, find_parent_run(client, name).info.run_id))
+    return len(children(client, study_parent(client, name).info.run_id))
 
 
 def one_node(study: str, overrides: list[str], tmp: Path) -> dict[str, Any]:

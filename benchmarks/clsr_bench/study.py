@@ -68,9 +68,10 @@ def run_study_bench(
     from mlflow.tracking import MlflowClient
 
     from clsr.study.plan.load import load_study
+    from clsr.study.record.reader import study_parent
     from clsr.study.run.runner import run_study
     from clsr.study.spec.dotted import parse_override
-    from clsr.tracking.study_runs import children, find_parent_run
+    from clsr.tracking.study_runs import children
 
     with tempfile.TemporaryDirectory(prefix="clsr-bench-study-") as tmp:
         uri = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
@@ -83,7 +84,7 @@ def run_study_bench(
         started, started_at = time.perf_counter(), time.time()
         rows = run_study(study, Path(study_path).read_text()).rows
         wall = time.perf_counter() - started
-        runs = children(client, find_parent_run(client, study.name).info.run_id)
+        runs = children(client, study_parent(client, study.name).info.run_id)
         # MLflow stamps a run's start with this machine's clock: compared with this machine's clock only
         first_trial_s = min(r.info.start_time for r in runs) / 1000 - started_at if runs else None
         trials = []

@@ -15,6 +15,7 @@ from typing import NoReturn
 from clsr.cli import data, env, study
 from clsr.cli import eval as eval_command
 from clsr.cluster.cli import add_cluster_parser, cmd_cluster
+from clsr.tracking.escape import terminal
 from clsr.tracking.secrets import mask_uri
 
 EXAMPLES = """examples:
@@ -107,12 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 130
     except (ConnectionError, RuntimeError) as err:  # an unreachable server, LeaseHeld, StudyChanged, ...
-        print(f"error: {mask_uri(str(err))}", file=sys.stderr)
+        print(f"error: {terminal(mask_uri(str(err)))}", file=sys.stderr)  # it may quote the record
         return 2
     except LookupError as err:  # a missing earlier run, or a missing upstream output
         if isinstance(err, KeyError | IndexError):  # a bug, not a user error: keep the traceback
             raise
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {terminal(str(err))}", file=sys.stderr)
         return 2
 
 

@@ -357,6 +357,7 @@ def _run_study(args: argparse.Namespace, study, link) -> int:
     from clsr.study.record.parent import NoEarlierRun, format_rows
     from clsr.study.run.runner import Console, run_study
     from clsr.study.spec.schema import StudyError
+    from clsr.tracking.escape import terminal
 
     console = Console(link)  # this command's terminal: one quiet switch for both runs of --or-run
 
@@ -389,7 +390,7 @@ def _run_study(args: argparse.Namespace, study, link) -> int:
         return 1
     rows = outcome.rows
     print(f"\nstudy {study.name!r}: {len(rows)} trial(s) in {time.perf_counter() - started:.0f} s\n")
-    print(format_rows(rows))
+    print(terminal(format_rows(rows)))  # labels and errors from the record: shown, not obeyed
     return _ending(args, outcome, again, link)
 
 

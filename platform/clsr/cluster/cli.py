@@ -170,6 +170,9 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
         return 2
     for line in notes(study, request, dict(os.environ)):
         print(f"note: {line}", file=sys.stderr)
+    if args.out and ("\n" in args.out or "\r" in args.out):  # echoed into the script's header
+        print(f"error: --out {args.out!r}: no line breaks", file=sys.stderr)
+        return 2
     out = Path(args.out or f"slurm/{study.name}.sbatch")
     folder = Path.cwd() if args.out == "-" else out.resolve().parent
     if any(c.isspace() or c == "%" for c in str(folder)):  # #SBATCH lines are not shell: no quoting

@@ -86,14 +86,9 @@ def start_parent_run(client: MlflowClient, study_name: str, storage: str, descri
     return run.info.run_id
 
 
-def find_parent_run(client: MlflowClient, study_name: str):
-    """The latest parent run of a study, or None."""
-    runs = parent_runs(client, study_name, max_results=1)
-    return runs[0] if runs else None
-
-
 def parent_runs(client: MlflowClient, study_name: str, running: bool = False, max_results: int = 1000):
-    """A study's parent runs, newest first (only RUNNING ones with ``running``)."""
+    """A study's parent runs, newest first (only RUNNING ones with ``running``), leased or not: the
+    study's record is ``clsr.study.record.reader.study_parent`` (leased runs first)."""
     experiment = client.get_experiment_by_name(study_name)
     if experiment is None:
         return []

@@ -24,8 +24,11 @@ from scipy import stats as sps
 from clsr.study.analyse.frame import study_name_and_uri
 from clsr.study.analyse.runs import NoStudyRuns, Trial, load_trials, open_study_runs, pick_trials
 from clsr.study.plan.fingerprint import digest
+from clsr.study.record.reader import study_records
 from clsr.study.stats.seeds import holm
-from clsr.tracking.study_runs import parent_runs, resolve_tracking_uri
+from clsr.tracking import escape
+from clsr.tracking.record_reader import finite
+from clsr.tracking.study_runs import resolve_tracking_uri
 
 CONFIDENCE = 0.95
 DEFAULT_METRIC = "test_sts_avg"
@@ -69,7 +72,7 @@ class Comparison:
 def previous_record(study_name: str, uri: str) -> str:
     """The record before the newest one of a study: A, when A and B are one study and no run is named."""
     client, _ = open_study_runs(study_name, uri)
-    runs = parent_runs(client, study_name, max_results=2)
+    runs = study_records(client, study_name)  # leased first: B is the first, as the reader finds it
     if len(runs) < 2:
         raise NoStudyRuns(
             f"study {study_name!r} has one record at {uri}: name another with --run-a/--run-b, or compare "
@@ -95,7 +98,7 @@ def finished(record: Record, metric: str, names: frozenset[str]) -> dict[tuple[s
     that stands for identical points of several ablations counts once."""
     runs: dict[str, Trial] = {}
     for trial in record.trials:
-        if trial.ok and metric in trial.metrics and trial.seed is not None:
+        if trial.ok and finite(trial.metrics.get(metric)) and trial.seed is not None:
             runs.setdefault(trial.run_id, trial)
     return {
         (config_key(t, names), t.seed): (f"{t.ablation}[{t.point}]", t.metrics[metric]) for t in runs.values()
@@ -169,7 +172,7 @@ def render(comparison: Comparison, a: Record, b: Record) -> str:
     for side, names in (("A", comparison.params_only_a), ("B", comparison.params_only_b)):
         if names:
             lines.append(f"\nparameters only {side}'s runs logged (not used to pair): " + ", ".join(names))
-    return "\n".join(lines)
+    return escape.terminal("\n".join(lines))  # labels and parameter names are the record's: shown, not obeyed
 
 
 def _number(value: float) -> str:

@@ -17,6 +17,7 @@ from clsr.study.analyse.rows import AblationReport, Row
 from clsr.study.analyse.runs import Trial
 from clsr.study.spec.schema import Study
 from clsr.study.stats.seeds import CONFIDENCE
+from clsr.tracking.escape import plot_label
 
 
 def _figure(width: float, height: float, panels: int = 1):
@@ -64,16 +65,16 @@ def plot_main_metric(ab: AblationReport, path: Path) -> Path | None:
         ax.scatter([p[0] for p in paper], [p[1] for p in paper], marker="D", s=40, color="tab:red",
                    label="paper", zorder=4)  # fmt: skip
     if key:
-        ax.set_xlabel(key)
+        ax.set_xlabel(plot_label(key))
         for xi in (xi for xi, row in zip(x, rows, strict=True) if row.paper_choice):
             ax.axvline(xi, ls=":", color="0.4", label="paper's choice", zorder=1)
         if min(x) > 0 and max(x) / min(x) >= 16:
             ax.set_xscale("log")
     else:
-        ax.set_xticks(x, [r.display_label + (" (paper)" if r.paper_choice else "") for r in rows],
+        ax.set_xticks(x, [plot_label(r.display_label + (" (paper)" if r.paper_choice else "")) for r in rows],
                       rotation=30 if len(rows) > 3 else 0, ha="right" if len(rows) > 3 else "center")  # fmt: skip
-    ax.set_ylabel(m)
-    ax.set_title(f"{ab.name}: {m} over seeds")
+    ax.set_ylabel(plot_label(m))
+    ax.set_title(plot_label(f"{ab.name}: {m} over seeds"))
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:  # an ablation without finished trials has nothing to label
         ax.legend(fontsize=8)
@@ -93,9 +94,9 @@ def plot_pareto(ab: AblationReport, path: Path) -> Path | None:
     on = np.array([front.values[label][:2] for label in front.front])
     on = on[np.argsort(on[:, 0])]
     ax.plot(on[:, 0], on[:, 1], "o-", color="tab:blue", label="Pareto front", zorder=3)
-    ax.set_xlabel(f"{mx} ({'higher' if mode_x == 'max' else 'lower'} is better)")
-    ax.set_ylabel(f"{my} ({'higher' if mode_y == 'max' else 'lower'} is better)")
-    ax.set_title(f"{ab.name}: configurations, means over seeds")
+    ax.set_xlabel(plot_label(f"{mx} ({'higher' if mode_x == 'max' else 'lower'} is better)"))
+    ax.set_ylabel(plot_label(f"{my} ({'higher' if mode_y == 'max' else 'lower'} is better)"))
+    ax.set_title(plot_label(f"{ab.name}: configurations, means over seeds"))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -165,7 +166,7 @@ def plot_curves(ab: AblationReport, study: Study, client: MlflowClient, path: Pa
                 steps = data[window - 1 :, 0]
                 ax.plot(steps, values, color=colour, lw=1.0, ls="-" if trial.ok else "--",
                         marker="o" if key != "loss" and len(steps) < 30 else None, ms=3,
-                        label=None if labelled else row.label)  # fmt: skip
+                        label=None if labelled else plot_label(row.label))  # fmt: skip
                 labelled = True
     smoothed = f" (running mean of {max(windows)} steps)" if max(windows) > 1 else ""
     for ax, key in zip(axes, keys, strict=True):
@@ -174,8 +175,8 @@ def plot_curves(ab: AblationReport, study: Study, client: MlflowClient, path: Pa
         log = key == "loss" and spans_decades(drawn[key])
         if log:
             ax.set_yscale("log")
-        ax.set_ylabel(key + (" (log scale)" if log else ""))
-        ax.set_title(f"{key}{smoothed if key == 'loss' else ''}")
+        ax.set_ylabel(plot_label(key + (" (log scale)" if log else "")))
+        ax.set_title(plot_label(f"{key}{smoothed if key == 'loss' else ''}"))
         ax.grid(alpha=0.3)
     handles = [h for ax in axes for h in ax.get_legend_handles_labels()[0]]
     fig.legend(handles=handles, loc="outside lower center", fontsize=7, ncol=min(4, max(1, len(handles))))

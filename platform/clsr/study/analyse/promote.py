@@ -22,6 +22,8 @@ from clsr.study.analyse.runs import Trial, load_trials, open_study_runs
 from clsr.study.plan.fingerprint import trial_key
 from clsr.study.record.parent import recorded_fingerprint
 from clsr.study.spec.schema import Study
+from clsr.tracking import escape
+from clsr.tracking.record_reader import finite
 from clsr.tracking.secrets import mask_uri
 
 
@@ -36,7 +38,7 @@ class Promoted:
     tags: dict[str, str]
 
     def line(self) -> str:
-        return (
+        return escape.visible(
             f"registered models:/{self.version.name}/{self.version.version}: {self.tags['ablation']}"
             f"[{self.tags['point']}] seed {self.trial.seed} (run {self.trial.run_id}), "
             f"{self.tags['metric']} = {self.tags['metric_value']}"
@@ -50,7 +52,7 @@ def candidates(trials: list[Trial], study: Study, ablation: str | None, point: s
             f"--ablation {ablation!r}: study {study.name!r} has no such ablation; it has "
             f"{', '.join(study.ablations)}"
         )
-    done = [t for t in trials if t.ok and study.metric in t.metrics]
+    done = [t for t in trials if t.ok and finite(t.metrics.get(study.metric))]  # NaN never wins
     if ablation is not None:
         done = [t for t in done if t.ablation == ablation]
     if point is not None:
@@ -80,9 +82,13 @@ def candidates(trials: list[Trial], study: Study, ablation: str | None, point: s
 
 
 def best(trials: list[Trial], study: Study) -> Trial:
-    """The trial whose metric is best by the study's mode (the earlier one on a tie)."""
+    """The trial whose metric is best by the study's mode (the earlier one on a tie); a NaN or infinite
+    value is no candidate (``max`` over NaN keeps whichever came first)."""
     sign = 1 if study.mode == "max" else -1
-    return max(reversed(trials), key=lambda t: sign * t.metrics[study.metric])
+    ranked = [t for t in trials if finite(t.metrics.get(study.metric))]
+    if not ranked:
+        raise PromoteRefused(f"study {study.name!r}: no trial has a finite {study.metric!r} to rank")
+    return max(reversed(ranked), key=lambda t: sign * t.metrics[study.metric])
 
 
 def version_tags(

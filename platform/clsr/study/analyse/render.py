@@ -9,10 +9,9 @@ layouts do not rule between multi-line rows.
 from __future__ import annotations
 
 import base64
-import html
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +31,16 @@ from clsr.study.analyse.tables import (
     summary_table,
 )
 from clsr.study.stats.seeds import ALPHA, CONFIDENCE, CORRECTION, TEST_NAME
+from clsr.tracking import escape
 
 
 def text_table(table: Table) -> str:
-    """Columns padded to their widest line; a rule between rows when cells span several lines."""
+    """Columns padded to their widest line; a rule between rows when cells span several lines; a
+    control character in a cell shown as its escape (it would start a terminal sequence, or break a row)."""
+    header = [escape.visible(h) for h in table.header]
+    table = Table(table.title, header, [[[escape.visible(s) for s in c] for c in r] for r in table.rows])
     widths = [
-        max(len(h), *(len(line) for r in table.rows for line in r[i])) for i, h in enumerate(table.header)
+        max([len(h), *(len(line) for r in table.rows for line in r[i])]) for i, h in enumerate(table.header)
     ]
     multi = any(len(cell) > 1 for r in table.rows for cell in r)
 
@@ -75,21 +78,21 @@ def render_text(report: StudyReport) -> str:
         if lines := problems(ab):
             out += ["", "not averaged:", *(f"  {p}" for p in lines)]
     out += ["", "== cost ==", text_table(cost_table(report))]
-    return "\n".join(out)
+    return escape.terminal("\n".join(out))
 
 
-def md_escape(text: str) -> str:
-    return text.replace("|", "\\|")
+md_escape = escape.markdown  # a record value in Markdown: no pipe, line break or HTML of its own
 
 
-def frame(table: Table, sep: str) -> pd.DataFrame:
-    """The table as a DataFrame of strings, a cell's lines joined by ``sep``."""
-    return pd.DataFrame([[sep.join(cell) for cell in row] for row in table.rows], columns=table.header)
+def frame(table: Table, sep: str, each: Callable[[str], str] = escape.visible) -> pd.DataFrame:
+    """The table as a DataFrame of strings, each line of a cell escaped by ``each`` and joined by ``sep``."""
+    rows = [[sep.join(each(line) for line in cell) for cell in row] for row in table.rows]
+    return pd.DataFrame(rows, columns=table.header)
 
 
 def markdown_table(table: Table) -> str:
     """GitHub Markdown through pandas (tabulate's pipe format); cells stay text (no number parsing)."""
-    cells = frame(table, "<br>").map(md_escape)
+    cells = frame(table, "<br>", md_escape)
     cells.columns = [md_escape(h) for h in table.header]
     return cells.to_markdown(index=False, disable_numparse=True)
 
@@ -99,14 +102,14 @@ def render_markdown(report: StudyReport, images: dict[str, list[Path]]) -> str:
         f"# Study report: {report.study.name}",
         "",
         f"Parent run `{report.parent_run_id}` at `{report.tracking_uri}`; built {report.created}.",
-        *report.notes,
+        *(md_escape(n) for n in report.notes),
     ]
     for ab in report.ablations:
         out += [
             "",
             f"## {ab.name}",
             "",
-            *(f"{n}  " for n in ablation_notes(ab)),
+            *(f"{md_escape(n)}  " for n in ablation_notes(ab)),
             "",
             markdown_table(summary_table(ab)),
         ]
@@ -140,6 +143,7 @@ def html_table(table: Table) -> str:
     """An HTML table through pandas' Styler: cells escaped, each row's classes on its cells (CSS above);
     a cell's lines break at its newlines only (``white-space: pre``)."""
     cells = frame(table, "\n")
+    cells.columns = [escape.visible(h) for h in table.header]
     classes = [table.classes[i] if i < len(table.classes) else "" for i in range(len(cells))]
     per_cell = pd.DataFrame([[c] * len(cells.columns) for c in classes], columns=cells.columns)
     styled = cells.style.hide(axis="index").format(escape="html").format_index(escape="html", axis=1)
@@ -149,7 +153,7 @@ def html_table(table: Table) -> str:
 
 def render_html(report: StudyReport, images: dict[str, list[Path]]) -> str:
     """One page, no outside files: inline CSS, PNGs embedded as base64."""
-    esc = html.escape
+    esc = escape.html_text
     parts = [
         f"<h1>Study report: {esc(report.study.name)}</h1>",
         f'<p class="notes">Parent run <code>{esc(report.parent_run_id)}</code> at '
@@ -189,7 +193,11 @@ CSV_FIELDS = (
 
 def csv_rows(report: StudyReport) -> list[dict[str, Any]]:
     """One row per ablation x point x metric; p_value and its Holm adjustment on the main metric's rows
-    (blank for the reference)."""
+    (blank for the reference); a text cell a spreadsheet would take for a formula starts with a quote."""
+    return [{k: escape.csv_cell(v) for k, v in row.items()} for row in _csv_rows(report)]
+
+
+def _csv_rows(report: StudyReport) -> list[dict[str, Any]]:
     out = []
     for ab in report.ablations:
         for row in ab.rows:

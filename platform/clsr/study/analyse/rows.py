@@ -35,6 +35,7 @@ from clsr.study.stats.effects import Effects, coerce, grid_effects, sampled_effe
 from clsr.study.stats.pareto import ParetoFront, pareto_front
 from clsr.study.stats.seeds import Paired, Stats, holm, paired_test, seed_stats
 from clsr.study.stats.verdict import Verdict, verdict
+from clsr.tracking.record_reader import prefixed_floats
 from clsr.tracking.secrets import mask_uri
 
 COST_METRICS = ("trial_wall_s", "trial_cpu_s", "trial_gpu_s")
@@ -281,9 +282,8 @@ def paper_from_tags(trials: Iterable[Trial]) -> dict[str, float]:
     """The fallback when the study file gives none: the ``clsr.paper.<metric>`` tags the trials carry."""
     paper: dict[str, float] = {}
     for trial in trials:
-        for key, value in trial.tags.items():
-            if key.startswith("clsr.paper."):
-                paper.setdefault(key.removeprefix("clsr.paper."), float(value))
+        for name, value in prefixed_floats(trial.tags, "clsr.paper.", trial.run_id).items():
+            paper.setdefault(name, value)
     return paper
 
 

@@ -16,15 +16,17 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
+from clsr.study.record.reader import study_parent
 from clsr.study.spec.schema import Study
 from clsr.study.spec.yaml_safe import YAMLSafetyError, read_yaml_file
+from clsr.tracking.escape import visible
+from clsr.tracking.record_reader import tag_int
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import (
     PARENT_TAG,
     SUPERSEDED_TAG,
     check_reachable,
     children,
-    find_parent_run,
     parent_runs,
     run_labels,
 )
@@ -58,12 +60,11 @@ class Trial:
     @classmethod
     def from_run(cls, run: Any) -> Trial:
         tags = run.data.tags
-        seed = tags.get("clsr.seed")
         return cls(
             run_id=run.info.run_id,
             ablation=tags["clsr.ablation"],
             point=tags.get("clsr.point", run.info.run_name or run.info.run_id),
-            seed=int(seed) if seed not in (None, "") else None,
+            seed=tag_int(tags, "clsr.seed", run.info.run_id),
             status=tags.get("clsr.status", "unknown"),
             metrics=dict(run.data.metrics),
             tags=dict(tags),
@@ -100,7 +101,7 @@ def open_study_runs(study_name: str, uri: str, run_id: str | None = None) -> tup
     client = MlflowClient(uri)
     if run_id is not None:
         return client, chosen_parent(client, study_name, run_id)
-    parent = find_parent_run(client, study_name)
+    parent = study_parent(client, study_name)  # leased runs first, as resume takes them
     if parent is None:
         raise NoStudyRuns(
             f"no MLflow run of study {study_name!r} at {mask_uri(uri)} (searched experiment "
@@ -130,7 +131,7 @@ def record_lines(client: MlflowClient, study_name: str, limit: int = 10) -> list
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(run.info.start_time / 1000))
         status = run.data.tags.get("clsr.status") or run.info.status.lower()
         trials = run.data.tags.get("clsr.trials", "?")
-        lines.append(f"{run.info.run_id} {status}, started {started}, {trials} trial(s)")
+        lines.append(visible(f"{run.info.run_id} {status}, started {started}, {trials} trial(s)"))
     return lines
 
 

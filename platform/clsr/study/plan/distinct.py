@@ -18,6 +18,7 @@ from clsr.config.trial import TrialConfig
 from clsr.study.plan.fingerprint import trial_key
 from clsr.study.plan.resolve import config_identity, trial_identity
 from clsr.study.spec.schema import Outputs, Study
+from clsr.tracking.record_reader import tag_int
 from clsr.tracking.tags import ALSO_TAG, TRIAL_TAG, run_labels
 
 
@@ -61,9 +62,9 @@ def also_tag(also: list[list[str]]) -> dict[str, str]:
 
 def also_of(tags: dict[str, str]) -> list[tuple[tuple[str, str], str]]:
     """The other points a child run stands for, each with its trial key (the run's seed)."""
-    if tags.get("clsr.seed") in (None, ""):  # a run with no seed stands for its own point only
+    seed = tag_int(tags, "clsr.seed", tags.get(TRIAL_TAG, "?"))
+    if seed is None:  # a run with no seed (or a malformed one) stands for its own point only
         return []
-    seed = int(tags["clsr.seed"])
     return [((ablation, point), trial_key(ablation, point, seed)) for ablation, point in run_labels(tags)[1:]]
 
 

@@ -39,6 +39,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -69,11 +70,18 @@ class LeaseAmbiguous(LeaseHeld):
 
 
 def pid_namespace() -> str:
-    """This process's pid namespace: two containers sharing a host name (``--net=host``) do not share pids."""
+    """This process's pid namespace on this boot of this kernel: two containers sharing a host name
+    (``--net=host``) do not share pids, and two hosts of one name share the root namespace's inode but
+    not the kernel's boot id (one field of the heartbeat: no space in it)."""
     try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
+        inode = str(os.stat("/proc/self/ns/pid").st_ino)
     except OSError:
-        return "-"
+        inode = "-"
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace(" ", "")
+    except OSError:
+        boot = "-"
+    return f"{inode}:{boot or '-'}"
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from clsr.study.control.driver_link import LEASE_LOST_EXIT
 from clsr.study.plan.distinct import also_of
 from clsr.study.plan.fingerprint import changed_searches, compare, fingerprint, overall
 from clsr.study.plan.resolve import grid_points, point_label, stages, trial_document
+from clsr.study.record import reader
 from clsr.study.record.lease import HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, leased, watch
 from clsr.study.record.parent_summary import log_parent_summary
 from clsr.study.spec.schema import Study
@@ -116,15 +117,8 @@ def recorded_storage(study: Study, parent) -> str:
 
 
 def study_parent(client, study: Study, current: dict[str, str]):
-    """The parent run a resume continues: the newest one a driver took a lease on, preferring one whose
-    fingerprint is the file's (a run someone tagged with the study's name without a lease is not one,
-    unless no run has a lease: a record whose first driver stopped before taking one, which the resume
-    takes over). Its storage is checked apart."""
-    every = parent_runs(client, study.name)
-    taken = leased(client, every)
-    parents = [r for r in every if r.info.run_id in taken] or every
-    same = [r for r in parents if r.data.tags.get(FINGERPRINT_TAG) == overall(current)]
-    return (same or parents or [None])[0]
+    """The parent run a resume continues: the one reader of the record decides (leased runs first)."""
+    return reader.study_parent(client, study.name, overall(current))
 
 
 def start_record(
