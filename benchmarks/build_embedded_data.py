@@ -71,7 +71,9 @@ def write_gzip(path: Path, lines: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=None, help="shared data folder (default: $CLSR_DATA_DIR)")
-    parser.add_argument("--out", type=Path, default=EMBEDDED_DIR, help="where to write (default: the package)")
+    parser.add_argument(
+        "--out", type=Path, default=EMBEDDED_DIR, help="where to write (default: the package)"
+    )
     args = parser.parse_args()
     root = resolve_data_dir(args.data_dir)
     if root is None:

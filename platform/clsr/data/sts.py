@@ -156,8 +156,8 @@ def _load_embedded(task: str, split: str) -> STSSplit | None:
     if not embedded.serves_sts(task, split):
         return None
     subsets, scores, first, second = zip(*embedded.sts_rows(task, split) or (), strict=True)
-    scores_ = np.asarray(scores, dtype=np.float64)
-    return STSSplit(task, split, [_normalise(s) for s in first], [_normalise(s) for s in second], scores_, list(subsets))
+    pairs = [_normalise(s) for s in first], [_normalise(s) for s in second]
+    return STSSplit(task, split, *pairs, np.asarray(scores, dtype=np.float64), list(subsets))
 
 
 def _load_hub(task: str, split: str) -> STSSplit:

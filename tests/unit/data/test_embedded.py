@@ -68,13 +68,19 @@ def test_the_hub_serves_before_the_embedded_set(nowhere):
     assert embedded.served_by(None, "wiki1m", ["stsb"]) == "embedded"
     from clsr.data.sources import datasets_cache
 
-    (datasets_cache() / "princeton-nlp___datasets-for-simcse" / "default" / "0.0.0" / "abc").mkdir(parents=True)
+    (datasets_cache() / "princeton-nlp___datasets-for-simcse" / "default" / "0.0.0" / "abc").mkdir(
+        parents=True
+    )
     assert load_wiki_sentences() == ["from the hub"]
-    assert embedded.served_by(None, "wiki1m", ["stsb"]) == "embedded+hub"  # wiki1m from the cache, stsb embedded
+    assert (
+        embedded.served_by(None, "wiki1m", ["stsb"]) == "embedded+hub"
+    )  # wiki1m from the cache, stsb embedded
 
 
 def test_the_builder_regenerates_the_shipped_files(data_dir, tmp_path):
     script = REPO_ROOT / "benchmarks" / "build_embedded_data.py"
-    subprocess.run([sys.executable, str(script), "--data-dir", str(data_dir), "--out", str(tmp_path)], check=True)
+    subprocess.run(
+        [sys.executable, str(script), "--data-dir", str(data_dir), "--out", str(tmp_path)], check=True
+    )
     for name in (embedded.WIKI_FILE, embedded.STS_FILE):
         assert (tmp_path / name).read_bytes() == (embedded.EMBEDDED_DIR / name).read_bytes(), name
