@@ -7,7 +7,7 @@
 VENV ?= $(or $(VIRTUAL_ENV),.venv)
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
-SMOKE_ARGS ?=
+SMOKE_ARGS ?=  # e.g. --new: another record of a study that already has one (else: report or resume it)
 PY := $(VENV)/bin/python
 
 .PHONY: smoke test
