@@ -1,8 +1,9 @@
 # Two commands from a fresh clone (README, "Quick start"); no data folder and no hub needed:
 #   make smoke   set up the environment and run the smoke study
 #   make test    set up the environment with the test tools and run the unit tests
-# The environment: the active virtual environment if there is one (its torch, a CUDA build say, is kept),
-# else .venv, created here. torch is installed only when none is importable.
+# The environment: the active virtual environment if there is one, else .venv, created here (seeing the
+# interpreter's own packages when that has a torch: a conda or system CUDA build). torch is installed
+# only when none is importable, so a CUDA build is kept.
 
 VENV ?= $(or $(VIRTUAL_ENV),.venv)
 PYTHON ?= python3
@@ -19,7 +20,7 @@ test: $(VENV)/.clsr-dev
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider --durations=10 -n 2 -m "not e2e" tests
 
 $(PY):
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $$($(PYTHON) -c "import torch" 2>/dev/null && echo --system-site-packages) $(VENV)
 
 # a stamp per set-up, redone when pyproject.toml changes
 $(VENV)/.clsr-smoke: pyproject.toml | $(PY)
