@@ -87,3 +87,15 @@ def served_by(data_dir: str | os.PathLike[str] | None, train: str, tasks: Iterab
     read = [task for task in tasks if task in HUB_IDS or task == "sts"]  # "sts": every STS task
     sources |= {"embedded" if serves_sts(task, "test") else "hub" for task in read}
     return "+".join(sorted(sources))
+
+
+def served_note(data_dir: str | os.PathLike[str] | None, train: str, tasks: Iterable[str]) -> str | None:
+    """What ``validate`` says when the embedded sample will serve (None when it will not)."""
+    source = served_by(data_dir, train, tasks)
+    if "embedded" not in source.split("+"):
+        return None
+    return (
+        f"data.source {source}: no data folder is set and the hub will not serve, so the package's embedded "
+        "sample does (3,000 Wikipedia sentences, 300 STS-B pairs a split, 200 of STS16): a sample's scores, "
+        "not the papers'; set CLSR_DATA_DIR to the shared data folder for the full sets"
+    )

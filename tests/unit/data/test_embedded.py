@@ -47,12 +47,14 @@ def test_with_neither_folder_nor_hub_the_embedded_set_serves(nowhere):
     assert len(load_sts("sts16", "test").scores) == 200
     assert embedded.served_by(None, "wiki1m", ["sts16", "stsb"]) == "embedded"
     assert embedded.served_by(None, "wiki1m", ["sts12"]) == "embedded+hub"  # sts12 is not embedded
+    assert "set CLSR_DATA_DIR" in (embedded.served_note(None, "wiki1m", ["stsb"]) or "")  # validate's note
 
 
 def test_a_data_folder_serves_first(nowhere, data_dir):
     nowhere.setenv("CLSR_DATA_DIR", str(data_dir))
     assert len(load_wiki_sentences(data_dir)) == 11_914
     assert embedded.served_by(None, "wiki1m", ["stsb"]) == "data_dir"
+    assert embedded.served_note(None, "wiki1m", ["stsb"]) is None
 
 
 def test_the_hub_serves_before_the_embedded_set(nowhere):
