@@ -20,7 +20,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("CLSR_DATA_DIR", str((REPO_ROOT.parent / "shared" / "data").resolve()))
+if (_SHARED_DATA := (REPO_ROOT.parent / "shared" / "data").resolve()).is_dir():  # else the embedded set
+    os.environ.setdefault("CLSR_DATA_DIR", str(_SHARED_DATA))
 
 
 # CI runs the end-to-end tests marked `parallel` two at a time (pytest-xdist, `--dist loadgroup`), each
@@ -58,7 +59,7 @@ def store(tmp_path):
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The local data folder (``CLSR_DATA_DIR``, default ``../shared/data``)."""
-    path = Path(os.environ["CLSR_DATA_DIR"])
+    path = Path(os.environ.get("CLSR_DATA_DIR") or REPO_ROOT.parent / "shared" / "data")
     if not (path / "senteval").is_dir():
         pytest.skip(f"local data not found at {path}; set CLSR_DATA_DIR to the shared data folder")
     return path

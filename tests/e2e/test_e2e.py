@@ -90,6 +90,7 @@ def test_smoke_study_end_to_end(smoke_study):
         assert child.info.status == "FINISHED" and child.data.tags["clsr.status"] == "finished"
         assert child.data.tags["clsr.method"] == "simcse_unsup" and child.data.tags["clsr.seed"] == "1"
         assert child.data.params["model.name"] == "minilm" and child.data.params["trainer.batch_size"] == "16"
+        assert child.data.params["data.source"] == "data_dir"  # CLSR_DATA_DIR (conftest)
         metrics = child.data.metrics
         for key in ("test_sts16", "test_stsb", "test_sts_avg", "best_dev_stsb", "align", "uniform"):
             assert key in metrics, key
@@ -99,6 +100,34 @@ def test_smoke_study_end_to_end(smoke_study):
         assert sorted(m.step for m in losses) == list(range(1, 9))  # one training loss per step
     paper = {c.data.params["method.temperature"]: c.data.tags.get("clsr.paper.dev_stsb") for c in children}
     assert paper == {"0.05": "82.5", "0.1": "80.9"}
+
+
+def test_the_smoke_study_runs_with_neither_a_data_folder_nor_the_hub(tmp_path, monkeypatch):
+    """A fresh clone (``make smoke``): no CLSR_DATA_DIR, the hub off and datasets' cache empty; the package's
+    embedded sample serves, and each trial's ``data.source`` says so (issue 53)."""
+    monkeypatch.delenv("CLSR_DATA_DIR", raising=False)
+    for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(flag, "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    args = (
+        "study",
+        "run",
+        str(REPO_ROOT / "studies" / "smoke.yaml"),
+        "--set",
+        f"storage_path={tmp_path / 'runs'}",
+    )
+    proc = platform_cmd(*args, "--set", "system_metrics_interval_s=null", cwd=tmp_path, uri=uri)
+    output, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, output[-3000:]
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+    _, parents, children = runs_of(uri, "smoke")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(children) == 2
+    for child in children:
+        assert child.data.tags["clsr.status"] == "finished"
+        assert child.data.params["data.source"] == "embedded"
+        assert {"test_sts16", "test_stsb", "best_dev_stsb"} <= set(child.data.metrics)
 
 
 @pytest.mark.xdist_group("smoke_study")

@@ -73,10 +73,15 @@ _SENTEVAL_SNLI = "nli/snli_senteval_devtest"
 def load_wiki_sentences(data_dir: str | os.PathLike[str] | None = None) -> list[str]:
     """SimCSE's unsupervised corpus, one sentence per line; empty lines dropped.
 
-    Local: the full ``wiki/wiki1m_for_simcse.txt`` if present, else the 11,914-line head.
+    Local: the full ``wiki/wiki1m_for_simcse.txt`` if present, else the 11,914-line head. With neither a
+    data folder nor the hub: the embedded sample (``clsr.data.embedded``).
     """
     root = local_dir(data_dir)
     if root is None:
+        from clsr.data import embedded  # imports this module
+
+        if embedded.serves_wiki():  # no data folder and no hub: the sample shipped in the package
+            return list(embedded.wiki_sentences())
         data = load_from_hub(
             SIMCSE_HUB_ID, local_hint=WIKI_FILES[0], data_files="wiki1m_for_simcse.txt", split="train"
         )

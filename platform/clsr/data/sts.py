@@ -63,7 +63,7 @@ def load_sts(task: str, split: str = "test", data_dir: str | os.PathLike[str] | 
         raise ValueError(f"{task} has no split {split!r}; allowed: {', '.join(allowed_splits(task))}")
     root = local_dir(data_dir)
     if root is None:
-        return _load_hub(task, split)
+        return _load_embedded(task, split) or _load_hub(task, split)
     if task in YEAR_SUBSETS:
         return _load_year(task, root)
     return _load_pair_file(task, split, root)
@@ -147,6 +147,17 @@ def _load_pair_file(task: str, split: str, root: Path) -> STSSplit:
         scores=np.asarray([float(score) for _, _, score in rows], dtype=np.float64),
         subsets=[task] * len(rows),
     )
+
+
+def _load_embedded(task: str, split: str) -> STSSplit | None:
+    """The package's sample of the split when neither a data folder nor the hub can serve it."""
+    from clsr.data import embedded  # imports this module
+
+    if not embedded.serves_sts(task, split):
+        return None
+    subsets, scores, first, second = zip(*embedded.sts_rows(task, split) or (), strict=True)
+    pairs = [_normalise(s) for s in first], [_normalise(s) for s in second]
+    return STSSplit(task, split, *pairs, np.asarray(scores, dtype=np.float64), list(subsets))
 
 
 def _load_hub(task: str, split: str) -> STSSplit:

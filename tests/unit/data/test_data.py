@@ -130,9 +130,10 @@ def test_sts_missing_local_file(tmp_path: Path, task: str, split: str, missing: 
 
 
 def test_sts_hub_offline_raises() -> None:
-    # HF_HUB_OFFLINE=1 (conftest): load_dataset fails at once when the data set is not cached.
-    with pytest.raises(DataUnavailableError, match=r"mteb/stsbenchmark-sts[\s\S]*sts-test\.csv"):
-        load_sts("stsb", data_dir=None)
+    # HF_HUB_OFFLINE=1 (conftest): load_dataset fails at once when the data set is not cached (STS12: the
+    # package's embedded sample has STS-B and STS16 only, clsr.data.embedded)
+    with pytest.raises(DataUnavailableError, match=r"mteb/sts12-sts[\s\S]*STS\.input\.<subset>\.txt"):
+        load_sts("sts12", data_dir=None)
 
 
 # --- Hub path (datasets.load_dataset replaced by in-memory tables) --------------------------------
@@ -150,6 +151,7 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, dict[str, l
             return datasets.Dataset.from_dict(tables[hub_id])
 
         monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+        monkeypatch.setattr("clsr.data.embedded.hub_serves", lambda hub_id: True)  # not the embedded set
         return calls
 
     return install

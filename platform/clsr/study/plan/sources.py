@@ -102,6 +102,15 @@ def trial_source_notes(trial: Any) -> list[str]:
     ]
 
 
+def embedded_notes(trial: Any) -> list[str]:
+    """The package's embedded sample will serve the trial's data: said, with how to get the full sets."""
+    from clsr.data.embedded import served_note
+
+    tasks = [*trial.eval.tasks, *trial.eval.dev_tasks]
+    note = None if trial.data.external() else served_note(trial.data.data_dir, trial.data.train, tasks)
+    return [note] if note else []
+
+
 def attention_notes(trial: Any, on_gpu: bool) -> list[str]:
     """What ``model.attention: auto`` will run (chosen where the model loads: the same rule here)."""
     from clsr.data.hub.model_registry import model_type
@@ -155,7 +164,9 @@ def check_sources(
             where = f"ablations.{name}[{point['label']}]"
             on_gpu = study.resources.gpus_per_worker > 0
             notes = (
-                [] if problems or unavailable else trial_source_notes(trial) + attention_notes(trial, on_gpu)
+                []
+                if problems or unavailable
+                else trial_source_notes(trial) + attention_notes(trial, on_gpu) + embedded_notes(trial)
             )
             for message in notes:
                 report.notes.setdefault(message, []).append(where)

@@ -100,7 +100,7 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         trial_run_name(point["ablation"], label, seed),
         tags,
         # study.* params: what the MLflow compare view and parallel-coordinates plot group and sort by
-        trial.model_dump() | {"study": {"ablation": point["ablation"], "point": label, "seed": seed}},
+        _params(trial) | {"study": {"ablation": point["ablation"], "point": label, "seed": seed}},
     )
     loop_config = {
         "trial": trial.model_dump(),
@@ -135,6 +135,17 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
     # the last checkpoint is what later stages of a staged study load (needs: ... output: checkpoint)
     tags = {CHECKPOINT_TAG: checkpoint_uri(checkpoint)} if checkpoint is not None else {}
     finish_child(ctx.tracking_uri, run_id, "finished", ctx.storage, tags=tags)
+
+
+def _params(trial: Any) -> dict[str, Any]:
+    """The trial's configuration, with ``data.source``: which of the data folder, the hub and the package's
+    embedded sample serves its data (decided here as the loaders will, in the trial's environment)."""
+    from clsr.data.embedded import served_by
+
+    params = trial.model_dump()
+    tasks = [*trial.eval.tasks, *trial.eval.dev_tasks]
+    params["data"]["source"] = served_by(trial.data.data_dir, trial.data.train, tasks)
+    return params
 
 
 def _train(study: Study, ctx: StudyContext, key: str, loop_config: dict[str, Any]) -> tuple[Any, str | None]:

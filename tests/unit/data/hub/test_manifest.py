@@ -52,6 +52,7 @@ def hub_requests(monkeypatch) -> list[tuple[str, dict]]:
         return datasets.DatasetDict({split: fake_split(entry.columns) for split in entry.splits})
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr("clsr.data.embedded.hub_serves", lambda hub_id: True)  # not the embedded set
     return requests
 
 

@@ -53,3 +53,11 @@ def ci_test_commands() -> list[str]:
         for line in script.splitlines()
         if "python -m pytest" in line
     ]
+
+
+def test_make_test_runs_the_readmes_unit_test_command():
+    """``make test`` (the README's second command) runs the unit tests exactly as the README and CI do."""
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    unit = ci_test_commands()[0]
+    assert unit.replace("python -m pytest", "$(PY) -m pytest") in makefile
+    assert "make smoke" in (REPO_ROOT / "README.md").read_text().split("## Install")[0]
