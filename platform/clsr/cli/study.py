@@ -354,8 +354,10 @@ def cmd_study_run(args: argparse.Namespace) -> int:
 
 def _run_study(args: argparse.Namespace, study, link) -> int:
     """The driver: the study run (or resumed) and its trials' table printed."""
-    from clsr.study.record.parent import NoEarlierRun, format_rows
-    from clsr.study.run.runner import Console, run_study
+    from clsr.study.record.parent import NoEarlierRun
+    from clsr.study.record.summary import format_rows
+    from clsr.study.run.console import Console
+    from clsr.study.run.runner import run_study
     from clsr.study.spec.schema import StudyError
 
     console = Console(link)  # this command's terminal: one quiet switch for both runs of --or-run

@@ -259,7 +259,7 @@ def experiments(study: Study) -> list[tuple[str, str | None, list[str]]]:
 
     A grid study is one experiment per stage (``grid``, then ``grid-stage2`` ... when ablations need
     others' trials); a sampled study is one experiment per sampled ablation, then one grid experiment
-    per confirm ablation (its points are known once the sampled ones ran: ``runner.confirm_trials``).
+    per confirm ablation (its points are known once the sampled ones ran: ``clsr.study.run.waves.confirm_trials``).
     """
     if study.search.algorithm != "grid":
         sampled = [(name, name, [name]) for name, a in study.ablations.items() if a.space]

@@ -6,7 +6,7 @@ Each trial document is built once (``clsr.study.plan.resolve.StudyDocuments``): 
 resolves each point's first seed and keeps the documents with the study, and the plan adds the other
 seeds; the source checks (``clsr.study.plan.sources``), the fingerprint (``clsr.study.plan.fingerprint``) and the
 trials' configurations all read the same ones. A staged trial (its ablation ``needs`` upstream trials' outputs) has no
-configuration in the plan: it resolves only once those outputs exist (``runner.ready_trials``).
+configuration in the plan: it resolves only once those outputs exist (``clsr.study.run.waves.ready_trials``).
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ from mlflow.tracking import MlflowClient
 from clsr.study.plan.distinct import also_keys, merge_identical, run_keys
 from clsr.study.plan.load import load_study
 from clsr.study.plan.resolve import count_trials, grid_points
-from clsr.study.record.parent import attach_labels, supersede
-from clsr.study.run.runner import expand_trials
+from clsr.study.record.attempts import supersede
+from clsr.study.record.parent import attach_labels
+from clsr.study.run.experiment import expand_trials
 from clsr.tracking.study_runs import (
     ALSO_TAG,
     CHECKPOINT_TAG,

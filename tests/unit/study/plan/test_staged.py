@@ -18,7 +18,9 @@ from clsr.encoders.trained import is_checkpoint, load_trained_encoder
 from clsr.encoders.transformer import TransformerEncoder
 from clsr.study.plan.load import study_from_dict
 from clsr.study.plan.resolve import experiments, grid_points, resolve_trial, stages, trial_document
-from clsr.study.run.runner import expand_trials, ready_trials, shared_inputs
+from clsr.study.run.experiment import expand_trials
+from clsr.study.run.shared import shared_inputs
+from clsr.study.run.waves import ready_trials
 from clsr.study.spec.schema import StudyError
 from clsr.tracking.study_runs import (
     CHECKPOINT_TAG,

@@ -18,7 +18,7 @@ from clsr.study.plan.load import load_study
 from clsr.study.plan.resolve import StudyDocuments, count_trials, experiments, grid_points, resolve_trial
 from clsr.study.plan.study_plan import check_points, plan_study
 from clsr.study.run import runner  # noqa: F401
-from clsr.study.run.runner import expand_trials
+from clsr.study.run.experiment import expand_trials
 from clsr.study.spec.schema import StudyError
 from tests.support.hub import hub_model_ids, stub_datasets_cache, stub_hub_cache
 
@@ -151,7 +151,7 @@ def _stub_run(monkeypatch, calls: list):
     monkeypatch.setattr(runner, "PatientClient", lambda uri: object())
     monkeypatch.setattr(runner, "Interrupts", Interrupts)
     monkeypatch.setattr(runner, "start_record", start_record)
-    monkeypatch.setattr(runner, "_run_waves", run_waves)
+    monkeypatch.setattr(runner, "run_waves", run_waves)
 
 
 @pytest.mark.parametrize("which", ["grid", "staged", "sampled"])
@@ -179,10 +179,10 @@ def test_study_run_plans_once_and_takes_the_plan_as_given(which, tmp_path, monke
     monkeypatch.setattr(plan_module, "trial_document", counting("trial_document", plan_module.trial_document))
     monkeypatch.setattr(plan_module, "study_grids", counting("study_grids", plan_module.study_grids))
     study = STUDIES[which](tmp_path)  # validated with the counters in place
-    for module in ("clsr.study.plan.fingerprint", "clsr.study.plan.sources", "clsr.study.run.runner"):
+    for module in ("clsr.study.plan.fingerprint", "clsr.study.plan.sources", "clsr.study.run.experiment"):
         for builder in ("grid_points", "study_grids"):  # whichever the module builds points with
             monkeypatch.setattr(f"{module}.{builder}", refused, raising=False)
-    for module in ("clsr.study.run.runner", "clsr.study.plan.resolve"):
+    for module in ("clsr.study.run.waves", "clsr.study.run.shared", "clsr.study.plan.resolve"):
         monkeypatch.setattr(f"{module}.resolve_trial", refused)
     calls: list = []
     _stub_run(monkeypatch, calls)
@@ -232,7 +232,7 @@ def test_identical_trials_and_shared_inputs_are_found_from_the_plans_configurati
     """``merge_identical`` and ``shared_inputs`` read the plan's configurations (nothing resolved again)
     and find what they find by resolving each trial."""
     from clsr.study.plan.distinct import merge_identical
-    from clsr.study.run.runner import shared_inputs
+    from clsr.study.run.shared import shared_inputs
 
     supmpn = load_study(REPO_ROOT / "studies" / "supmpn_ablations.yaml", overrides=[("model.name", "minilm")])
     gclsr = shipped("gclsr_ablations.yaml", smoke=True)
@@ -242,7 +242,7 @@ def test_identical_trials_and_shared_inputs_are_found_from_the_plans_configurati
     merged, wanted = merge_identical(supmpn, supmpn_trials), shared_inputs(gclsr, gclsr_trials)
     assert len(merged) < len(supmpn_trials) and wanted
     monkeypatch.setattr("clsr.study.plan.resolve.resolve_trial", _refused)
-    monkeypatch.setattr("clsr.study.run.runner.resolve_trial", _refused)
+    monkeypatch.setattr("clsr.study.run.shared.resolve_trial", _refused)
     assert merge_identical(supmpn, supmpn_trials, None, supmpn_plan.config_of) == merged
     assert shared_inputs(gclsr, gclsr_trials, None, gclsr_plan.config_of) == wanted
 
