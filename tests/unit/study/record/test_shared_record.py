@@ -151,7 +151,9 @@ def test_a_ray_pointer_file_written_by_another_user_is_not_followed(tmp_path, mo
         assert ray_session.cluster_address() is None
         os.chmod(ray_dir, 0o700)
         real_stat = os.stat
-        monkeypatch.setattr(ray_session.os, "stat", lambda p, **kw: _owned_by(real_stat(p, **kw), os.getuid() + 1))
+        monkeypatch.setattr(
+            ray_session.os, "stat", lambda p, **kw: _owned_by(real_stat(p, **kw), os.getuid() + 1)
+        )
         assert ray_session.cluster_address() is None  # written by another user
     finally:
         listener.close()
