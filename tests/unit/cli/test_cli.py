@@ -28,7 +28,7 @@ def test_the_shipped_tune_then_confirm_study_builds_its_searcher(tmp_path):
     from clsr.study.run.tune_compat import tuner_tune_config
 
     study = load_study(REPO_ROOT / "studies" / "simcse_tuning.yaml")
-    ctx = StudyContext(study.model_dump(by_alias=True), "sqlite:///x.db", "parent", str(tmp_path))
+    ctx = StudyContext(study, "sqlite:///x.db", "parent", str(tmp_path))
     tuner = build_tuner(study, ctx, "lr_batch", restore=False)
     tune_config = tuner_tune_config(tuner)
     repeater = tune_config.search_alg

@@ -24,6 +24,7 @@ from typing import Any
 from clsr.config.trial import TrialConfig
 from clsr.study.plan.distinct import merge_identical
 from clsr.study.plan.resolve import Resolve, grid_points, resolver, stages
+from clsr.study.plan.study_plan import TrialSpec
 from clsr.study.spec.schema import Study
 
 # Assumptions, each printed with the projection and each overridable on the command line: how many
@@ -239,7 +240,7 @@ def project(
     """Price every distinct trial of ``study`` and pack each stage onto ``gpus`` GPUs of kind ``gpu``.
     ``grids`` (ablation -> its ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation,
     overrides and seed): the study's documents (``clsr.study.plan.resolve.StudyDocuments``), each trial
-    resolved once; by default those kept with the study."""
+    resolved once; by default resolved here."""
     resolve = resolver(study, resolve)
     target = GPUS[gpu]
     measured_on_target = gpu.lower() in measured.overall.device.lower()
@@ -256,33 +257,20 @@ def project(
         raise ValueError(f"--gpus {gpus}: a trial of this study needs {per_trial_gpus:g} GPUs")
 
     stage_of = {name: n for n, wave in enumerate(stages(study)) for name in wave}
-    entries = []
-    for name, ablation in study.ablations.items():
-        # a sampled ablation's configurations, and those a confirm ablation reruns: its base stands for each
-        samples = study.search.num_samples if ablation.space else 0
-        samples = ablation.confirm.top_k if ablation.confirm is not None else samples
-        points = [{"label": "sample", "overrides": {}, "sampled": True}] * samples
-        points += [] if ablation.space else grid_points(ablation) if grids is None else grids[name]
-        entries += [{"ablation": name, **p, "seed": seed} for p in points for seed in study.seeds_of(name)]
-    distinct = merge_identical(
-        study,
-        [e for e in entries if not e.get("sampled")],
-        resolved=lambda e: resolve(e["ablation"], e["overrides"], e["seed"]),
-    )
-    distinct += [e for e in entries if e.get("sampled")]
-    progress(f"pricing {len(distinct)} distinct trials (of {len(entries)}); reading their training rows ...")
+    grid, sampled = _trials(study, grids, resolve)
+    distinct = merge_identical(study, grid) + sampled
+    total = len(grid) + len(sampled)
+    progress(f"pricing {len(distinct)} distinct trials (of {total}); reading their training rows ...")
     rows_cache: dict[str, int | str] = {}
     plans = []
     for entry in distinct:
-        trial = resolve(entry["ablation"], entry["overrides"], entry["seed"])
+        trial = entry.config
         rows = count_rows(trial, rows_cache)
         work = trial_work(trial, rows) if isinstance(rows, int) else None
-        costs = measured.for_ablation(entry["ablation"])
+        costs = measured.for_ablation(entry.ablation)
         seconds = trial_seconds(work, costs, speedup) if work else 0.0
         plans.append(
-            TrialPlan(
-                entry["ablation"], entry["label"], stage_of[entry["ablation"]], work, seconds, per_trial_gpus
-            )
+            TrialPlan(entry.ablation, entry.label, stage_of[entry.ablation], work, seconds, per_trial_gpus)
         )
     wall = sum(
         pack([p.seconds for p in plans if p.stage == n], slots) for n in sorted(set(stage_of.values()))
@@ -312,7 +300,31 @@ def project(
             f"({next(v for v in rows_cache.values() if isinstance(v, str))[:160]})"
         )
     usd = gpu_hours * price if per_trial_gpus > 0 else None
-    return Projection(len(entries), len(distinct), plans, wall, gpu_hours, usd, slots, assumptions)
+    return Projection(
+        len(grid) + len(sampled), len(distinct), plans, wall, gpu_hours, usd, slots, assumptions
+    )
+
+
+def _trials(
+    study: Study, grids: dict[str, list[dict[str, Any]]] | None, resolve: Resolve
+) -> tuple[list[TrialSpec], list[TrialSpec]]:
+    """The grid trials, each resolved, and the trials a search or a confirmation will run, each
+    standing as its ablation's base."""
+    grid, sampled = [], []
+    for name, ablation in study.ablations.items():
+        seeds = study.seeds_of(name)
+        # a sampled ablation's configurations, and those a confirm ablation reruns: its base stands for each
+        samples = study.search.num_samples if ablation.space else 0
+        samples = ablation.confirm.top_k if ablation.confirm is not None else samples
+        base = [TrialSpec(name, "sample", {}, {}, s, resolve(name, {}, s)) for s in seeds] if samples else []
+        sampled += base * samples
+        points = [] if ablation.space else grid_points(ablation) if grids is None else grids[name]
+        grid += [
+            TrialSpec(name, p["label"], p["overrides"], p["paper"], s, resolve(name, p["overrides"], s))
+            for p in points
+            for s in seeds
+        ]
+    return grid, sampled
 
 
 def render(projection: Projection, gpu: str, gpus: int) -> str:

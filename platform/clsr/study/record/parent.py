@@ -26,12 +26,8 @@ import yaml
 from clsr.study.control.driver_link import LEASE_LOST_EXIT
 from clsr.study.plan.fingerprint import compare, fingerprint, overall
 from clsr.study.plan.resolve import point_label
-from clsr.study.record.attempts import (
-    record_edit,
-    recorded_fingerprint,
-    recorded_study_file,
-    search_versions,
-)
+from clsr.study.plan.study_plan import TrialSpec
+from clsr.study.record.attempts import record_edit, recorded_fingerprint, recorded_study_file, search_versions
 from clsr.study.record.lease import HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, leased, watch
 from clsr.study.record.summary import resolved_summary, summary_rows
 from clsr.study.spec.schema import Study
@@ -294,14 +290,14 @@ def take_over(
         print(f"closed {len(closed)} run(s) a stopped driver had left RUNNING; their trials resume")
     skip = record_edit(client, study, study_text, parent_run_id, recorded, current, changes, attempt)
     sampled = any(a.space for a in study.ablations.values())
-    return parent_run_id, storage, lease, skip, search_versions(client, parent_run_id) if sampled else {}
+    return (parent_run_id, storage, lease, skip, search_versions(client, parent_run_id) if sampled else {})
 
 
-def attach_labels(client, run, trial: dict[str, Any]) -> None:
-    """Let a run stand for every point of ``trial`` (an entry of identical trials) it does not yet."""
+def attach_labels(client, run, trial: TrialSpec) -> None:
+    """Let a run stand for every point of ``trial`` (one of identical trials) it does not yet."""
     tags = run.data.tags
     have = {tuple(label) for label in run_labels(tags)}
-    wanted = [[trial["ablation"], trial["label"]], *trial.get("also", [])]
+    wanted = [[trial.ablation, trial.label], *trial.also]
     added = [list(label) for label in wanted if tuple(label) not in have]
     if added:
         also = [list(label) for label in run_labels(tags)[1:]] + added
@@ -471,9 +467,9 @@ def wait_for_tracking(uri: str, storage: str, wait_s: float) -> int:
         return err.runs
 
 
-def skip_blocked(uri: str, parent_run_id: str, blocked: list[tuple[dict[str, Any], str]]) -> None:
+def skip_blocked(uri: str, parent_run_id: str, blocked: list[tuple[TrialSpec, str]]) -> None:
     """Trials whose upstream trials failed: a child run that says why (status skipped)."""
     for trial, reason in blocked:
-        label = trial["label"] or point_label(trial["overrides"])
-        print(f"skipped: ablations.{trial['ablation']}[{label}] seed {trial['seed']}: {reason}")
-        record_skipped(uri, parent_run_id, trial["ablation"], label, trial["seed"], reason)
+        label = trial.label or point_label(trial.overrides)
+        print(f"skipped: ablations.{trial.ablation}[{label}] seed {trial.seed}: {reason}")
+        record_skipped(uri, parent_run_id, trial.ablation, label, trial.seed, reason)

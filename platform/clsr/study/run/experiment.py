@@ -8,12 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from clsr.study.plan.resolve import (
-    grid_points,
-    trial_document,
-)
+from clsr.study.plan.resolve import grid_points, trial_document
+from clsr.study.plan.study_plan import TrialSpec
 from clsr.study.run.console import Console
 from clsr.study.run.trial import StudyContext, key_of, run_trial
+from clsr.study.run.tune_point import point_of, sampled_point, spec_of
 from clsr.study.run.tune_state import repair_before_restore
 from clsr.study.spec.schema import Study
 
@@ -23,14 +22,17 @@ from clsr.study.spec.schema import Study
 DRIVER_SHARE = 0.001
 
 
-def expand_trials(study: Study, points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every grid point with each of its ablation's seeds: one entry per Tune trial."""
-    return [{**p, "seed": seed} for p in points for seed in study.seeds_of(p["ablation"])]
+def expand_trials(study: Study, points: list[dict[str, Any]]) -> list[TrialSpec]:
+    """Every point (``ablation``, ``label``, ``overrides``, ``paper``) with each of its ablation's seeds:
+    one trial each, resolved later (``config`` None)."""
+    return [
+        TrialSpec(p["ablation"], p["label"], p["overrides"], p.get("paper") or {}, seed)
+        for p in points
+        for seed in study.seeds_of(p["ablation"])
+    ]
 
 
-def param_space(
-    study: Study, ablation: str | None, trials: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
+def param_space(study: Study, ablation: str | None, trials: list[TrialSpec] | None = None) -> dict[str, Any]:
     """Grids go through Tune's own variant generator (one entry per point and seed); spaces become
     Tune distributions."""
     from ray import tune
@@ -39,19 +41,12 @@ def param_space(
         if trials is None:
             points = [{"ablation": name, **p} for name, a in study.ablations.items() for p in grid_points(a)]
             trials = expand_trials(study, points)
-        return {"point": tune.grid_search(trials)}
+        return {"point": tune.grid_search([point_of(t) for t in trials])}
     from clsr.study.run.search import seed_space
 
     space = {key: _distribution(d) for key, d in study.ablations[ablation].space.items()}
-    return {
-        "point": {
-            "ablation": ablation,
-            "label": None,
-            "overrides": space,
-            "paper": {},
-            "seed": seed_space(study, ablation),  # random: a grid over the seeds; optuna: SeedRepeater's
-        }
-    }
+    # the seed: random, a grid over the seeds; optuna, SeedRepeater's
+    return {"point": sampled_point(ablation, space, seed_space(study, ablation))}
 
 
 def _distribution(dist) -> Any:
@@ -72,7 +67,7 @@ def _search_alg(study: Study, ablation: str | None = None):
     return search_alg(study, ablation)
 
 
-def _scheduler(study: Study, ablation: str | None, trials: list[dict[str, Any]] | None = None):
+def _scheduler(study: Study, ablation: str | None, trials: list[TrialSpec] | None = None):
     from clsr.study.run.search import scheduler
 
     if study.scheduler.type == "fifo" or confirming(study, trials):  # a confirmation runs every seed out
@@ -81,9 +76,9 @@ def _scheduler(study: Study, ablation: str | None, trials: list[dict[str, Any]] 
     return scheduler(study, s.max_t or max(resolved_max_steps(study, ablation), s.grace_period))
 
 
-def confirming(study: Study, trials: list[dict[str, Any]] | None) -> bool:
+def confirming(study: Study, trials: list[TrialSpec] | None) -> bool:
     """Whether an experiment's trials are all a confirm ablation's."""
-    return bool(trials) and all(study.ablations[t["ablation"]].confirm is not None for t in trials)
+    return bool(trials) and all(study.ablations[t.ablation].confirm is not None for t in trials)
 
 
 def resolved_max_steps(study: Study, ablation: str | None) -> int:
@@ -136,11 +131,7 @@ def max_steps(study: Study) -> dict[str, int | None]:
 
 
 def _build_tuner(
-    study: Study,
-    ctx: StudyContext,
-    ablation: str | None,
-    restore: bool,
-    name: str | None = None,
+    study: Study, ctx: StudyContext, ablation: str | None, restore: bool, name: str | None = None
 ):
     from ray import tune
 
@@ -210,5 +201,7 @@ def errors_of(results) -> dict[str, str]:
             continue
         named = re.search(r"_([0-9a-f]{5}_\d{5})", Path(result.path).name) if result.path else None
         trial_id = (result.metrics or {}).get("trial_id") or (named.group(1) if named else None)
-        lost[key_of(result.config["point"], trial_id)] = f"{type(result.error).__name__}: {result.error}"
+        lost[key_of(spec_of(result.config["point"]), trial_id)] = (
+            f"{type(result.error).__name__}: {result.error}"
+        )
     return lost

@@ -9,22 +9,16 @@ from __future__ import annotations
 import os
 
 from clsr.study.control.interrupt import Interrupts
+from clsr.study.plan.resolve import StudyDocuments
 from clsr.study.plan.study_plan import plan_study
-from clsr.study.record.parent import (
-    StudyOutcome,
-    start_record,
-    take_over,
-)
+from clsr.study.record.parent import StudyOutcome, start_record, take_over
 from clsr.study.run.console import Console
 from clsr.study.run.ray_session import cluster_address, init_ray
 from clsr.study.run.storage_checks import check_cloud_storage, check_local_storage_on_cluster, is_cloud
 from clsr.study.run.waves import run_waves
 from clsr.study.spec.schema import Study, StudyError
 from clsr.tracking.patient import PatientClient
-from clsr.tracking.study_runs import (
-    check_reachable,
-    resolve_tracking_uri,
-)
+from clsr.tracking.study_runs import check_reachable, resolve_tracking_uri
 
 
 def refuse_unavailable(study: Study, unavailable: list[str] | tuple[str, ...]) -> None:
@@ -45,11 +39,13 @@ def run_study(
     new: bool = False,
     verbose: bool = True,
     console: Console | None = None,
+    documents: StudyDocuments | None = None,
 ) -> StudyOutcome:
     """Run (or resume) a study: one driver holds the study's lease; SIGINT/SIGTERM stop it with a
     truthful record (``StudyOutcome.stopped_by``). ``verbose=False`` (the command's default): Ray's and
     Tune's output to ``<storage>/driver.log``, a progress table of the platform's on the terminal.
-    ``console``: the command's (``Console``); a fresh one when not given."""
+    ``console``: the command's (``Console``); a fresh one when not given. ``documents``: the trials
+    validation resolved (``load_documents``), which the plan keeps; resolved here when not given."""
     console = console if console is not None else Console()
     from clsr.study.run.tune_compat import check_ray
 
@@ -61,7 +57,7 @@ def run_study(
         console.quiet = DriverLog()
         console.quiet.start()
     try:
-        return _run_study(study, study_text, resume, allow_changes, new, console)
+        return _run_study(study, study_text, resume, allow_changes, new, console, documents)
     finally:
         if console.quiet is not None and console.quiet.path is None:  # ended before its storage: to stderr
             console.quiet.close()
@@ -75,6 +71,7 @@ def _run_study(
     allow_changes: bool,
     new: bool,
     console: Console | None = None,
+    documents: StudyDocuments | None = None,
 ) -> StudyOutcome:
     console = console if console is not None else Console()
     # validated (load_study), and the tracking server answers ...
@@ -82,7 +79,7 @@ def _run_study(
     check_reachable(uri)
     # ... plan: every point's sources checked, every trial, its configuration, its wave and the fingerprint,
     # built once ...
-    plan = plan_study(study)
+    plan = plan_study(study, documents)
     refuse_unavailable(study, plan.unavailable)  # before anything is recorded
     check_storage(study, console)
     check_trial_resources(study, console)  # a request no node meets would wait forever, silently

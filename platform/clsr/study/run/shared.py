@@ -5,32 +5,23 @@ wave's trials start; every trial fetches its own from Ray's object store by key.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from clsr.study.plan.resolve import (
-    resolve_trial,
-)
+from clsr.config.trial import TrialConfig
+from clsr.study.plan.resolve import resolve_trial
+from clsr.study.plan.study_plan import TrialSpec
 from clsr.study.spec.schema import Outputs, Study
 
-if TYPE_CHECKING:
-    from clsr.config.trial import TrialConfig
 
-
-def prepare_shared(
-    study: Study,
-    trials: list[dict[str, Any]],
-    outputs: Outputs | None = None,
-    resolved: Callable[[dict[str, Any]], TrialConfig | None] | None = None,
-) -> dict[str, Any]:
+def prepare_shared(study: Study, trials: list[TrialSpec], outputs: Outputs | None = None) -> dict[str, Any]:
     """Build each distinct shared input (word table, tokenised corpus) once, as a Ray task.
 
     The results stay in Ray's object store; every trial fetches its own by key. A failure here stops
-    the study before any trial starts, with the builder's own message. ``resolved``: as ``shared_inputs``.
+    the study before any trial starts, with the builder's own message.
     """
     import ray
 
-    wanted = shared_inputs(study, trials, outputs, resolved)
+    wanted = shared_inputs(study, trials, outputs)
     if not wanted:
         return {}
     res = study.resources
@@ -46,30 +37,27 @@ def prepare_shared(
 
 
 def shared_inputs(
-    study: Study,
-    trials: list[dict[str, Any]],
-    outputs: Outputs | None = None,
-    resolved: Callable[[dict[str, Any]], TrialConfig | None] | None = None,
-) -> dict[str, dict[str, Any]]:
-    """shared_key -> the config of the first trial that needs it: one build per distinct key.
-    ``resolved``: a trial's configuration when the study plan holds it (``StudyPlan.config_of``)."""
+    study: Study, trials: list[TrialSpec], outputs: Outputs | None = None
+) -> dict[str, TrialConfig]:
+    """shared_key -> the config of the first trial that needs it: one build per distinct key. A trial's
+    ``config`` when it has one (the plan's), else resolved here."""
     from clsr.methods import build_method
     from clsr.train.outcome import is_evaluation_only
 
-    wanted: dict[str, dict[str, Any]] = {}
-    for t in trials:  # a sampled ablation's entry holds its base (overrides: {}); samples share it
-        trial = resolved(t) if resolved is not None else None
-        if trial is None:
-            trial = resolve_trial(study, t["ablation"], t["overrides"], t["seed"], outputs or {})
+    wanted: dict[str, TrialConfig] = {}
+    for t in trials:  # a sampled ablation's base trial (overrides: {}) stands for its samples
+        trial = (
+            t.config
+            if t.config is not None
+            else resolve_trial(study, t.ablation, t.overrides, t.seed, outputs or {})
+        )
         key = build_method(trial).shared_key(trial)
         if key is not None and not is_evaluation_only(trial):  # it trains nothing with the input
-            wanted.setdefault(key, trial.model_dump())
+            wanted.setdefault(key, trial)
     return wanted
 
 
-def _build_shared(trial_doc: dict[str, Any]) -> Any:
-    from clsr.config.trial import TrialConfig
+def _build_shared(trial: TrialConfig) -> Any:
     from clsr.methods import build_method
 
-    trial = TrialConfig.model_validate(trial_doc)
     return build_method(trial).prepare_shared(trial)

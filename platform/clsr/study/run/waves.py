@@ -6,18 +6,13 @@ versions, and adaptive-seed rounds), then the record closed truthfully however i
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from mlflow.tracking import MlflowClient
 
 from clsr.study.control.interrupt import Interrupted, Interrupts
 from clsr.study.plan.distinct import also_keys, merge_identical, run_keys
-from clsr.study.plan.resolve import (
-    UpstreamMissing,
-    missing_upstream,
-    resolve_trial,
-)
-from clsr.study.plan.study_plan import StudyPlan
+from clsr.study.plan.resolve import UpstreamMissing, missing_upstream, resolve_trial
+from clsr.study.plan.study_plan import StudyPlan, TrialSpec
 from clsr.study.record.attempts import superseded_at
 from clsr.study.record.lease import Lease
 from clsr.study.record.parent import (
@@ -36,40 +31,37 @@ from clsr.study.run.shared import prepare_shared, shared_inputs
 from clsr.study.run.trial import StudyContext, key_of
 from clsr.study.spec.schema import Outputs, Study
 from clsr.tracking.patient import PatientClient
-from clsr.tracking.study_runs import (
-    SUPERSEDED_TAG,
-    children,
-    finished_outputs,
-)
+from clsr.tracking.study_runs import SUPERSEDED_TAG, children, finished_outputs
 
 
-def sampled_bases(study: Study, ablation: str) -> list[dict[str, Any]]:
+def sampled_bases(study: Study, ablation: str) -> list[TrialSpec]:
     """A sampled ablation's base trial per seed: it stands for the samples when shared inputs are built."""
-    return [{"ablation": ablation, "overrides": {}, "seed": seed} for seed in study.seeds_of(ablation)]
+    return [TrialSpec(ablation, None, {}, {}, seed) for seed in study.seeds_of(ablation)]
 
 
 def ready_trials(
-    study: Study, trials: list[dict[str, Any]], outputs: Outputs
-) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
-    """The trials whose needs can be filled, and (trial, why not) for the others."""
+    study: Study, trials: list[TrialSpec], outputs: Outputs
+) -> tuple[list[TrialSpec], list[tuple[TrialSpec, str]]]:
+    """The trials whose needs can be filled (a staged one with its configuration, now resolved), and
+    (trial, why not) for the others."""
     ready, blocked = [], []
     for trial in trials:
-        if not study.ablations[trial["ablation"]].needs:
+        if not study.ablations[trial.ablation].needs:
             ready.append(trial)
             continue
         try:
-            resolve_trial(study, trial["ablation"], trial["overrides"], trial["seed"], outputs)
-            ready.append(trial)
+            config = resolve_trial(study, trial.ablation, trial.overrides, trial.seed, outputs)
+            ready.append(replace(trial, config=config))
         except (UpstreamMissing, ValueError) as err:
-            missing = missing_upstream(study, trial["ablation"], trial["seed"], outputs, trial["overrides"])
+            missing = missing_upstream(study, trial.ablation, trial.seed, outputs, trial.overrides)
             reason = f"upstream trials without a checkpoint: {', '.join(missing)}" if missing else str(err)
             blocked.append((trial, reason))
     return ready, blocked
 
 
 def confirm_trials(
-    study: Study, client, parent_run_id: str, wave: list[str], planned: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
+    study: Study, client, parent_run_id: str, wave: list[str], planned: list[TrialSpec]
+) -> tuple[list[TrialSpec], list[tuple[TrialSpec, str]]]:
     """A wave's trials with its confirm ablations' best upstream configurations × their seeds added
     (``clsr.study.run.confirm``), and (trial, why) for those of a confirm ablation with none to confirm."""
     from clsr.study.run.confirm import wave_points
@@ -80,10 +72,8 @@ def confirm_trials(
     why = {n: f"{study.ablations[n].confirm.of} has no finished configuration to confirm" for n in empty}
     for name, reason in why.items():
         print(f"skipped: ablations.{name}: {reason}")
-    kept = [t for t in planned if t["ablation"] not in why]
-    return kept + expand_trials(study, points), [
-        (t, why[t["ablation"]]) for t in planned if t["ablation"] in why
-    ]
+    kept = [t for t in planned if t.ablation not in why]
+    return kept + expand_trials(study, points), [(t, why[t.ablation]) for t in planned if t.ablation in why]
 
 
 def run_waves(
@@ -123,14 +113,14 @@ def run_waves(
             trials, blocked = ready_trials(study, planned, outputs)
             skip_blocked(uri, parent_run_id, unconfirmed + blocked)
             if ablation is None:
-                trials = merge_identical(study, trials, outputs, plan.config_of)
+                trials = merge_identical(study, trials, outputs)
                 say_merged(trials)
             if ablation is None and not trials:
                 continue  # every trial of this wave lost an upstream trial
             builds = trials if ablation is None else sampled_bases(study, ablation)
-            shared = prepare_shared(study, builds, outputs, plan.config_of)
+            shared = prepare_shared(study, builds, outputs)
             ctx = StudyContext(
-                study.model_dump(by_alias=True), uri, parent_run_id, storage, trials, shared, outputs,
+                study, uri, parent_run_id, storage, trials, shared, outputs,
                 lease.generation, skip,
             )  # fmt: skip
             _fit(study, ctx, ablation, name, interrupts, console)
@@ -165,15 +155,15 @@ def _shrink_checkpoints(study: Study, client, parent_run_id: str, storage: str) 
         return f"checkpoints: kept whole ({type(err).__name__}: {str(err)[:200]})"
 
 
-def say_merged(trials: list[dict[str, Any]]) -> None:
+def say_merged(trials: list[TrialSpec]) -> None:
     """Which identical trials run once, standing for which points."""
-    merged = [t for t in trials if t["also"]]
+    merged = [t for t in trials if t.also]
     if not merged:
         return
-    stood_for = len(trials) + sum(len(t["also"]) for t in merged)
+    stood_for = len(trials) + sum(len(t.also) for t in merged)
     print(f"{stood_for} trials, {len(trials)} distinct: identical trials run once for all their points")
     for trial in merged[:10]:
-        others = ", ".join(f"{a}[{p}]" for a, p in trial["also"])
+        others = ", ".join(f"{a}[{p}]" for a, p in trial.also)
         print(f"  {key_of(trial)} also stands for {others}")
     if len(merged) > 10:
         print(f"  ... and {len(merged) - 10} more")
@@ -201,7 +191,7 @@ def adaptive_rounds(
             trials = round_trials(study, ablation, load_trials(client, ctx.parent_run_id))
             if not trials:
                 break
-            rows = len({t["label"] for t in trials})
+            rows = len({t.label for t in trials})
             print(f"ablations.{ablation}: round {k} adds a seed to {rows} row(s) (CI wider than "
                   f"±{spec.until_ci:g} or verdict inconclusive)")  # fmt: skip
             trials = merge_identical(study, ready_trials(study, trials, ctx.outputs)[0], ctx.outputs)

@@ -185,13 +185,13 @@ def test_rounds_add_seeds_to_wide_rows_only_up_to_max(tmp_path, monkeypatch, cap
     fits = []
 
     def fake_fit(study, ctx, ablation, name, interrupts, console=None):
-        fits.append((name, sorted((t["label"], t["seed"]) for t in ctx.trials)))
+        fits.append((name, sorted((t.label, t.seed) for t in ctx.trials)))
         for t in ctx.trials:
-            add_trial(uri, client, parent, t["label"], t["seed"])
+            add_trial(uri, client, parent, t.label, t.seed)
 
     monkeypatch.setattr(waves, "_fit", fake_fit)
     monkeypatch.setattr(waves, "shared_inputs", lambda *a, **k: {})
-    ctx = StudyContext(study.model_dump(by_alias=True), uri, parent, str(tmp_path / "runs"), [], {}, {})
+    ctx = StudyContext(study, uri, parent, str(tmp_path / "runs"), [], {}, {})
     interrupts = SimpleNamespace(check=lambda: None, reason=None)
     waves.adaptive_rounds(study, ctx, ["pooling"], interrupts, client)
     assert fits == [("pooling-seeds2", [("avg", 4)]), ("pooling-seeds3", [("avg", 5)])]

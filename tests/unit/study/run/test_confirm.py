@@ -167,7 +167,7 @@ def test_top_k_points_and_the_runner_adds_them_over_the_confirm_seeds(tmp_path, 
     )
     trials, blocked = confirm_trials(study, client, parent, ["confirm"], explicit)
     assert blocked == [] and len(trials) == (2 + 1) * 3
-    assert sorted({t["seed"] for t in trials}) == [7, 8, 9]
+    assert sorted({t.seed for t in trials}) == [7, 8, 9]
     assert confirm_points(study, "confirm", runs(client, parent)) == (points, lines)  # deterministic
 
 
@@ -194,7 +194,7 @@ def test_none_finished_skips_the_confirm_trials_with_a_reason(tmp_path, store, c
         study, [{"ablation": "confirm", **p} for p in grid_points(study.ablations["confirm"])]
     )
     trials, blocked = confirm_trials(study, client, parent, ["confirm"], explicit)
-    assert trials == [] and [t["seed"] for t, _ in blocked] == [7, 8, 9]
+    assert trials == [] and [t.seed for t, _ in blocked] == [7, 8, 9]
     assert {why for _, why in blocked} == {"lr has no finished configuration to confirm"}
     assert (
         "skipped: ablations.confirm: lr has no finished configuration to confirm" in capsys.readouterr().out
@@ -259,7 +259,9 @@ def test_confirm_runs_after_the_search_as_a_grid_without_early_stopping(tmp_path
     doc = {**copy.deepcopy(STUDY), "scheduler": {"type": "asha"}}
     study = study_of(tmp_path, doc)
     assert experiments(study) == [("lr", "lr", ["lr"]), ("confirm", None, ["confirm"])]
-    trials = [{"ablation": "confirm", "label": "paper", "overrides": {}, "seed": 7}]
+    from clsr.study.plan.study_plan import TrialSpec
+
+    trials = [TrialSpec("confirm", "paper", {}, {}, 7)]
     assert _scheduler(study, None, trials) is None and _scheduler(study, "lr") is not None
 
 

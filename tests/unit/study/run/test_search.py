@@ -47,7 +47,7 @@ def tune_config(study, tmp_path: Path, ablation: str | None = "lr"):
     from clsr.study.run.experiment import build_tuner
     from clsr.study.run.tune_compat import tuner_tune_config
 
-    ctx = StudyContext(study.model_dump(by_alias=True), "sqlite:///x.db", "parent", str(tmp_path))
+    ctx = StudyContext(study, "sqlite:///x.db", "parent", str(tmp_path))
     return tuner_tune_config(build_tuner(study, ctx, ablation, restore=False))
 
 

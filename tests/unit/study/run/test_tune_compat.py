@@ -81,7 +81,7 @@ def test_quieting_a_tuner_changes_the_run_config_its_fit_runs_with(tmp_path, mon
     from clsr.study.run.trial import StudyContext
 
     study = study_of(tmp_path)
-    ctx = StudyContext(study.model_dump(by_alias=True), "sqlite:///x.db", "parent", str(tmp_path))
+    ctx = StudyContext(study, "sqlite:///x.db", "parent", str(tmp_path))
     tuner = experiment._build_tuner(study, ctx, "lr", restore=False)
     assert isinstance(tuner_tune_config(tuner), tune.TuneConfig)
     run_config = tuner_run_config(tuner)
