@@ -230,10 +230,15 @@ def _plan_parser(study) -> None:
 
 
 def _load(path: str, overrides: list[str], smoke: bool = False):
-    from clsr.study.plan.load import load_study
+    return _load_documents(path, overrides, smoke).study
+
+
+def _load_documents(path: str, overrides: list[str], smoke: bool = False):
+    """The study with the trials validation resolved (``StudyDocuments``), for a command that goes on."""
+    from clsr.study.plan.load import load_documents
     from clsr.study.spec.dotted import parse_override
 
-    return load_study(path, [parse_override(o) for o in overrides], smoke=smoke)
+    return load_documents(path, [parse_override(o) for o in overrides], smoke=smoke)
 
 
 def _validate_summary(valid: int, needs_hub: list[str], failed: int) -> str:
@@ -268,8 +273,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 def cmd_study_validate(args: argparse.Namespace) -> int:
     """``platform study validate``: 0 when every file is valid, 1 when one is not or needs the hub, 2 for a
     bad override."""
-    from clsr.study.plan.load import load_study
-    from clsr.study.plan.resolve import StudyDocuments, seed_notes
+    from clsr.study.plan.load import load_documents
+    from clsr.study.plan.resolve import seed_notes
     from clsr.study.plan.sources import NeedsHub, require_sources
     from clsr.study.run.resources import no_gpu_note
     from clsr.study.spec.dotted import parse_override
@@ -282,9 +287,9 @@ def cmd_study_validate(args: argparse.Namespace) -> int:
     failed, needs_hub, paths = 0, [], _expand_folders(args.studies)
     for path in paths:
         try:
-            study = load_study(path, overrides, smoke=args.smoke)
             # the trials validation resolved: the checks and counts share them
-            documents = StudyDocuments.of(study)
+            documents = load_documents(path, overrides, smoke=args.smoke)
+            study = documents.study
             # every model.name and data.train is here
             sources = require_sources(study, path, documents.grids, documents.config)
         except NeedsHub as err:  # right as written; the hub is out of reach here
@@ -336,7 +341,8 @@ def cmd_study_run(args: argparse.Namespace) -> int:
     from clsr.study.spec.schema import StudyError  # imports the methods, hence torch
 
     try:
-        study = _load(args.study, args.overrides, smoke=args.smoke)
+        documents = _load_documents(args.study, args.overrides, smoke=args.smoke)  # the plan's cache
+        study = documents.study
     except (StudyError, ValueError) as err:
         print(err, file=sys.stderr)
         return 2
@@ -349,13 +355,15 @@ def cmd_study_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return _run_study(args, study, link)
+    return _run_study(args, study, link, documents)
 
 
-def _run_study(args: argparse.Namespace, study, link) -> int:
+def _run_study(args: argparse.Namespace, study, link, documents=None) -> int:
     """The driver: the study run (or resumed) and its trials' table printed."""
-    from clsr.study.record.parent import NoEarlierRun, format_rows
-    from clsr.study.run.runner import Console, run_study
+    from clsr.study.record.parent import NoEarlierRun
+    from clsr.study.record.summary import format_rows
+    from clsr.study.run.console import Console
+    from clsr.study.run.runner import run_study
     from clsr.study.spec.schema import StudyError
     from clsr.tracking.escape import terminal
 
@@ -379,12 +387,13 @@ def _run_study(args: argparse.Namespace, study, link) -> int:
             new=not resume and args.new,
             verbose=args.verbose,
             console=console,
+            documents=documents,
         )
     except NoEarlierRun:
         if not (resume and args.or_run):
             raise
         print(f"no earlier run of study {study.name!r} to resume: starting it (--or-run)")
-        outcome = run_study(study, study_text, verbose=args.verbose, console=console)
+        outcome = run_study(study, study_text, verbose=args.verbose, console=console, documents=documents)
     except StudyError as err:  # refused before anything was recorded (sources here, resources): no resume
         print(err, file=sys.stderr)
         return 1
@@ -448,11 +457,10 @@ def cmd_study_plan(args: argparse.Namespace) -> int:
             "error: --probe measures here; --from reads a recorded study: give one of them", file=sys.stderr
         )
         return 2
-    from clsr.study.plan.resolve import StudyDocuments
-
     try:
-        study = _load(args.study, args.overrides, smoke=args.smoke)
-        documents = StudyDocuments.of(study)  # the trials validation resolved: probe, prices, checkpoints
+        # the trials validation resolved: probe, prices, checkpoints
+        documents = _load_documents(args.study, args.overrides, smoke=args.smoke)
+        study = documents.study
         measured = _probed(args, study, documents) if args.probe else _recorded(args, study)
         projection = project(
             study, measured, args.gpus, args.gpu, args.gpu_speedup, args.price,

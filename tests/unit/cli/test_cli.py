@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
 from clsr.study.plan.load import load_study
-from clsr.study.run.runner import build_tuner, param_space
+from clsr.study.run.experiment import build_tuner, param_space
 from clsr.study.run.trial import StudyContext
 from tests.support.stores import sqlite_uri
 
@@ -28,7 +28,7 @@ def test_the_shipped_tune_then_confirm_study_builds_its_searcher(tmp_path):
     from clsr.study.run.tune_compat import tuner_tune_config
 
     study = load_study(REPO_ROOT / "studies" / "simcse_tuning.yaml")
-    ctx = StudyContext(study.model_dump(by_alias=True), "sqlite:///x.db", "parent", str(tmp_path))
+    ctx = StudyContext(study, "sqlite:///x.db", "parent", str(tmp_path))
     tuner = build_tuner(study, ctx, "lr_batch", restore=False)
     tune_config = tuner_tune_config(tuner)
     repeater = tune_config.search_alg
@@ -129,7 +129,7 @@ def test_summary_rows_show_the_averages_a_trial_has():
     """Rows come from the trials' MLflow runs (the record), superseded runs left out."""
     from types import SimpleNamespace
 
-    from clsr.study.record.parent import format_rows, summary_rows
+    from clsr.study.record.summary import format_rows, summary_rows
 
     study = load_study(REPO_ROOT / "studies" / "supmpn_ablations.yaml", smoke=True)
 
@@ -230,7 +230,7 @@ def test_version_help_and_folders(tmp_path, capfd):
 def test_trials_get_the_data_folder_as_an_absolute_path(tmp_path, monkeypatch):
     """A relative `export CLSR_DATA_DIR=../shared/data` (as in the README): Ray runs each trial in a folder
     of its own, so the driver hands trials the folder it means, not the relative path."""
-    from clsr.study.run.runner import _forwarded_env
+    from clsr.study.run.ray_session import _forwarded_env
 
     (tmp_path / "shared" / "data").mkdir(parents=True)
     (tmp_path / "clsr").mkdir()

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from clsr.data import corpora, embedded
-from clsr.data.hub import reach as hub_reach
 from clsr.data.corpora import load_wiki_sentences
+from clsr.data.hub import reach as hub_reach
 from clsr.data.sts import load_sts
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

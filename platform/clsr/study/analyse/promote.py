@@ -20,7 +20,7 @@ from mlflow.exceptions import MlflowException
 
 from clsr.study.analyse.runs import Trial, load_trials, open_study_runs
 from clsr.study.plan.fingerprint import trial_key
-from clsr.study.record.parent import recorded_fingerprint
+from clsr.study.record.attempts import recorded_fingerprint
 from clsr.study.spec.schema import Study
 from clsr.tracking import escape
 from clsr.tracking.record_reader import finite

@@ -200,7 +200,7 @@ def plan_rows(study: Study, name: str, trials: list[Trial]) -> list[Row]:
     points = [] if spec.space else grid_points(spec)
     seeds = [] if spec.space else study.seeds_of(name)
     rows = {p["label"]: Row(p["label"], p["overrides"], dict(p["paper"]), list(seeds)) for p in points}
-    resolve = StudyDocuments.of(study).config  # once: its staleness check reads the whole study
+    resolve = StudyDocuments(study).config  # each point resolved once
     for row in rows.values():
         row.config, row.planned_eval_only = planned_config(resolve, name, row.overrides)
     for (label, seed), trial in sorted(pick_trials(trials).items(), key=lambda kv: kv[1].start_time):
@@ -257,8 +257,8 @@ def planned_config(resolve: Resolve, name: str, overrides: dict[str, Any]) -> tu
     """The hash of the point's validated trial config at a fixed seed (pydantic fills defaults and
     coerces types, so a point that writes out a default equals one that inherits it), and whether it
     trains nothing (``trainer.max_steps: 0``); (None, False) when the point no longer resolves (a
-    ``--name`` report of a study recorded by an older clsr). ``resolve``: the study's documents'
-    (``StudyDocuments.of``), so each point is resolved once."""
+    ``--name`` report of a study recorded by an older clsr). ``resolve``: a ``StudyDocuments``'
+    (``plan_rows``), so each point is resolved once."""
     try:
         config = resolve(name, overrides, 0)
     except ValueError:  # pydantic's ValidationError included

@@ -11,53 +11,46 @@ stages read, and edited resumes read a run under each of its labels
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
 
-from clsr.config.trial import TrialConfig
 from clsr.study.plan.fingerprint import trial_key
 from clsr.study.plan.resolve import config_identity, trial_identity
+from clsr.study.plan.study_plan import TrialSpec
 from clsr.study.spec.schema import Outputs, Study
 from clsr.tracking.record_reader import tag_int
 from clsr.tracking.tags import ALSO_TAG, TRIAL_TAG, run_labels
 
 
-def merge_identical(
-    study: Study,
-    trials: list[dict[str, Any]],
-    outputs: Outputs | None = None,
-    resolved: Callable[[dict[str, Any]], TrialConfig | None] | None = None,
-) -> list[dict[str, Any]]:
-    """One entry per distinct grid trial, in order; an entry standing for several points lists the
-    others as ``also: [[ablation, label], ...]``. Staged trials compare with their upstream outputs
-    filled in, so two that read the same checkpoint are one trial too. ``resolved``: a trial's
-    configuration when the study plan holds it (``StudyPlan.config_of``), else None: resolved here."""
-    by_identity: dict[str, dict[str, Any]] = {}
-    merged = []
+def merge_identical(study: Study, trials: list[TrialSpec], outputs: Outputs | None = None) -> list[TrialSpec]:
+    """One trial per distinct grid trial, in order; one standing for several points lists the others in
+    its ``also``. Staged trials compare with their upstream outputs filled in, so two that read the same
+    checkpoint are one trial too. A trial's ``config`` when it has one (the plan's), else resolved here."""
+    first: dict[str, int] = {}  # identity -> its index in merged
+    merged: list[TrialSpec] = []
     for trial in trials:
-        config = resolved(trial) if resolved is not None else None
         identity = (
-            config_identity(config)
-            if config is not None
-            else trial_identity(study, trial["ablation"], trial["overrides"], trial["seed"], outputs)
+            config_identity(trial.config)
+            if trial.config is not None
+            else trial_identity(study, trial.ablation, trial.overrides, trial.seed, outputs)
         )
-        first = by_identity.get(identity)
-        if first is None:
-            by_identity[identity] = {**trial, "also": []}
-            merged.append(by_identity[identity])
+        if identity not in first:
+            first[identity] = len(merged)
+            merged.append(replace(trial, also=()))
         else:
-            first["also"].append([trial["ablation"], trial["label"]])
+            kept = merged[first[identity]]
+            merged[first[identity]] = replace(kept, also=(*kept.also, (trial.ablation, trial.label)))
     return merged
 
 
-def also_keys(entry: dict[str, Any]) -> list[str]:
-    """The trial keys an entry stands for besides its own."""
-    return [trial_key(ablation, label, entry["seed"]) for ablation, label in entry.get("also", [])]
+def also_keys(trial: TrialSpec) -> list[str]:
+    """The trial keys a trial stands for besides its own."""
+    return [trial_key(ablation, label, trial.seed) for ablation, label in trial.also]
 
 
-def also_tag(also: list[list[str]]) -> dict[str, str]:
+def also_tag(also: Sequence[Sequence[str]]) -> dict[str, str]:
     """The run's ``clsr.also`` tag, or none when it stands for one point."""
-    return {ALSO_TAG: json.dumps(also, ensure_ascii=False)} if also else {}
+    return {ALSO_TAG: json.dumps([list(pair) for pair in also], ensure_ascii=False)} if also else {}
 
 
 def also_of(tags: dict[str, str]) -> list[tuple[tuple[str, str], str]]:

@@ -39,9 +39,9 @@ def fingerprint(
     """trial key -> hash of its resolved configuration (and the study-wide entry). ``grids`` (ablation
     -> its ``grid_points``) and ``document`` (``trial_document`` of an ablation, overrides and seed):
     the study plan's, built once (``clsr.study.plan.study_plan``); by default the study's documents'
-    (``StudyDocuments.of``), as ``resolver`` gives."""
+    (a fresh ``StudyDocuments``)."""
     if grids is None or document is None:
-        documents = StudyDocuments.of(study)
+        documents = StudyDocuments(study)
         grids = documents.grids if grids is None else grids
         document = documents.document if document is None else document
     entries = {

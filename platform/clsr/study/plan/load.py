@@ -167,14 +167,13 @@ def _check_dotted_key(key: str) -> str | None:
     return None
 
 
-def _check_trials(study: Study) -> list[str]:
+def _check_trials(study: Study, documents: StudyDocuments) -> list[str]:
     """Resolve every grid point (and each sampled ablation's base), so a bad value fails now and not in
     trial 37. A problem the study's base gives every trial is reported once, as ``base.<field>``; one
     the base has but the ablations fix (e.g. a field ``needs`` fills) is not a problem. The trials are
-    resolved through the study's documents (``StudyDocuments.of``), which stay with it: what the command
-    does next (the plan, the checks, the report) reads them instead of resolving them again."""
+    resolved through ``documents``, which ``load_documents`` returns: what the command does next (the
+    plan, the checks, the counts) reads them instead of resolving them again."""
     problems: list[str] = _check_references(study)
-    documents = StudyDocuments.of(study)
     resolve = documents.config
     per_trial: list[tuple[str, str]] = []  # (where, rest): where + rest is the line
     for name, ablation in study.ablations.items():
@@ -359,6 +358,14 @@ def study_files_in(folder: Path) -> list[Path]:
 
 def load_study(path: str | Path, overrides: list[tuple[str, Any]] = (), smoke: bool = False) -> Study:
     """Read, merge ``from:`` files, apply ``--smoke`` and ``--set``, validate everything, or raise StudyError."""
+    return load_documents(path, overrides, smoke).study
+
+
+def load_documents(
+    path: str | Path, overrides: list[tuple[str, Any]] = (), smoke: bool = False
+) -> StudyDocuments:
+    """``load_study``'s study with the trials validation resolved (the one cache, ``StudyDocuments``):
+    what a command that goes on to plan, check or count the study passes on."""
     path = Path(path)
     if path.is_dir():
         found = sorted(p.name for p in study_files_in(path))
@@ -374,7 +381,7 @@ def load_study(path: str | Path, overrides: list[tuple[str, Any]] = (), smoke: b
         raise StudyError(str(path), ["the file must hold a mapping (name:, method:, ablations:, ...)"])
     if smoke:
         raw = apply_smoke(raw, str(path))
-    return study_from_dict(raw, str(path), path.parent, overrides)
+    return documents_from_dict(raw, str(path), path.parent, overrides)
 
 
 def apply_smoke(raw: dict[str, Any], source: str) -> dict[str, Any]:
@@ -410,6 +417,12 @@ def _drop_replaced_fidelity(ablations: dict[str, Any], smoked: Any) -> None:
 def study_from_dict(
     raw: dict[str, Any], source: str, study_dir: Path, overrides: list[tuple[str, Any]] = ()
 ) -> Study:
+    return documents_from_dict(raw, source, study_dir, overrides).study
+
+
+def documents_from_dict(
+    raw: dict[str, Any], source: str, study_dir: Path, overrides: list[tuple[str, Any]] = ()
+) -> StudyDocuments:
     for key, value in overrides:
         raw = set_dotted(raw, f"base.{key}" if key.split(".")[0] in SECTIONS else key, value)
     raw, problems = resolve_from_files(raw, study_dir)
@@ -424,7 +437,8 @@ def study_from_dict(
     problems += _check_needs(study)
     if problems:  # the trials' needs cannot be filled, not even with placeholders
         raise StudyError(source, problems)
-    problems += _check_trials(study)
+    documents = StudyDocuments(study)
+    problems += _check_trials(study, documents)
     if problems:
         raise StudyError(source, problems)
-    return study
+    return documents

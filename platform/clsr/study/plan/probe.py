@@ -37,7 +37,7 @@ def probe_trial(
 ) -> tuple[str, TrialConfig]:
     """The probe's trial and its label: ``ablation``'s first point and seed, cut to ``steps`` optimiser steps (default:
     two evaluation intervals, at least 10 steps, at most the trial's own). ``grids`` and ``resolve``:
-    the study's documents (``clsr.study.plan.resolve.StudyDocuments``); by default those kept with the study."""
+    the study's documents (``clsr.study.plan.resolve.StudyDocuments``); by default resolved here."""
     from clsr.config.steps import eval_interval
     from clsr.data.training import training_rows
     from clsr.methods import build_method

@@ -1,11 +1,10 @@
 """``platform study plan``: what a study will cost before it runs, from per-phase costs measured on
-trials that did run: a recorded study's (``measure``) or short copies of one of its trials run here
-(``clsr.study.plan.probe``).
+trials that did run.
 
 Each finished trial logs where its wall time went (``trial_setup_s``, ``trial_steps_s`` over
 ``trial_steps_run``, ``trial_dev_eval_s`` over ``trial_dev_evaluations``, ``trial_checkpoint_write_s``
 over ``trial_checkpoints_written``, ``trial_test_eval_s``: ``clsr.train.clock.TrialClock``). The medians
-over the measured trials, per ablation where they have them, give per-unit costs; every distinct
+over a recorded study's trials, per ablation where it has them, give per-unit costs; every distinct
 trial of the planned study is then priced by its own steps, evaluations and checkpoints, the trials
 of each stage are packed onto the GPUs (``concurrency`` slots, or as many as the GPUs hold), and the
 stages add up. Measured on another device than the target, the steps and evaluations are divided by
@@ -25,6 +24,7 @@ from typing import Any
 from clsr.config.trial import TrialConfig
 from clsr.study.plan.distinct import merge_identical
 from clsr.study.plan.resolve import Resolve, grid_points, resolver, stages
+from clsr.study.plan.study_plan import TrialSpec
 from clsr.study.spec.schema import Study
 
 # Assumptions, each printed with the projection and each overridable on the command line: how many
@@ -240,7 +240,7 @@ def project(
     """Price every distinct trial of ``study`` and pack each stage onto ``gpus`` GPUs of kind ``gpu``.
     ``grids`` (ablation -> its ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation,
     overrides and seed): the study's documents (``clsr.study.plan.resolve.StudyDocuments``), each trial
-    resolved once; by default those kept with the study."""
+    resolved once; by default resolved here."""
     resolve = resolver(study, resolve)
     target = GPUS[gpu]
     measured_on_target = gpu.lower() in measured.overall.device.lower()
@@ -250,118 +250,38 @@ def project(
     elif speedup is None:
         speedup = 1.0 if measured_on_target else target["speedup"]
     price = target["usd_per_gpu_hour"] if usd_per_gpu_hour is None else usd_per_gpu_hour
-    slots = trial_slots(study, gpus, per_trial_gpus)
-
-    stage_of = {name: n for n, wave in enumerate(stages(study)) for name in wave}
-    entries = planned_entries(study, grids)
-    distinct = distinct_entries(study, entries, resolve)
-    progress(f"pricing {len(distinct)} distinct trials (of {len(entries)}); reading their training rows ...")
-    rows_cache: dict[str, int | str] = {}
-    plans = [
-        priced(entry, resolve, measured, speedup, stage_of, per_trial_gpus, rows_cache) for entry in distinct
-    ]
-    wall = sum(
-        pack([p.seconds for p in plans if p.stage == n], slots) for n in sorted(set(stage_of.values()))
-    )
-    gpu_hours = sum(p.seconds * p.gpus for p in plans) / 3600
-    assumptions = stated_assumptions(
-        study,
-        measured,
-        gpus,
-        gpu,
-        speedup,
-        slots,
-        measured_on_target,
-        per_trial_gpus,
-        price,
-        usd_per_gpu_hour,
-    )
-    unknown = [p for p in plans if p.work is None]
-    if unknown:
-        assumptions.append(
-            f"{len(unknown)} trials priced at 0 s: their training rows could not be read here "
-            f"({next(v for v in rows_cache.values() if isinstance(v, str))[:160]})"
-        )
-    usd = gpu_hours * price if per_trial_gpus > 0 else None
-    return Projection(len(entries), len(distinct), plans, wall, gpu_hours, usd, slots, assumptions)
-
-
-def trial_slots(study: Study, gpus: int, per_trial_gpus: float) -> int:
-    """How many trials run at once: the study's ``concurrency``, or as many as ``gpus`` GPUs hold."""
     slots = study.concurrency or 10**6
     if per_trial_gpus > 0:
         slots = min(slots, int(gpus / per_trial_gpus + 1e-9))
     if slots < 1:
         raise ValueError(f"--gpus {gpus}: a trial of this study needs {per_trial_gpus:g} GPUs")
-    return slots
 
-
-def planned_entries(study: Study, grids: dict[str, list[dict[str, Any]]] | None) -> list[dict[str, Any]]:
-    """Every trial the study will run (ablation, label, overrides, seed). A sampled ablation's
-    configurations, and those a confirm ablation reruns, are unknown before the run: its base stands
-    for each (``sampled``)."""
-    entries = []
-    for name, ablation in study.ablations.items():
-        samples = study.search.num_samples if ablation.space else 0
-        samples = ablation.confirm.top_k if ablation.confirm is not None else samples
-        points = [{"label": "sample", "overrides": {}, "sampled": True}] * samples
-        points += [] if ablation.space else grid_points(ablation) if grids is None else grids[name]
-        entries += [{"ablation": name, **p, "seed": seed} for p in points for seed in study.seeds_of(name)]
-    return entries
-
-
-def distinct_entries(study: Study, entries: list[dict[str, Any]], resolve: Resolve) -> list[dict[str, Any]]:
-    """The entries that train something different (identical grid points run once); sampled ones are
-    kept apart: each will be its own configuration."""
-    distinct = merge_identical(
-        study,
-        [e for e in entries if not e.get("sampled")],
-        resolved=lambda e: resolve(e["ablation"], e["overrides"], e["seed"]),
+    stage_of = {name: n for n, wave in enumerate(stages(study)) for name in wave}
+    grid, sampled = _trials(study, grids, resolve)
+    distinct = merge_identical(study, grid) + sampled
+    total = len(grid) + len(sampled)
+    progress(f"pricing {len(distinct)} distinct trials (of {total}); reading their training rows ...")
+    rows_cache: dict[str, int | str] = {}
+    plans = []
+    for entry in distinct:
+        trial = entry.config
+        rows = count_rows(trial, rows_cache)
+        work = trial_work(trial, rows) if isinstance(rows, int) else None
+        costs = measured.for_ablation(entry.ablation)
+        seconds = trial_seconds(work, costs, speedup) if work else 0.0
+        plans.append(
+            TrialPlan(entry.ablation, entry.label, stage_of[entry.ablation], work, seconds, per_trial_gpus)
+        )
+    wall = sum(
+        pack([p.seconds for p in plans if p.stage == n], slots) for n in sorted(set(stage_of.values()))
     )
-    return distinct + [e for e in entries if e.get("sampled")]
-
-
-def priced(
-    entry: dict[str, Any],
-    resolve: Resolve,
-    measured: Measured,
-    speedup: float,
-    stage_of: dict[str, int],
-    per_trial_gpus: float,
-    rows_cache: dict[str, int | str],
-) -> TrialPlan:
-    """One distinct trial's work and seconds, by its ablation's unit costs (0 s when its training rows
-    cannot be counted here)."""
-    trial = resolve(entry["ablation"], entry["overrides"], entry["seed"])
-    rows = count_rows(trial, rows_cache)
-    work = trial_work(trial, rows) if isinstance(rows, int) else None
-    costs = measured.for_ablation(entry["ablation"])
-    seconds = trial_seconds(work, costs, speedup) if work else 0.0
-    return TrialPlan(
-        entry["ablation"], entry["label"], stage_of[entry["ablation"]], work, seconds, per_trial_gpus
-    )
-
-
-def stated_assumptions(
-    study: Study,
-    measured: Measured,
-    gpus: int,
-    gpu: str,
-    speedup: float,
-    slots: int,
-    measured_on_target: bool,
-    per_trial_gpus: float,
-    price: float,
-    usd_per_gpu_hour: float | None,
-) -> list[str]:
-    """What the projection assumed, each printed with it (and how to change the assumed figures)."""
-    overall = measured.overall
-    return [
-        f"unit costs: medians over {overall.trials} finished trials of {measured.source} "
-        f"on {overall.device} (per ablation where it ran one): outside the loop "
-        f"{overall.overhead_s:.1f} s, set-up {overall.setup_s:.1f} s, "
-        f"step {overall.step_s:.3f} s, dev evaluation {overall.dev_eval_s:.1f} s, "
-        f"checkpoint {overall.checkpoint_s:.2f} s, test evaluation {overall.test_eval_s:.1f} s",
+    gpu_hours = sum(p.seconds * p.gpus for p in plans) / 3600
+    assumptions = [
+        f"unit costs: medians over {measured.overall.trials} finished trials of {measured.source} "
+        f"on {measured.overall.device} (per ablation where it ran one): outside the loop "
+        f"{measured.overall.overhead_s:.1f} s, set-up {measured.overall.setup_s:.1f} s, "
+        f"step {measured.overall.step_s:.3f} s, dev evaluation {measured.overall.dev_eval_s:.1f} s, "
+        f"checkpoint {measured.overall.checkpoint_s:.2f} s, test evaluation {measured.overall.test_eval_s:.1f} s",
         "the study's trials hold no GPU: projected on the measured device"
         if per_trial_gpus == 0
         else f"steps and evaluations {speedup:g}x faster on {gpu} than where they were measured"
@@ -373,6 +293,38 @@ def stated_assumptions(
         f"USD {price:.2f} per GPU-hour"
         + ("" if usd_per_gpu_hour is not None else " (assumed; --price to change it)"),
     ]
+    unknown = [p for p in plans if p.work is None]
+    if unknown:
+        assumptions.append(
+            f"{len(unknown)} trials priced at 0 s: their training rows could not be read here "
+            f"({next(v for v in rows_cache.values() if isinstance(v, str))[:160]})"
+        )
+    usd = gpu_hours * price if per_trial_gpus > 0 else None
+    return Projection(
+        len(grid) + len(sampled), len(distinct), plans, wall, gpu_hours, usd, slots, assumptions
+    )
+
+
+def _trials(
+    study: Study, grids: dict[str, list[dict[str, Any]]] | None, resolve: Resolve
+) -> tuple[list[TrialSpec], list[TrialSpec]]:
+    """The grid trials, each resolved, and the trials a search or a confirmation will run, each
+    standing as its ablation's base."""
+    grid, sampled = [], []
+    for name, ablation in study.ablations.items():
+        seeds = study.seeds_of(name)
+        # a sampled ablation's configurations, and those a confirm ablation reruns: its base stands for each
+        samples = study.search.num_samples if ablation.space else 0
+        samples = ablation.confirm.top_k if ablation.confirm is not None else samples
+        base = [TrialSpec(name, "sample", {}, {}, s, resolve(name, {}, s)) for s in seeds] if samples else []
+        sampled += base * samples
+        points = [] if ablation.space else grid_points(ablation) if grids is None else grids[name]
+        grid += [
+            TrialSpec(name, p["label"], p["overrides"], p["paper"], s, resolve(name, p["overrides"], s))
+            for p in points
+            for s in seeds
+        ]
+    return grid, sampled
 
 
 def render(projection: Projection, gpu: str, gpus: int) -> str:

@@ -86,7 +86,7 @@ def report_points(ablation: Ablation) -> list[dict[str, Any]]:
         return [{**p, "members": [p["label"]]} for p in points]
     rows: dict[str, dict[str, Any]] = {}
     for p in points:
-        label, rest = report_label(ablation, p["overrides"]), _without_averaged(ablation, p["overrides"])
+        label, rest = (report_label(ablation, p["overrides"]), _without_averaged(ablation, p["overrides"]))
         row = rows.setdefault(label, {"label": label, "overrides": rest, "paper": p["paper"], "members": []})
         row["members"].append(p["label"])
     return list(rows.values())
@@ -150,7 +150,7 @@ def config_identity(config: TrialConfig) -> str:
     return _canonical(config.model_dump(mode="json"))
 
 
-# --- each trial resolved once: the documents a validated study keeps ----------------------------------
+# --- each trial resolved once: the one cache, built by validation and owned by the plan --------------
 
 
 def overrides_key(overrides: dict[str, Any]) -> str:
@@ -163,33 +163,15 @@ class StudyDocuments:
     """Each trial document (with placeholders for upstream outputs) and its validated configuration,
     built once per (ablation, overrides, seed); ``grids``: each ablation's points, built once.
 
-    ``load_study`` validates a study with its documents and keeps them with it, so everything a command
-    does afterwards (the plan, the source checks, the counts, the prices, the report) reads the trials
-    validation resolved (``of``) instead of resolving them again. A document is read, never changed."""
+    The one resolution cache: ``load_documents`` validates a study with one and returns it, the command
+    passes it on (``plan_study`` keeps it in the ``StudyPlan``), so everything it does afterwards (the
+    plan, the source checks, the counts, the prices) reads the trials validation resolved instead of
+    resolving them again. A document is read, never changed; the study is not changed after validation."""
 
     def __init__(self, study: Study):
         self.study = study
-        self._state = study.model_dump()  # what the documents were built from (``of``)
         self._docs: dict[tuple[str | None, str, int], dict[str, Any]] = {}
         self._configs: dict[tuple[str | None, str, int], TrialConfig] = {}
-
-    @classmethod
-    def of(cls, study: Study) -> StudyDocuments:
-        """The documents kept with ``study`` (those ``load_study`` validated it with), or new ones, kept
-        with it from now on, when it has none or was changed since they were built."""
-        kept = study._documents
-        if not isinstance(kept, cls) or kept.study is not study or kept._state != study.model_dump():
-            kept = cls(study)
-            study._documents = kept
-        return kept
-
-    def __eq__(self, other: object) -> bool:
-        """Equal to any other, or to none (a study unpickled or not validated yet): they hold what their
-        study's fields determine, which comparing two studies compares anyway (pydantic compares their
-        private attributes too, so without this two loads of one file would differ)."""
-        return other is None or isinstance(other, StudyDocuments)
-
-    __hash__ = None  # type: ignore[assignment]
 
     @cached_property
     def grids(self) -> dict[str, list[dict[str, Any]]]:
@@ -218,9 +200,9 @@ class StudyDocuments:
 
 
 def resolver(study: Study, resolve: Resolve | None = None) -> Resolve:
-    """``resolve`` when given, else the study's documents' (``StudyDocuments.of``): every function that
-    takes a ``resolve`` reads the trials validation resolved."""
-    return resolve if resolve is not None else StudyDocuments.of(study).config
+    """``resolve`` when given (the command's ``StudyDocuments.config``: the trials validation resolved),
+    else a fresh ``StudyDocuments``' for this call."""
+    return resolve if resolve is not None else StudyDocuments(study).config
 
 
 # --- staged studies: ablations whose trials need upstream trials' outputs ----------------------------
@@ -255,7 +237,7 @@ def experiments(study: Study) -> list[tuple[str, str | None, list[str]]]:
 
     A grid study is one experiment per stage (``grid``, then ``grid-stage2`` ... when ablations need
     others' trials); a sampled study is one experiment per sampled ablation, then one grid experiment
-    per confirm ablation (its points are known once the sampled ones ran: ``runner.confirm_trials``).
+    per confirm ablation (its points are known once the sampled ones ran: ``clsr.study.run.waves.confirm_trials``).
     """
     if study.search.algorithm != "grid":
         sampled = [(name, name, [name]) for name, a in study.ablations.items() if a.space]
@@ -383,9 +365,7 @@ def planned_trials(study: Study) -> int:
 
 
 def count_trials(
-    study: Study,
-    grids: dict[str, list[dict[str, Any]]] | None = None,
-    resolve: Resolve | None = None,
+    study: Study, grids: dict[str, list[dict[str, Any]]] | None = None, resolve: Resolve | None = None
 ) -> tuple[int, int]:
     """(trials, distinct trials): a trial is (ablation, point, seed) of a grid/points ablation, plus
     ``search.num_samples`` × seeds per sampled ablation; distinct counts the different ``trial_identity``s (the
@@ -393,7 +373,7 @@ def count_trials(
     placeholders, so two that would read the same checkpoint count twice. Resolves every point: call it
     on a validated study only (at most ``MAX_TRIALS`` trials). ``grids`` (ablation -> its
     ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation, overrides and seed): the study's
-    documents (``clsr.study.plan.resolve.StudyDocuments``); by default those kept with the study."""
+    documents (``clsr.study.plan.resolve.StudyDocuments``); by default resolved here."""
     total, sampled, identities = 0, 0, set()
     resolve = resolver(study, resolve)
     for name, ablation in study.ablations.items():
@@ -423,9 +403,7 @@ def _canonical(value: Any) -> str:
 
 
 def checkpoint_lines(
-    study: Study,
-    grids: dict[str, list[dict[str, Any]]] | None = None,
-    resolve: Resolve | None = None,
+    study: Study, grids: dict[str, list[dict[str, Any]]] | None = None, resolve: Resolve | None = None
 ) -> list[str]:
     """``study plan``'s line on checkpoint bytes per trial, estimated from each model's parameter count
     (fp32): while a trial trains, its weights, the optimizer's moments (Adam's two; SGD's momentum) and

@@ -139,18 +139,16 @@ def _model_check(name: str) -> tuple[str | None, str | None]:
 
 
 def check_sources(
-    study: Study,
-    grids: dict[str, list[dict[str, Any]]] | None = None,
-    resolve: Resolve | None = None,
+    study: Study, grids: dict[str, list[dict[str, Any]]] | None = None, resolve: Resolve | None = None
 ) -> SourceReport:
     """The data folder, then every grid point's trial (a sampled ablation's base trial), first seed.
     ``grids`` (ablation -> its ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation,
-    overrides and seed): by default the study's documents (``clsr.study.plan.resolve.StudyDocuments.of``), which
-    validation resolved."""
+    overrides and seed): the command's documents (``clsr.study.plan.resolve.StudyDocuments``), which
+    validation resolved; by default resolved here."""
     from clsr.data.sources import data_folder_problem
 
     if grids is None:
-        grids = StudyDocuments.of(study).grids
+        grids = StudyDocuments(study).grids
     resolve = resolver(study, resolve)
     report = SourceReport()
     if problem := data_folder_problem((study.base.get("data") or {}).get("data_dir")):

@@ -2,11 +2,11 @@
 its points (each grid's, checked: runnable here, or unavailable and why), every trial of the runnable
 points with its resolved configuration, the waves it runs in, and its fingerprint.
 
-Each trial document is built once (``clsr.study.plan.resolve.StudyDocuments``): validation (``load_study``)
-resolves each point's first seed and keeps the documents with the study, and the plan adds the other
-seeds; the source checks (``clsr.study.plan.sources``), the fingerprint (``clsr.study.plan.fingerprint``) and the
+Each trial document is built once (``clsr.study.plan.resolve.StudyDocuments``, the one cache): validation
+(``load_documents``) resolves each point's first seed and returns the documents, the plan keeps them and adds
+the other seeds; the source checks (``clsr.study.plan.sources``), the fingerprint (``clsr.study.plan.fingerprint``) and the
 trials' configurations all read the same ones. A staged trial (its ablation ``needs`` upstream trials' outputs) has no
-configuration in the plan: it resolves only once those outputs exist (``runner.ready_trials``).
+configuration in the plan: it resolves only once those outputs exist (``clsr.study.run.waves.ready_trials``).
 """
 
 from __future__ import annotations
@@ -18,34 +18,29 @@ from pydantic import ValidationError
 
 from clsr.config.trial import TrialConfig
 from clsr.study.plan.fingerprint import fingerprint, trial_key
-from clsr.study.plan.resolve import Resolve, StudyDocuments, experiments, overrides_key, resolver
+from clsr.study.plan.resolve import Resolve, StudyDocuments, experiments, point_label, resolver
 from clsr.study.spec.schema import Study, StudyError
 
 
 @dataclass(frozen=True)
-class PlannedTrial:
-    """One trial of a runnable point and seed; ``config`` is None for a staged trial (resolved later)."""
+class TrialSpec:
+    """One trial, typed from the plan to the trial: its point (``label`` None for a sampled trial, named by
+    its Tune trial id), seed, the points of identical trials it also stands for (``also``: ``(ablation,
+    label)``, ``clsr.study.plan.distinct``), and its resolved ``config``; None for a trial the plan could
+    not resolve (a staged one: its upstream outputs are not known yet; a confirmed configuration, an
+    adaptive round's seed, a sampled ablation's base): the runner resolves it."""
 
     ablation: str
-    label: str
+    label: str | None
     overrides: dict[str, Any]
     paper: dict[str, float]
     seed: int
-    config: TrialConfig | None
+    config: TrialConfig | None = None
+    also: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
-        return trial_key(self.ablation, self.label, self.seed)
-
-    def entry(self) -> dict[str, Any]:
-        """The runner's trial (what a Tune grid holds): no configuration, only what names the trial."""
-        return {
-            "ablation": self.ablation,
-            "label": self.label,
-            "overrides": dict(self.overrides),  # the runner's own copies: the plan stays as planned
-            "paper": dict(self.paper),
-            "seed": self.seed,
-        }
+        return trial_key(self.ablation, self.label or point_label(self.overrides), self.seed)
 
 
 @dataclass(frozen=True)
@@ -53,42 +48,34 @@ class StudyPlan:
     """``points``: the runnable points (``{"ablation", "label", "overrides", "paper"}``), in study order;
     ``unavailable``: ``ablations.<name>[<point>]: why`` per point that cannot run here; ``trials``: the
     runnable points × their ablation's seeds; ``waves``: ``(Tune experiment, sampled ablation or None,
-    ablations)`` in running order; ``fingerprint``: trial key -> hash (what a resume compares)."""
+    ablations)`` in running order; ``fingerprint``: trial key -> hash (what a resume compares);
+    ``documents``: the one resolution cache, validation's (``load_documents``)."""
 
     study: Study
     points: tuple[dict[str, Any], ...]
     unavailable: tuple[str, ...]
-    trials: tuple[PlannedTrial, ...]
+    trials: tuple[TrialSpec, ...]
     waves: tuple[tuple[str, str | None, list[str]], ...]
     fingerprint: dict[str, str]
-    _index: dict[tuple[str, str, int], PlannedTrial] = field(init=False, repr=False, compare=False)
+    documents: StudyDocuments = field(repr=False, compare=False)
 
-    def __post_init__(self) -> None:  # each trial by what resolves it, for ``config_of``
-        index = {(t.ablation, overrides_key(t.overrides), t.seed): t for t in self.trials}
-        object.__setattr__(self, "_index", index)  # frozen: set once here
-
-    def wave_trials(self, wave: list[str]) -> list[dict[str, Any]]:
-        """The runner's trials of the ablations in ``wave``, in plan order."""
-        return [t.entry() for t in self.trials if t.ablation in wave]
-
-    def config_of(self, trial: dict[str, Any]) -> TrialConfig | None:
-        """The plan's configuration of a runner's trial; None for one it has none of (a staged trial,
-        a confirmed configuration, an adaptive round's seed, a sampled ablation's base): resolve it."""
-        planned = self._index.get((trial["ablation"], overrides_key(trial["overrides"]), trial["seed"]))
-        return planned.config if planned is not None else None
+    def wave_trials(self, wave: list[str]) -> list[TrialSpec]:
+        """The trials of the ablations in ``wave``, in plan order."""
+        return [t for t in self.trials if t.ablation in wave]
 
 
-def plan_study(study: Study) -> StudyPlan:
+def plan_study(study: Study, documents: StudyDocuments | None = None) -> StudyPlan:
     """The plan of a validated study; StudyError when a point can never run as written (its sources:
     ``clsr.study.plan.sources``). Unavailable points are listed, not refused: ``runner.refuse_unavailable``
-    decides (``skip_unavailable``)."""
-    docs = StudyDocuments.of(study)  # the documents load_study validated the study with
+    decides (``skip_unavailable``). ``documents``: those validation resolved (``load_documents``), else
+    resolved here."""
+    docs = documents if documents is not None and documents.study is study else StudyDocuments(study)
     grids = docs.grids
     prints = fingerprint(study, grids, docs.document)
     points, unavailable = check_points(study, grids, docs.config)
     staged = {name for name, a in study.ablations.items() if a.needs}  # resolved once upstream ran
     trials = tuple(
-        PlannedTrial(
+        TrialSpec(
             p["ablation"],
             p["label"],
             p["overrides"],
@@ -100,7 +87,7 @@ def plan_study(study: Study) -> StudyPlan:
         for seed in study.seeds_of(p["ablation"])
     )
     waves = tuple(experiments(study))
-    return StudyPlan(study, tuple(points), tuple(unavailable), trials, waves, prints)
+    return StudyPlan(study, tuple(points), tuple(unavailable), trials, waves, prints, docs)
 
 
 def _config(docs: StudyDocuments, point: dict[str, Any], seed: int) -> TrialConfig:
@@ -114,18 +101,16 @@ def _config(docs: StudyDocuments, point: dict[str, Any], seed: int) -> TrialConf
 
 
 def check_points(
-    study: Study,
-    grids: dict[str, list[dict[str, Any]]] | None = None,
-    resolve: Resolve | None = None,
+    study: Study, grids: dict[str, list[dict[str, Any]]] | None = None, resolve: Resolve | None = None
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every grid point, and why each point that cannot run here can't (its model or data is not here,
     or its method says so); StudyError when a point can never run as written (``clsr.study.plan.sources``).
-    ``grids`` and ``resolve``: the plan's points and configurations (default: the study's documents, ``StudyDocuments.of``)."""
+    ``grids`` and ``resolve``: the plan's points and configurations (default: resolved here)."""
     from clsr.methods import build_method
     from clsr.study.plan.sources import check_sources, trial_source_problems
 
     if grids is None:
-        grids = StudyDocuments.of(study).grids
+        grids = StudyDocuments(study).grids
     resolve = resolver(study, resolve)
     report = check_sources(study, grids, resolve)
     if report.problems:

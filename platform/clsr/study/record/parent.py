@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import re
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -25,12 +24,14 @@ from typing import Any
 import yaml
 
 from clsr.study.control.driver_link import LEASE_LOST_EXIT
-from clsr.study.plan.distinct import also_of
-from clsr.study.plan.fingerprint import changed_searches, compare, fingerprint, overall
-from clsr.study.plan.resolve import grid_points, point_label, stages, trial_document
+from clsr.study.plan.fingerprint import compare, fingerprint, overall
+from clsr.study.plan.resolve import point_label
+from clsr.study.plan.study_plan import TrialSpec
 from clsr.study.record import reader
+from clsr.study.record.attempts import record_edit, recorded_fingerprint, recorded_study_file, search_versions
 from clsr.study.record.lease import HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, leased, watch
 from clsr.study.record.parent_summary import log_parent_summary
+from clsr.study.record.summary import resolved_summary, summary_rows
 from clsr.study.spec.schema import Study
 from clsr.tracking.patient import PatientClient
 from clsr.tracking.retry import call_with_retry
@@ -40,7 +41,6 @@ from clsr.tracking.study_runs import (
     ALSO_TAG,
     FINGERPRINT_TAG,
     STORAGE_TAG,
-    SUPERSEDED_TAG,
     TRIAL_TAG,
     check_reachable,
     children,
@@ -52,7 +52,6 @@ from clsr.tracking.study_runs import (
     run_labels,
     start_parent_run,
 )
-from clsr.tracking.tags import last_error_line
 
 
 class NoEarlierRun(LookupError):
@@ -284,137 +283,16 @@ def take_over(
         close_run(uri, run_id, "interrupted", "the study's driver stopped without closing this run")
     if closed:
         print(f"closed {len(closed)} run(s) a stopped driver had left RUNNING; their trials resume")
-    skip: frozenset[str] = frozenset()
-    if changes:
-        searched_again = changed_searches(recorded, changes)
-        # the best points a confirm ablation took from an edited search are chosen again from the new one
-        confirming = {
-            n: a.confirm.of
-            for n, a in study.ablations.items()
-            if a.confirm and a.confirm.of in searched_again
-        }
-        skip = frozenset(changes.changed + changes.removed)
-        chosen = [
-            run_id for run_id, tags in _current_runs(client, parent_run_id)
-            if tags.get("clsr.ablation") in confirming and tags.get(TRIAL_TAG) not in current
-        ]  # fmt: skip
-        skip |= supersede(client, parent_run_id, skip, attempt, frozenset(searched_again), frozenset(chosen))
-        client.set_tag(parent_run_id, FINGERPRINT_TAG, overall(current))
-        client.log_dict(parent_run_id, current, f"fingerprint-v{attempt}.json")
-        client.log_text(parent_run_id, mask_uri(study_text), f"study-v{attempt}.yaml")
-        print("resuming an edited study:\n  " + "\n  ".join(changes.describe()))
-        for name in searched_again:
-            also = [c for c, of in confirming.items() if of == name]
-            print(
-                f"ablations.{name} (sampled) changed: searched again as Tune experiment {name}-v{attempt}; "
-                f"its earlier runs{' and the best points ' + ', '.join(also) + ' took from it' if also else ''} "
-                f"are marked superseded"
-            )
+    skip = record_edit(client, study, study_text, parent_run_id, recorded, current, changes, attempt)
     sampled = any(a.space for a in study.ablations.values())
-    return parent_run_id, storage, lease, skip, search_versions(client, parent_run_id) if sampled else {}
+    return (parent_run_id, storage, lease, skip, search_versions(client, parent_run_id) if sampled else {})
 
 
-def attempt_artifacts(client, parent_run_id: str, stem: str, suffix: str) -> dict[int, str]:
-    """Attempt -> artifact name of what each attempt recorded as ``<stem><suffix>`` (the first) or
-    ``<stem>-vN<suffix>`` (an edited resume's), e.g. ``study.yaml``, ``fingerprint-v3.json``."""
-    pattern = re.compile(rf"{re.escape(stem)}(?:-v([0-9]+))?{re.escape(suffix)}")
-    found = {}
-    for artifact in client.list_artifacts(parent_run_id):
-        if match := pattern.fullmatch(artifact.path):
-            found[int(match.group(1) or 1)] = artifact.path
-    return dict(sorted(found.items()))
-
-
-def recorded_study_file(client, parent_run_id: str) -> str:
-    """The artifact holding the study file the record was last run with."""
-    files = attempt_artifacts(client, parent_run_id, "study", ".yaml")
-    return files[max(files)] if files else "study.yaml"
-
-
-def recorded_fingerprint(client, parent_run_id: str) -> dict[str, str]:
-    """The latest fingerprint a study's parent run recorded (``fingerprint[-vN].json``)."""
-    names = attempt_artifacts(client, parent_run_id, "fingerprint", ".json")
-    return mlflow_artifacts_json(client, parent_run_id, names[max(names)]) if names else {}
-
-
-def mlflow_artifacts_json(client, run_id: str, path: str) -> dict[str, Any]:
-
-    with tempfile.TemporaryDirectory() as tmp:
-        return json.loads(Path(client.download_artifacts(run_id, path, tmp)).read_text())
-
-
-def _current_runs(client, parent_run_id: str) -> list[tuple[str, dict[str, str]]]:
-    return [
-        (r.info.run_id, r.data.tags)
-        for r in children(client, parent_run_id)
-        if SUPERSEDED_TAG not in r.data.tags
-    ]
-
-
-def supersede(
-    client,
-    parent_run_id: str,
-    keys: frozenset[str],
-    attempt: int,
-    searches: frozenset[str] = frozenset(),
-    chosen: frozenset[str] = frozenset(),
-) -> frozenset[str]:
-    """Mark superseded (kept in MLflow, left out of reports) the runs of changed and removed trials, every
-    run of the sampled ablations ``searches`` (searched again), and the ``chosen`` runs (a confirm
-    ablation's best points of such a search). A run of identical trials whose other point changed keeps
-    its own and stops standing for that one. Returns the trial keys of the ``chosen`` runs: their old
-    experiment must not run them again."""
-    chosen_keys = set()
-    for run in children(client, parent_run_id):
-        tags = run.data.tags
-        if SUPERSEDED_TAG in tags:
-            continue
-        if tags.get(TRIAL_TAG) in keys or tags.get("clsr.ablation") in searches or run.info.run_id in chosen:
-            client.set_tag(run.info.run_id, SUPERSEDED_TAG, f"v{attempt}")
-            if run.info.run_id in chosen and tags.get(TRIAL_TAG):
-                chosen_keys.add(tags[TRIAL_TAG])
-            continue
-        also = also_of(tags)
-        kept = [list(pair) for pair, key in also if key not in keys]
-        if len(kept) < len(also):
-            client.set_tag(run.info.run_id, ALSO_TAG, json.dumps(kept, ensure_ascii=False))
-    return frozenset(chosen_keys)
-
-
-def superseded_at(client, parent_run_id: str) -> dict[str, int]:
-    """Trial key -> the latest attempt whose edited resume superseded a run of it (``clsr.superseded:
-    vN``). Only decides which trials an older Tune experiment leaves to a newer one; a malformed tag is
-    ignored."""
-    at: dict[str, int] = {}
-    for run in children(client, parent_run_id):
-        key, mark = run.data.tags.get(TRIAL_TAG), run.data.tags.get(SUPERSEDED_TAG, "")
-        if key and (version := re.fullmatch(r"v([0-9]{1,6})", mark)):
-            at[key] = max(at.get(key, 0), int(version.group(1)))
-    return at
-
-
-def search_versions(client, parent_run_id: str) -> dict[str, int]:
-    """Sampled ablation -> the attempt whose edited resume started its current search (its Tune experiment
-    is ``<ablation>-v<attempt>``); a search never edited is not listed. Read from the fingerprints each
-    attempt recorded (``fingerprint.json``, ``fingerprint-vN.json``), never from a tag."""
-    names = attempt_artifacts(client, parent_run_id, "fingerprint", ".json")
-    if len(names) < 2:  # never resumed edited
-        return {}
-    searched: dict[str, int] = {}
-    before: dict[str, str] = {}
-    for version, name in names.items():
-        now = mlflow_artifacts_json(client, parent_run_id, name)
-        if before:
-            searched |= dict.fromkeys(changed_searches(before, compare(before, now)), version)
-        before = now
-    return searched
-
-
-def attach_labels(client, run, trial: dict[str, Any]) -> None:
-    """Let a run stand for every point of ``trial`` (an entry of identical trials) it does not yet."""
+def attach_labels(client, run, trial: TrialSpec) -> None:
+    """Let a run stand for every point of ``trial`` (one of identical trials) it does not yet."""
     tags = run.data.tags
     have = {tuple(label) for label in run_labels(tags)}
-    wanted = [[trial["ablation"], trial["label"]], *trial.get("also", [])]
+    wanted = [[trial.ablation, trial.label], *trial.also]
     added = [list(label) for label in wanted if tuple(label) not in have]
     if added:
         also = [list(label) for label in run_labels(tags)[1:]] + added
@@ -585,77 +463,9 @@ def wait_for_tracking(uri: str, storage: str, wait_s: float) -> int:
         return err.runs
 
 
-def skip_blocked(uri: str, parent_run_id: str, blocked: list[tuple[dict[str, Any], str]]) -> None:
+def skip_blocked(uri: str, parent_run_id: str, blocked: list[tuple[TrialSpec, str]]) -> None:
     """Trials whose upstream trials failed: a child run that says why (status skipped)."""
     for trial, reason in blocked:
-        label = trial["label"] or point_label(trial["overrides"])
-        print(f"skipped: ablations.{trial['ablation']}[{label}] seed {trial['seed']}: {reason}")
-        record_skipped(uri, parent_run_id, trial["ablation"], label, trial["seed"], reason)
-
-
-def resolved_summary(study: Study) -> dict[str, Any]:
-    """The base configuration every trial starts from, and each ablation's points with paper numbers."""
-    return {
-        "study": study.model_dump(by_alias=True, exclude_none=True),
-        "base_trials": {n: trial_document(study, n, {}, study.seeds_of(n)[0]) for n in study.ablations},
-        "stages": stages(study),
-        "points": {n: grid_points(a) if not a.space else "sampled" for n, a in study.ablations.items()},
-    }
-
-
-SUMMARY_AVERAGES = ("test_sts_avg", "test_sts12_15_avg", "test_transfer_avg")
-
-
-def summary_rows(runs, study: Study) -> list[dict[str, Any]]:
-    """One row per trial from its MLflow run (the record): status, the study metric, then the test
-    averages it has (a lone STS task if no average)."""
-    from clsr.data.faq import FAQ_TASKS
-    from clsr.data.sts import STS_TASKS
-
-    rows = []
-    for run in sorted(runs, key=lambda r: r.info.start_time):
-        tags, metrics = run.data.tags, run.data.metrics
-        if SUPERSEDED_TAG in tags:
-            continue
-        tests = {k: metrics[k] for k in SUMMARY_AVERAGES if k in metrics}
-        if "test_sts_avg" not in tests:
-            tests = {f"test_{t}": metrics[f"test_{t}"] for t in STS_TASKS if f"test_{t}" in metrics} | tests
-        tests |= {
-            k: metrics[k] for t in FAQ_TASKS for k in (f"test_{t}_top1", f"test_{t}_map") if k in metrics
-        }
-        also = len(run_labels(tags)) - 1  # identical trials of other points (named in clsr.also)
-        rows.append(
-            {
-                "ablation": tags.get("clsr.ablation"),
-                "point": tags.get("clsr.point", "") + (f" (+{also} identical)" if also else ""),
-                "seed": tags.get("clsr.seed"),
-                "status": tags.get("clsr.status", "unknown"),
-                study.metric: metrics.get(study.metric),
-                **tests,
-                **({"reason": reason} if (reason := _reason(tags)) else {}),
-            }
-        )
-    return rows
-
-
-def _reason(tags: dict[str, str]) -> str:
-    """Why a trial did not finish, in one line: the last line of its error (the exception)."""
-    if tags.get("clsr.status") == "finished":
-        return ""
-    line = last_error_line(tags)
-    return line[:117] + "..." if len(line) > 120 else line
-
-
-def format_rows(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return "(no trials)"
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    cells = [[_cell(r.get(k)) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    line = " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))
-    body = "\n".join(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
-    return f"{line}\n{'-' * len(line)}\n{body}"
-
-
-def _cell(value: Any) -> str:
-    return f"{value:.2f}" if isinstance(value, float) else ("-" if value is None else str(value))
+        label = trial.label or point_label(trial.overrides)
+        print(f"skipped: ablations.{trial.ablation}[{label}] seed {trial.seed}: {reason}")
+        record_skipped(uri, parent_run_id, trial.ablation, label, trial.seed, reason)

@@ -18,6 +18,7 @@ from scipy import stats as sps
 
 from clsr.study.analyse.rows import AblationReport, ablation_report
 from clsr.study.plan.resolve import grid_points
+from clsr.study.plan.study_plan import TrialSpec
 from clsr.study.spec.ablation import AdaptiveSeeds
 from clsr.study.spec.schema import Study
 from clsr.study.stats.verdict import CONFIDENCE, INCONCLUSIVE, verdict
@@ -42,7 +43,7 @@ def needs_seed(values: Sequence[float], paper: float | None, tolerance: float, s
     return paper is not None and verdict(values, paper, tolerance).kind == INCONCLUSIVE
 
 
-def next_trials(study: Study, name: str, report: AblationReport) -> list[dict[str, Any]]:
+def next_trials(study: Study, name: str, report: AblationReport) -> list[TrialSpec]:
     """One trial (the next seed of its pool not yet run for the row) per row that needs a seed."""
     spec = study.adaptive_of(name)
     assert spec is not None
@@ -57,10 +58,13 @@ def next_trials(study: Study, name: str, report: AblationReport) -> list[dict[st
         seen = {s for r in members for s in r.trials}
         unused = [s for s in spec.pool if s not in seen]
         if members and unused:
-            trials += [{"ablation": name, **points[r.label], "seed": unused[0]} for r in members]
+            trials += [
+                TrialSpec(name, r.label, points[r.label]["overrides"], points[r.label]["paper"], unused[0])
+                for r in members
+            ]
     return trials
 
 
-def round_trials(study: Study, name: str, trials: list[Any]) -> list[dict[str, Any]]:
+def round_trials(study: Study, name: str, trials: list[Any]) -> list[TrialSpec]:
     """The next round's trials of adaptive ablation ``name`` from its report trials (``load_trials``)."""
     return next_trials(study, name, ablation_report(study, name, [t for t in trials if t.ablation == name]))

@@ -19,6 +19,8 @@ from mlflow.tracking import MlflowClient
 from clsr.study.plan.distinct import also_tag
 from clsr.study.plan.fingerprint import digest, trial_key
 from clsr.study.plan.resolve import point_label, resolve_trial
+from clsr.study.plan.study_plan import TrialSpec
+from clsr.study.run.tune_point import spec_of
 from clsr.study.run.tune_state import storage_uri
 from clsr.study.spec.schema import Outputs, Study
 from clsr.tracking.retry import call_with_retry
@@ -36,11 +38,11 @@ from clsr.tracking.study_runs import (
 class StudyContext:
     """What every trial driver needs, shipped to the Tune actors with ``tune.with_parameters``."""
 
-    study: dict[str, Any]
+    study: Study
     tracking_uri: str
     parent_run_id: str
     storage: str
-    trials: list[dict[str, Any]] | None = None  # grid trials (point + seed) of this experiment
+    trials: list[TrialSpec] | None = None  # grid trials (point + seed) of this experiment
     shared: dict[str, Any] = field(default_factory=dict)  # shared_key -> [ObjectRef] built once
     outputs: Outputs = field(default_factory=dict)  # upstream trials' checkpoints, for needs
     attempt: int = 1  # the lease generation: 1 for `run`, +1 for each resume
@@ -51,14 +53,10 @@ class TrialTimedOut(RuntimeError):
     """A retry of a trial that already ran past ``trial_timeout_s`` in this run of the study."""
 
 
-def _study(ctx: StudyContext) -> Study:
-    return Study.model_validate(ctx.study)
-
-
-def key_of(point: dict[str, Any], trial_id: str | None = None) -> str:
+def key_of(trial: TrialSpec, trial_id: str | None = None) -> str:
     """A trial's key: its point and seed (a sampled trial: its Tune trial id)."""
-    label = point["label"] or (f"sample {trial_id}" if trial_id else point_label(point["overrides"]))
-    return trial_key(point["ablation"], label, point["seed"])
+    label = trial.label or (f"sample {trial_id}" if trial_id else point_label(trial.overrides))
+    return trial_key(trial.ablation, label, trial.seed)
 
 
 def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
@@ -67,40 +65,40 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
 
     from clsr.methods import build_method
 
-    study = _study(ctx)
+    study = ctx.study
     if "point" not in config:  # Tune started a restored experiment over: it could not read its state
         raise RuntimeError(
             "Tune gave this trial no study point: it could not restore the experiment's saved state and "
             "started the experiment over without the study's trials (see 'Failed to restore the run state' "
             "above); the trials it held are not run"
         )
-    point = config["point"]
-    seed = point["seed"]
+    point = spec_of(config["point"])
+    seed = point.seed
     trial_id = ray.tune.get_context().get_trial_id()
     key = key_of(point, trial_id)
     if key in ctx.skip:  # an edited resume runs this trial's new version in a later experiment
         return
-    trial = resolve_trial(study, point["ablation"], point["overrides"], seed, ctx.outputs)
+    trial = resolve_trial(study, point.ablation, point.overrides, seed, ctx.outputs)
     shared = ctx.shared.get(build_method(trial).shared_key(trial) or "")
-    label = point["label"] or point_label(point["overrides"])
+    label = point.label or point_label(point.overrides)
     tags = {
         "clsr.method": trial.method["name"],
-        "clsr.ablation": point["ablation"],
+        "clsr.ablation": point.ablation,
         "clsr.point": label,
         "clsr.seed": seed,
-        **{f"clsr.paper.{k}": v for k, v in point.get("paper", {}).items()},
+        **{f"clsr.paper.{k}": v for k, v in point.paper.items()},
         # identical trials of other points (an edited resume may have split one off: it runs on its own)
-        **also_tag([pair for pair in point.get("also", []) if trial_key(*pair, seed) not in ctx.skip]),
+        **also_tag([pair for pair in point.also if trial_key(*pair, seed) not in ctx.skip]),
     }
     _refuse_timed_out_retry(ctx, key)
     run_id = open_child_run(
         ctx.tracking_uri,
         ctx.parent_run_id,
         key,
-        trial_run_name(point["ablation"], label, seed),
+        trial_run_name(point.ablation, label, seed),
         tags,
         # study.* params: what the MLflow compare view and parallel-coordinates plot group and sort by
-        _params(trial) | {"study": {"ablation": point["ablation"], "point": label, "seed": seed}},
+        _params(trial) | {"study": {"ablation": point.ablation, "point": label, "seed": seed}},
     )
     loop_config = {
         "trial": trial.model_dump(),

@@ -76,7 +76,6 @@ class Study(Strict):
         "max", description="whether a higher metric is better; with several metrics one mode, or one each"
     )
     _several: list[tuple[str, str]] | None = PrivateAttr(None)  # (metric, mode) when several
-    _documents: Any = PrivateAttr(None)  # its trials as validation resolved them: plan.StudyDocuments.of
     search: Search = Field(default_factory=Search)
     report: ReportOptions = Field(
         default_factory=ReportOptions,
@@ -175,15 +174,6 @@ class Study(Strict):
         if len(metrics) > 1:
             self._check_several()
         return self
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled (to Ray's workers, say) without the kept trial documents: a copy of the study, being
-        another object, would build its own (``StudyDocuments.of``)."""
-        state = super().__getstate__()
-        private = state.get("__pydantic_private__")
-        if private and private.get("_documents") is not None:
-            state["__pydantic_private__"] = {**private, "_documents": None}
-        return state
 
     def _check_several(self) -> None:
         names = ", ".join(m for m, _ in self._several)

@@ -29,7 +29,7 @@ from clsr.study.analyse.rows import ablation_report, build_report
 from clsr.study.analyse.runs import NoStudyRuns, study_from_run
 from clsr.study.analyse.tables import ablation_notes, declared_fidelity, fidelity_lines, pareto_table
 from clsr.study.plan.load import load_study
-from clsr.study.record.parent import resolved_summary
+from clsr.study.record.summary import resolved_summary
 from clsr.study.spec.schema import StudyError
 from clsr.study.stats.effects import grid_effects, sampled_effects
 from clsr.study.stats.seeds import CORRECTION, TEST_NAME, holm, paired_test, seed_stats

@@ -11,8 +11,10 @@ from mlflow.tracking import MlflowClient
 from clsr.study.plan.distinct import also_keys, merge_identical, run_keys
 from clsr.study.plan.load import load_study
 from clsr.study.plan.resolve import count_trials, grid_points
-from clsr.study.record.parent import attach_labels, supersede
-from clsr.study.run.runner import expand_trials
+from clsr.study.plan.study_plan import TrialSpec
+from clsr.study.record.attempts import supersede
+from clsr.study.record.parent import attach_labels
+from clsr.study.run.experiment import expand_trials
 from clsr.tracking.study_runs import (
     ALSO_TAG,
     CHECKPOINT_TAG,
@@ -27,13 +29,13 @@ from tests.support.stores import sqlite_uri
 
 SUPMPN = REPO_ROOT / "studies" / "supmpn_ablations.yaml"
 # SupMPN's paper configuration, written six ways: the reference row and each ablation's paper choice
-SAME_AS_REFERENCE = [
-    ["positive_augmentation", "None"],
-    ["batch_size", "trainer.batch_size=256"],
-    ["positives_negatives", "method.positives=5, method.negatives=5"],
-    ["temperature", "method.temperature=0.05"],
-    ["loss_variant", "released code"],
-]
+SAME_AS_REFERENCE = (
+    ("positive_augmentation", "None"),
+    ("batch_size", "trainer.batch_size=256"),
+    ("positives_negatives", "method.positives=5, method.negatives=5"),
+    ("temperature", "method.temperature=0.05"),
+    ("loss_variant", "released code"),
+)
 
 
 def supmpn_trials(study):
@@ -46,14 +48,14 @@ def test_the_paper_configuration_written_six_ways_is_one_trial_per_seed():
     trials = supmpn_trials(study)
     merged = merge_identical(study, trials)
     assert (len(trials), len(merged)) == count_trials(study) == (132, 117)
-    reference = [t for t in merged if t["ablation"] == "reference"]
-    assert [t["seed"] for t in reference] == [42, 43, 44]
+    reference = [t for t in merged if t.ablation == "reference"]
+    assert [t.seed for t in reference] == [42, 43, 44]
     for entry in reference:  # written out (P = 5) or inherited (batch 256's row): the same trial
-        assert entry["also"] == SAME_AS_REFERENCE
-        assert also_keys(entry)[0] == f"positive_augmentation[None] seed={entry['seed']}"
-    assert sum(len(t["also"]) for t in merged) == 15 and all("also" in t for t in merged)
+        assert entry.also == SAME_AS_REFERENCE
+        assert also_keys(entry)[0] == f"positive_augmentation[None] seed={entry.seed}"
+    assert sum(len(t.also) for t in merged) == 15
     # another seed is another trial
-    assert len(merge_identical(study, [t for t in trials if t["label"] == "SupMPN-BERT-base"])) == 3
+    assert len(merge_identical(study, [t for t in trials if t.label == "SupMPN-BERT-base"])) == 3
 
 
 def test_staged_trials_compare_with_their_upstream_outputs_filled_in():
@@ -61,7 +63,7 @@ def test_staged_trials_compare_with_their_upstream_outputs_filled_in():
     outputs = {("entropy_models", phi, 1): f"/ckpt/{phi}" for phi in ("0.01", "0.02")}
     points = [{"ablation": "regulators", **p} for p in grid_points(rcl.ablations["regulators"])]
     merged = merge_identical(rcl, expand_trials(rcl, points), outputs)
-    assert [t["label"] for t in merged] == ["SRoBERTa-base", "2", "4"]  # all different
+    assert [t.label for t in merged] == ["SRoBERTa-base", "2", "4"]  # all different
 
 
 def child(client, uri, parent, ablation, label, tags=None, status="finished"):
@@ -91,7 +93,7 @@ def test_a_run_stands_for_each_of_its_points_in_outputs_resumes_and_keys(tmp_pat
     run = client.get_run(shared)
     assert run_labels(run.data.tags) == [("a", "x"), ("c", "z")] and "clsr.superseded" not in run.data.tags
     # ... and added d[w], identical to the trial already run: that run stands for it too
-    attach_labels(client, run, {"ablation": "a", "label": "x", "seed": 1, "also": [["c", "z"], ["d", "w"]]})
+    attach_labels(client, run, TrialSpec("a", "x", {}, {}, 1, also=(("c", "z"), ("d", "w"))))
     assert run_labels(client.get_run(shared).data.tags) == [("a", "x"), ("c", "z"), ("d", "w")]
     # a change to the run's own point supersedes the whole run
     supersede(client, parent, frozenset({"a[x] seed=1"}), attempt=3)

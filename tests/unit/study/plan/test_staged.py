@@ -18,7 +18,10 @@ from clsr.encoders.trained import is_checkpoint, load_trained_encoder
 from clsr.encoders.transformer import TransformerEncoder
 from clsr.study.plan.load import study_from_dict
 from clsr.study.plan.resolve import experiments, grid_points, resolve_trial, stages, trial_document
-from clsr.study.run.runner import expand_trials, ready_trials, shared_inputs
+from clsr.study.plan.study_plan import TrialSpec
+from clsr.study.run.experiment import expand_trials
+from clsr.study.run.shared import shared_inputs
+from clsr.study.run.waves import ready_trials
 from clsr.study.spec.schema import StudyError
 from clsr.tracking.study_runs import (
     CHECKPOINT_TAG,
@@ -129,7 +132,7 @@ def test_fixed_upstream_seed_and_trials_whose_upstream_failed_are_held_back():
     trials = expand_trials(
         s, [{"ablation": "regulators", **p} for p in grid_points(s.ablations["regulators"])]
     )
-    assert [(t["label"], t["seed"]) for t in trials] == [
+    assert [(t.label, t.seed) for t in trials] == [
         ("0", 1),
         ("0", 2),
         ("2", 1),
@@ -138,12 +141,13 @@ def test_fixed_upstream_seed_and_trials_whose_upstream_failed_are_held_back():
         ("4", 2),
     ]
     ready, blocked = ready_trials(s, trials, outputs)
-    assert [(t["label"], t["seed"]) for t in ready] == [("0", 1), ("0", 2), ("2", 1), ("2", 2)]
+    assert [(t.label, t.seed) for t in ready] == [("0", 1), ("0", 2), ("2", 1), ("2", 2)]
     assert {reason for _, reason in blocked} == {
         "upstream trials without a checkpoint: ablations.entropy[method.phi=0.02] seed 1"
     }
-    trial = resolve_trial(s, "regulators", ready[3]["overrides"], 2, outputs)
+    trial = resolve_trial(s, "regulators", ready[3].overrides, 2, outputs)
     assert trial.method["entropy_models"] == {0.01: "/ckpt/a"}  # seed 2 trials use seed 1's models
+    assert ready[3].config == trial  # resolved once its upstream outputs exist
 
 
 def _fixed_seed_regulators() -> dict[str, Any]:
@@ -165,8 +169,8 @@ def test_entropy_models_are_embedded_once_per_seed_for_all_regulator_trials():
     wanted = shared_inputs(s, trials, outputs)
     assert len(wanted) == 2  # one per seed; the '0' point (Eq. 1 alone) needs none
     for config in wanted.values():
-        seed = config["trainer"]["seed"]
-        assert config["method"]["entropy_models"] == {0.01: f"/ckpt/0.01-{seed}", 0.02: f"/ckpt/0.02-{seed}"}
+        seed = config.trainer.seed
+        assert config.method["entropy_models"] == {0.01: f"/ckpt/0.01-{seed}", 0.02: f"/ckpt/0.02-{seed}"}
 
 
 def test_outputs_are_read_back_from_mlflow_and_skipped_trials_are_recorded(tmp_path):
@@ -281,8 +285,7 @@ def test_match_chains_each_point_to_the_upstream_points_that_share_its_keys():
         0.02: "<checkpoint of entropy[trainer.lr=1e-05, method.phi=0.02] seed 1>",
     }
     outputs = {("entropy", "trainer.lr=1e-05, method.phi=0.01", 1): "/ckpt/a"}  # the other fold's are missing
-    trials = [{"ablation": "rcl", "label": f"trainer.lr={lr}", "overrides": {"trainer.lr": lr}, "seed": 1}
-              for lr in (1e-5, 2e-5)]  # fmt: skip
+    trials = [TrialSpec("rcl", f"trainer.lr={lr}", {"trainer.lr": lr}, {}, 1) for lr in (1e-5, 2e-5)]
     ready, blocked = ready_trials(s, trials, outputs)
     assert ready == [] and [reason for _, reason in blocked] == [
         "upstream trials without a checkpoint: ablations.entropy[trainer.lr=1e-05, method.phi=0.02] seed 1",

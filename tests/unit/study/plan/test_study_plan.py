@@ -6,6 +6,7 @@ as given: each trial document is built once, and the record and the waves get th
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,12 @@ import yaml
 from clsr.study.plan import probe, projection, study_plan  # noqa: F401 (imported before any is patched)
 from clsr.study.plan import resolve as plan_module
 from clsr.study.plan.fingerprint import fingerprint
-from clsr.study.plan.load import load_study
+from clsr.study.plan.load import load_documents, load_study
 from clsr.study.plan.resolve import StudyDocuments, count_trials, experiments, grid_points, resolve_trial
 from clsr.study.plan.study_plan import check_points, plan_study
 from clsr.study.run import runner  # noqa: F401
-from clsr.study.run.runner import expand_trials
+from clsr.study.run.experiment import expand_trials
+from clsr.study.run.tune_point import point_of
 from clsr.study.spec.schema import StudyError
 from tests.support.hub import hub_model_ids, stub_datasets_cache, stub_hub_cache
 
@@ -41,23 +43,25 @@ SAMPLED = {
 }
 
 
-def sampled_study(tmp_path: Path, **changes):
+def sampled_study(tmp_path: Path, documents: bool = False, **changes):
     doc = copy.deepcopy(SAMPLED) | changes
     path = tmp_path / "sampled.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return load_study(path)
+    return load_documents(path) if documents else load_study(path)
 
 
-def shipped(name: str, smoke: bool = False):
-    return load_study(REPO_ROOT / "studies" / name, smoke=smoke)
+def shipped(name: str, smoke: bool = False, documents: bool = False):
+    """The shipped study (with the documents validation resolved: ``documents``)."""
+    loaded = load_documents(REPO_ROOT / "studies" / name, smoke=smoke)
+    return loaded if documents else loaded.study
 
 
 STUDIES = {
-    "grid": lambda tmp_path: shipped("smoke.yaml"),
-    "staged": lambda tmp_path: shipped("rcl_ablations.yaml", smoke=True),
-    "staged, unavailable offline": lambda tmp_path: shipped("rcl_ablations.yaml"),
+    "grid": lambda tmp_path, **kw: shipped("smoke.yaml", **kw),
+    "staged": lambda tmp_path, **kw: shipped("rcl_ablations.yaml", smoke=True, **kw),
+    "staged, unavailable offline": lambda tmp_path, **kw: shipped("rcl_ablations.yaml", **kw),
     "sampled": sampled_study,
-    "sampled, unavailable offline": lambda tmp_path: shipped("simcse_tuning.yaml"),
+    "sampled, unavailable offline": lambda tmp_path, **kw: shipped("simcse_tuning.yaml", **kw),
 }
 
 
@@ -83,7 +87,7 @@ def test_the_plan_equals_what_the_separate_functions_compute(which, tmp_path):
     points, unavailable = check_points(study, resolve=afresh(study))  # not through the kept documents
     assert list(plan.points) == points
     assert list(plan.unavailable) == unavailable
-    assert [t.entry() for t in plan.trials] == expand_trials(study, points)
+    assert [replace(t, config=None) for t in plan.trials] == expand_trials(study, points)
     assert list(plan.waves) == experiments(study)
     assert plan.fingerprint == fingerprint(study)
     for trial in plan.trials:
@@ -92,7 +96,7 @@ def test_the_plan_equals_what_the_separate_functions_compute(which, tmp_path):
         else:
             assert trial.config == resolve_trial(study, trial.ablation, trial.overrides, trial.seed)
     waved = [t for _, _, wave in plan.waves for t in plan.wave_trials(wave)]
-    assert sorted(map(str, waved)) == sorted(str(t.entry()) for t in plan.trials)
+    assert sorted(map(str, waved)) == sorted(map(str, plan.trials))
     if "unavailable" in which:
         assert plan.unavailable and not plan.trials
     else:
@@ -151,7 +155,7 @@ def _stub_run(monkeypatch, calls: list):
     monkeypatch.setattr(runner, "PatientClient", lambda uri: object())
     monkeypatch.setattr(runner, "Interrupts", Interrupts)
     monkeypatch.setattr(runner, "start_record", start_record)
-    monkeypatch.setattr(runner, "_run_waves", run_waves)
+    monkeypatch.setattr(runner, "run_waves", run_waves)
 
 
 @pytest.mark.parametrize("which", ["grid", "staged", "sampled"])
@@ -178,16 +182,17 @@ def test_study_run_plans_once_and_takes_the_plan_as_given(which, tmp_path, monke
 
     monkeypatch.setattr(plan_module, "trial_document", counting("trial_document", plan_module.trial_document))
     monkeypatch.setattr(plan_module, "study_grids", counting("study_grids", plan_module.study_grids))
-    study = STUDIES[which](tmp_path)  # validated with the counters in place
-    for module in ("clsr.study.plan.fingerprint", "clsr.study.plan.sources", "clsr.study.run.runner"):
+    documents = STUDIES[which](tmp_path, documents=True)  # validated with the counters in place
+    study = documents.study
+    for module in ("clsr.study.plan.fingerprint", "clsr.study.plan.sources", "clsr.study.run.experiment"):
         for builder in ("grid_points", "study_grids"):  # whichever the module builds points with
             monkeypatch.setattr(f"{module}.{builder}", refused, raising=False)
-    for module in ("clsr.study.run.runner", "clsr.study.plan.resolve"):
+    for module in ("clsr.study.run.waves", "clsr.study.run.shared", "clsr.study.plan.resolve"):
         monkeypatch.setattr(f"{module}.resolve_trial", refused)
     calls: list = []
     _stub_run(monkeypatch, calls)
     with pytest.raises(_Stop):
-        runner._run_study(study, "", resume=False, allow_changes=False, new=False)
+        runner._run_study(study, "", resume=False, allow_changes=False, new=False, documents=documents)
     assert counted == {
         "trial_document": expected_documents(study) + 1,  # and the study's base (validation checks it)
         "study_grids": 1,  # every ablation's points, built once
@@ -196,7 +201,8 @@ def test_study_run_plans_once_and_takes_the_plan_as_given(which, tmp_path, monke
     (check, (_, current), lease, (_, plan)) = calls
     assert (check, lease) == ("check_storage", "lease")
     assert current is plan.fingerprint and current == expected_fingerprint
-    assert [t.entry() for t in plan.trials] == expected_trials
+    assert plan.documents is documents
+    assert [replace(t, config=None) for t in plan.trials] == expected_trials
 
 
 def test_unavailable_points_are_refused_before_storage_and_record(tmp_path, monkeypatch):
@@ -232,30 +238,30 @@ def test_identical_trials_and_shared_inputs_are_found_from_the_plans_configurati
     """``merge_identical`` and ``shared_inputs`` read the plan's configurations (nothing resolved again)
     and find what they find by resolving each trial."""
     from clsr.study.plan.distinct import merge_identical
-    from clsr.study.run.runner import shared_inputs
+    from clsr.study.run.shared import shared_inputs
 
     supmpn = load_study(REPO_ROOT / "studies" / "supmpn_ablations.yaml", overrides=[("model.name", "minilm")])
     gclsr = shipped("gclsr_ablations.yaml", smoke=True)
     supmpn_plan, gclsr_plan = plan_study(supmpn), plan_study(gclsr)
-    supmpn_trials = [t.entry() for t in supmpn_plan.trials]
+    supmpn_trials = list(supmpn_plan.trials)
     gclsr_trials = gclsr_plan.wave_trials(gclsr_plan.waves[0][2])
-    merged, wanted = merge_identical(supmpn, supmpn_trials), shared_inputs(gclsr, gclsr_trials)
+    bare = [replace(t, config=None) for t in supmpn_trials]  # what they find resolving each trial
+    merged = merge_identical(supmpn, bare)
+    wanted = shared_inputs(gclsr, [replace(t, config=None) for t in gclsr_trials])
     assert len(merged) < len(supmpn_trials) and wanted
     monkeypatch.setattr("clsr.study.plan.resolve.resolve_trial", _refused)
-    monkeypatch.setattr("clsr.study.run.runner.resolve_trial", _refused)
-    assert merge_identical(supmpn, supmpn_trials, None, supmpn_plan.config_of) == merged
-    assert shared_inputs(gclsr, gclsr_trials, None, gclsr_plan.config_of) == wanted
+    monkeypatch.setattr("clsr.study.run.shared.resolve_trial", _refused)
+    assert [replace(t, config=None) for t in merge_identical(supmpn, supmpn_trials)] == merged
+    assert shared_inputs(gclsr, gclsr_trials) == wanted
 
 
 def test_a_trial_the_plan_does_not_hold_is_resolved():
-    """A staged trial, a sampled ablation's base, a point the plan does not know: no configuration."""
+    """A staged trial has no configuration in the plan; the others carry theirs to the waves."""
     plan = plan_study(shipped("rcl_ablations.yaml", smoke=True))
     staged = next(t for t in plan.trials if t.config is None)
-    assert plan.config_of(staged.entry()) is None
+    assert plan.study.ablations[staged.ablation].needs
     held = next(t for t in plan.trials if t.config is not None)
-    assert plan.config_of(held.entry()) is held.config
-    assert plan.config_of({**held.entry(), "overrides": {"trainer.lr": 1e-3}}) is None
-    assert plan.config_of({"ablation": held.ablation, "overrides": {}, "seed": held.seed}) is None
+    assert any(t is held for t in plan.wave_trials([held.ablation]))
 
 
 def _refused(*args, **kwargs):
@@ -298,11 +304,12 @@ def test_the_counts_from_the_kept_documents_equal_a_fresh_count(path, smoke, mon
     for name, value in every_source_here.items():
         monkeypatch.setenv(name, str(value))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    study = load_study(path, smoke=smoke)
+    documents = load_documents(path, smoke=smoke)
+    study = documents.study
     counted = count_trials(study, resolve=afresh(study))
-    assert StudyDocuments.of(study).counts() == counted
-    plan_study(study)  # the plan reads the same documents
-    assert StudyDocuments.of(study).counts() == counted
+    assert documents.counts() == counted
+    assert plan_study(study, documents).documents is documents  # the plan reads the same documents
+    assert documents.counts() == counted
 
 
 def test_the_counts_of_a_plan_with_unavailable_points_count_them_too(tmp_path):
@@ -311,7 +318,7 @@ def test_the_counts_of_a_plan_with_unavailable_points_count_them_too(tmp_path):
     plan = plan_study(study)
     counted = count_trials(study, resolve=afresh(study))
     assert plan.unavailable and not plan.trials
-    assert StudyDocuments.of(study).counts() == counted == (8 + 9, 8 + 9)
+    assert plan.documents.counts() == counted == (8 + 9, 8 + 9)
 
 
 def _count_documents(monkeypatch) -> dict:
@@ -427,30 +434,28 @@ def test_a_trials_configuration_is_found_by_its_overrides_not_by_an_equal_lookin
     trials = plan.wave_trials(["steps"])
     assert len(trials) == 2 * 2  # two points, two seeds
     for trial in trials:
-        config = plan.config_of(trial)
-        resolved = resolve_trial(study, "steps", trial["overrides"], trial["seed"])
-        assert config is not None and config.model_dump() == resolved.model_dump()
-        trial["overrides"]["trainer.max_steps"] = 5  # the runner's copy: the plan stays as planned
+        resolved = resolve_trial(study, "steps", trial.overrides, trial.seed)
+        assert trial.config is not None and trial.config.model_dump() == resolved.model_dump()
+        point_of(trial)["overrides"]["trainer.max_steps"] = 5  # Tune's copy: the plan stays as planned
     assert [t.overrides.get("trainer.max_steps") for t in plan.trials] == [1, 1, None, None]
-    assert plan.config_of({"ablation": "steps", "overrides": {"trainer.max_steps": 1.0}, "seed": 1}) is None
-    assert plan.config_of({"ablation": "steps", "overrides": {"trainer.max_steps": 1}, "seed": 1}) is not None
+    one = plan.documents.document("steps", {"trainer.max_steps": 1}, 1)
+    assert plan.documents.document("steps", {"trainer.max_steps": 1.0}, 1) is not one
+    assert plan.documents.document("steps", {"trainer.max_steps": 1}, 1) is one
 
 
-def test_the_kept_documents_follow_the_study(tmp_path):
-    """``load_study`` keeps the documents it validated with; a changed study or a copy builds its own;
-    they never make two loads of one file unequal, nor travel with a pickled study."""
+def test_the_study_holds_no_cache_the_documents_are_returned_with_it(tmp_path):
+    """One resolution cache: ``load_documents`` returns the documents validation resolved with its study,
+    which holds none (two loads of one file are equal, a pickled study carries nothing else)."""
     import pickle
 
     path = REPO_ROOT / "studies" / "smoke.yaml"
-    study, again = load_study(path), load_study(path)
-    kept = StudyDocuments.of(study)
-    assert kept is study._documents and study == again
-    unpickled = pickle.loads(pickle.dumps(study))
-    assert unpickled._documents is None and unpickled == study
-    assert StudyDocuments.of(unpickled) is not kept and StudyDocuments.of(copy.deepcopy(study)) is not kept
-    study.base["trainer"]["max_steps"] = 7  # changed after validation: the kept documents are stale
-    renewed = StudyDocuments.of(study)
-    assert renewed is not kept and renewed.config("temperature", {}, 42).trainer.max_steps == 7
+    documents, again = load_documents(path), load_study(path)
+    study = documents.study
+    assert study == again and pickle.loads(pickle.dumps(study)) == study
+    assert not study.__pydantic_private__.get("_documents")
+    assert documents.config("temperature", {}, 42) is documents.config("temperature", {}, 42)
+    assert plan_study(study, documents).documents is documents
+    assert plan_study(again, documents).documents is not documents  # another study: its own
 
 
 def test_a_value_that_is_not_text_is_named_by_validation(tmp_path):

@@ -133,7 +133,7 @@ def test_a_ray_pointer_file_written_by_another_user_is_not_followed(tmp_path, mo
     """Finding 6: /tmp/ray is world-writable on a shared server; a co-tenant's pointer names their Ray."""
     import socket
 
-    from clsr.study.run import runner
+    from clsr.study.run import ray_session
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
@@ -146,13 +146,15 @@ def test_a_ray_pointer_file_written_by_another_user_is_not_followed(tmp_path, mo
     os.chmod(ray_dir, 0o700)
     (ray_dir / "ray_current_cluster").write_text(address)
     try:
-        assert runner.cluster_address() == address  # this user's own pointer, in a private folder
+        assert ray_session.cluster_address() == address  # this user's own pointer, in a private folder
         os.chmod(ray_dir, 0o1777)  # like /tmp/ray when someone else made it: anyone may replace the file
-        assert runner.cluster_address() is None
+        assert ray_session.cluster_address() is None
         os.chmod(ray_dir, 0o700)
         real_stat = os.stat
-        monkeypatch.setattr(runner.os, "stat", lambda p, **kw: _owned_by(real_stat(p, **kw), os.getuid() + 1))
-        assert runner.cluster_address() is None  # written by another user
+        monkeypatch.setattr(
+            ray_session.os, "stat", lambda p, **kw: _owned_by(real_stat(p, **kw), os.getuid() + 1)
+        )
+        assert ray_session.cluster_address() is None  # written by another user
     finally:
         listener.close()
 

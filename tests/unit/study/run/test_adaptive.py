@@ -22,7 +22,7 @@ from clsr.study.analyse.runs import load_trials
 from clsr.study.plan.fingerprint import fingerprint
 from clsr.study.plan.load import load_study
 from clsr.study.plan.resolve import count_trials, seed_notes
-from clsr.study.run import runner
+from clsr.study.run import waves
 from clsr.study.run.adaptive import half_width, needs_seed
 from clsr.study.run.trial import StudyContext
 from clsr.study.spec.ablation import AdaptiveSeeds
@@ -186,15 +186,15 @@ def test_rounds_add_seeds_to_wide_rows_only_up_to_max(tmp_path, monkeypatch, cap
     fits = []
 
     def fake_fit(study, ctx, ablation, name, interrupts, console=None):
-        fits.append((name, sorted((t["label"], t["seed"]) for t in ctx.trials)))
+        fits.append((name, sorted((t.label, t.seed) for t in ctx.trials)))
         for t in ctx.trials:
-            add_trial(uri, client, parent, t["label"], t["seed"])
+            add_trial(uri, client, parent, t.label, t.seed)
 
-    monkeypatch.setattr(runner, "_fit", fake_fit)
-    monkeypatch.setattr(runner, "shared_inputs", lambda *a, **k: {})
-    ctx = StudyContext(study.model_dump(by_alias=True), uri, parent, str(tmp_path / "runs"), [], {}, {})
+    monkeypatch.setattr(waves, "_fit", fake_fit)
+    monkeypatch.setattr(waves, "shared_inputs", lambda *a, **k: {})
+    ctx = StudyContext(study, uri, parent, str(tmp_path / "runs"), [], {}, {})
     interrupts = SimpleNamespace(check=lambda: None, reason=None)
-    runner.adaptive_rounds(study, ctx, ["pooling"], interrupts, client)
+    waves.adaptive_rounds(study, ctx, ["pooling"], interrupts, client)
     assert fits == [("pooling-seeds2", [("avg", 4)]), ("pooling-seeds3", [("avg", 5)])]
     out = capsys.readouterr().out
     assert (

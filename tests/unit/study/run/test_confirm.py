@@ -151,7 +151,9 @@ def runs(client, parent):
 
 
 def test_top_k_points_and_the_runner_adds_them_over_the_confirm_seeds(tmp_path, store):
-    from clsr.study.run.runner import confirm_trials, expand_trials, grid_points
+    from clsr.study.plan.resolve import grid_points
+    from clsr.study.run.experiment import expand_trials
+    from clsr.study.run.waves import confirm_trials
 
     client, parent, add = store
     fill(add)
@@ -166,7 +168,7 @@ def test_top_k_points_and_the_runner_adds_them_over_the_confirm_seeds(tmp_path, 
     )
     trials, blocked = confirm_trials(study, client, parent, ["confirm"], explicit)
     assert blocked == [] and len(trials) == (2 + 1) * 3
-    assert sorted({t["seed"] for t in trials}) == [7, 8, 9]
+    assert sorted({t.seed for t in trials}) == [7, 8, 9]
     assert confirm_points(study, "confirm", runs(client, parent)) == (points, lines)  # deterministic
 
 
@@ -181,7 +183,9 @@ def test_fewer_configurations_than_top_k_are_confirmed_with_a_line(tmp_path, sto
 
 
 def test_none_finished_skips_the_confirm_trials_with_a_reason(tmp_path, store, capsys):
-    from clsr.study.run.runner import confirm_trials, expand_trials, grid_points
+    from clsr.study.plan.resolve import grid_points
+    from clsr.study.run.experiment import expand_trials
+    from clsr.study.run.waves import confirm_trials
 
     client, parent, add = store
     add("lr", 1, 0.5, 1e-05, 8, True, status="failed")
@@ -191,7 +195,7 @@ def test_none_finished_skips_the_confirm_trials_with_a_reason(tmp_path, store, c
         study, [{"ablation": "confirm", **p} for p in grid_points(study.ablations["confirm"])]
     )
     trials, blocked = confirm_trials(study, client, parent, ["confirm"], explicit)
-    assert trials == [] and [t["seed"] for t, _ in blocked] == [7, 8, 9]
+    assert trials == [] and [t.seed for t, _ in blocked] == [7, 8, 9]
     assert {why for _, why in blocked} == {"lr has no finished configuration to confirm"}
     assert (
         "skipped: ablations.confirm: lr has no finished configuration to confirm" in capsys.readouterr().out
@@ -251,12 +255,14 @@ def test_counted_trials_stages_and_fingerprint(tmp_path):
 
 def test_confirm_runs_after_the_search_as_a_grid_without_early_stopping(tmp_path):
     from clsr.study.plan.resolve import experiments
-    from clsr.study.run.runner import _scheduler
+    from clsr.study.run.experiment import _scheduler
 
     doc = {**copy.deepcopy(STUDY), "scheduler": {"type": "asha"}}
     study = study_of(tmp_path, doc)
     assert experiments(study) == [("lr", "lr", ["lr"]), ("confirm", None, ["confirm"])]
-    trials = [{"ablation": "confirm", "label": "paper", "overrides": {}, "seed": 7}]
+    from clsr.study.plan.study_plan import TrialSpec
+
+    trials = [TrialSpec("confirm", "paper", {}, {}, 7)]
     assert _scheduler(study, None, trials) is None and _scheduler(study, "lr") is not None
 
 
@@ -403,6 +409,7 @@ def test_an_edited_resume_searches_a_changed_search_again_and_keeps_grid_edits(t
     names the attempt that starts the new search (its Tune experiment ``lr-vN``), which later resumes
     restore; a changed explicit point of the confirm ablation is an ordinary edit, the search kept."""
     from clsr.study.plan.fingerprint import changed_searches, compare
+    from clsr.study.record import attempts
     from clsr.study.record import parent as record
 
     monkeypatch.chdir(tmp_path)
@@ -451,7 +458,7 @@ def test_an_edited_resume_searches_a_changed_search_again_and_keeps_grid_edits(t
     # the search's runs and the best point taken from it are superseded; the paper's point is kept
     assert searches == {"lr": 2} and superseded(sampled, confirming, paper) == ["v2", "v2", None]
     assert "confirm[trainer.lr=2e-05] seed=7" in skip  # never run again by the old confirm experiment
-    assert record.superseded_at(client, parent_run_id) == {
+    assert attempts.superseded_at(client, parent_run_id) == {
         "lr[sample 1a2b3_00000] seed=1": 2,
         "confirm[trainer.lr=2e-05] seed=7": 2,
     }
@@ -465,11 +472,11 @@ def test_an_edited_resume_searches_a_changed_search_again_and_keeps_grid_edits(t
     assert take_over(doc)[4] == {"lr": 4}  # searched again
     doc["ablations"]["confirm"]["points"][0]["set"]["trainer.lr"] = 4.0e-5
     edited = study_of(tmp_path, doc)
-    changes = compare(record.recorded_fingerprint(client, parent_run_id), fingerprint(edited))
+    changes = compare(attempts.recorded_fingerprint(client, parent_run_id), fingerprint(edited))
     assert changes.changed == [f"confirm[paper] seed={seed}" for seed in (7, 8, 9)]
     _, _, _, skip, searches = take_over(doc)
     assert skip == frozenset(changes.changed) and searches == {"lr": 4}  # the search kept
     assert (
         superseded(paper) == ["v5"]
-        and record.superseded_at(client, parent_run_id)["confirm[paper] seed=7"] == 5
+        and attempts.superseded_at(client, parent_run_id)["confirm[paper] seed=7"] == 5
     )

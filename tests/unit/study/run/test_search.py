@@ -44,10 +44,10 @@ def study_of(tmp_path: Path, **changes):
 
 
 def tune_config(study, tmp_path: Path, ablation: str | None = "lr"):
-    from clsr.study.run.runner import build_tuner
+    from clsr.study.run.experiment import build_tuner
     from clsr.study.run.tune_compat import tuner_tune_config
 
-    ctx = StudyContext(study.model_dump(by_alias=True), "sqlite:///x.db", "parent", str(tmp_path))
+    ctx = StudyContext(study, "sqlite:///x.db", "parent", str(tmp_path))
     return tuner_tune_config(build_tuner(study, ctx, ablation, restore=False))
 
 
@@ -92,7 +92,7 @@ def test_one_seed_keeps_plain_optuna_and_points_to_evaluate_are_enqueued(tmp_pat
 def test_random_search_runs_each_sample_with_every_seed(tmp_path):
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    from clsr.study.run.runner import param_space
+    from clsr.study.run.experiment import param_space
 
     point = {"trainer.lr": 3e-5}
     study = study_of(tmp_path, search={"algorithm": "random", "points_to_evaluate": [point]}, concurrency=2)
@@ -108,7 +108,7 @@ def test_random_variants_share_sampled_values_across_seeds(tmp_path):
     """Tune's own variant generation: each sample's seeds carry the same sampled values."""
     from ray.tune.search.variant_generator import generate_variants
 
-    from clsr.study.run.runner import param_space
+    from clsr.study.run.experiment import param_space
 
     study = study_of(tmp_path, search={"algorithm": "random"})
     spec = {"config": param_space(study, "lr")}
@@ -221,7 +221,7 @@ def test_points_to_evaluate_come_first_from_both_searchers(tmp_path):
     """The configured points reach the trials' config (point.overrides) before any sampled one."""
     from ray.tune.search.variant_generator import _get_preset_variants
 
-    from clsr.study.run.runner import _search_alg, param_space
+    from clsr.study.run.experiment import _search_alg, param_space
 
     point = {"trainer.lr": 3e-5, "trainer.batch_size": 32}
     study = study_of(tmp_path, search={"points_to_evaluate": [point]})
@@ -287,7 +287,7 @@ def test_several_objectives_reach_optunas_multi_objective_study(tmp_path):
     config = tune_config(study, tmp_path)
     assert config.metric is None and config.mode is None
     repeater = config.search_alg
-    from clsr.study.run.runner import param_space
+    from clsr.study.run.experiment import param_space
 
     assert repeater.set_search_properties(None, None, param_space(study, "lr"))
     ot_study = repeater.searcher._ot_study

@@ -60,11 +60,12 @@ def test_an_unsupported_ray_is_refused_in_one_line(monkeypatch, version):
 
 def test_a_study_run_refuses_an_unsupported_ray_before_it_starts_anything(tmp_path, monkeypatch):
     from clsr.study.run import runner
+    from clsr.study.run.console import Console
 
     monkeypatch.setattr(ray, "__version__", "2.55.0")
     monkeypatch.setattr(runner, "_run_study", lambda *a: pytest.fail("the study started"))
     with pytest.raises(UnsupportedRay, match=r"^clsr needs Ray 2\.60\.x \(installed: 2\.55\.0\)"):
-        runner.run_study(study_of(tmp_path), "", verbose=False, console=(console := runner.Console()))
+        runner.run_study(study_of(tmp_path), "", verbose=False, console=(console := Console()))
     assert console.quiet is None and not ray.is_initialized()
 
 
@@ -75,16 +76,17 @@ def test_quieting_a_tuner_changes_the_run_config_its_fit_runs_with(tmp_path, mon
     """``quiet_tuner`` reaches the TunerInternal's RunConfig: the very object ``fit`` reads."""
     from ray import tune
 
-    from clsr.study.run import runner
+    from clsr.study.run import experiment
     from clsr.study.run.progress import Progress
+    from clsr.study.run.trial import StudyContext
 
     study = study_of(tmp_path)
-    ctx = runner.StudyContext(study.model_dump(by_alias=True), "sqlite:///x.db", "parent", str(tmp_path))
-    tuner = runner._build_tuner(study, ctx, "lr", restore=False)
+    ctx = StudyContext(study, "sqlite:///x.db", "parent", str(tmp_path))
+    tuner = experiment._build_tuner(study, ctx, "lr", restore=False)
     assert isinstance(tuner_tune_config(tuner), tune.TuneConfig)
     run_config = tuner_run_config(tuner)
     assert isinstance(run_config, tune.RunConfig) and run_config.verbose == 1
-    runner.quiet_tuner(tuner, study, "lr")
+    experiment.quiet_tuner(tuner, study, "lr")
     assert tuner_run_config(tuner) is run_config and run_config.verbose == 0
     assert run_config.progress_reporter is None
     assert [type(c) for c in run_config.callbacks] == [Progress]
@@ -194,7 +196,7 @@ def test_rays_messages_to_the_driver_go_to_the_handler(monkeypatch):
 def test_the_head_nodes_resource_is_rays_and_a_train_trial_holds_a_share_of_it(tmp_path):
     from ray._common.constants import HEAD_NODE_RESOURCE_NAME
 
-    from clsr.study.run.runner import DRIVER_SHARE, trial_resources
+    from clsr.study.run.experiment import DRIVER_SHARE, trial_resources
 
     assert tune_compat.HEAD_NODE_RESOURCE == HEAD_NODE_RESOURCE_NAME
     study = study_of(tmp_path, resources={"workers_per_trial": 2})
@@ -207,7 +209,7 @@ def test_the_head_nodes_resource_is_rays_and_a_train_trial_holds_a_share_of_it(t
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_every_sampler_survives_tunes_pickling_and_still_samples(tmp_path, sampler):
     study = study_of(tmp_path, search={"sampler": sampler})
-    from clsr.study.run.runner import param_space
+    from clsr.study.run.experiment import param_space
 
     repeater = tune_config(study, tmp_path).search_alg
     assert repeater.set_search_properties(study.metric, study.mode, param_space(study, "lr"))

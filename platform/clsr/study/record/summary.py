@@ -1,0 +1,83 @@
+"""What a study's record says of it: the resolved summary its parent run keeps, and one row per trial
+for the terminal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clsr.study.plan.resolve import grid_points, stages, trial_document
+from clsr.study.spec.schema import Study
+from clsr.tracking.study_runs import (
+    SUPERSEDED_TAG,
+    run_labels,
+)
+from clsr.tracking.tags import last_error_line
+
+
+def resolved_summary(study: Study) -> dict[str, Any]:
+    """The base configuration every trial starts from, and each ablation's points with paper numbers."""
+    return {
+        "study": study.model_dump(by_alias=True, exclude_none=True),
+        "base_trials": {n: trial_document(study, n, {}, study.seeds_of(n)[0]) for n in study.ablations},
+        "stages": stages(study),
+        "points": {n: grid_points(a) if not a.space else "sampled" for n, a in study.ablations.items()},
+    }
+
+
+SUMMARY_AVERAGES = ("test_sts_avg", "test_sts12_15_avg", "test_transfer_avg")
+
+
+def summary_rows(runs, study: Study) -> list[dict[str, Any]]:
+    """One row per trial from its MLflow run (the record): status, the study metric, then the test
+    averages it has (a lone STS task if no average)."""
+    from clsr.data.faq import FAQ_TASKS
+    from clsr.data.sts import STS_TASKS
+
+    rows = []
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        tags, metrics = run.data.tags, run.data.metrics
+        if SUPERSEDED_TAG in tags:
+            continue
+        tests = {k: metrics[k] for k in SUMMARY_AVERAGES if k in metrics}
+        if "test_sts_avg" not in tests:
+            tests = {f"test_{t}": metrics[f"test_{t}"] for t in STS_TASKS if f"test_{t}" in metrics} | tests
+        tests |= {
+            k: metrics[k] for t in FAQ_TASKS for k in (f"test_{t}_top1", f"test_{t}_map") if k in metrics
+        }
+        also = len(run_labels(tags)) - 1  # identical trials of other points (named in clsr.also)
+        rows.append(
+            {
+                "ablation": tags.get("clsr.ablation"),
+                "point": tags.get("clsr.point", "") + (f" (+{also} identical)" if also else ""),
+                "seed": tags.get("clsr.seed"),
+                "status": tags.get("clsr.status", "unknown"),
+                study.metric: metrics.get(study.metric),
+                **tests,
+                **({"reason": reason} if (reason := _reason(tags)) else {}),
+            }
+        )
+    return rows
+
+
+def _reason(tags: dict[str, str]) -> str:
+    """Why a trial did not finish, in one line: the last line of its error (the exception)."""
+    if tags.get("clsr.status") == "finished":
+        return ""
+    line = last_error_line(tags)
+    return line[:117] + "..." if len(line) > 120 else line
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no trials)"
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[_cell(r.get(k)) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    line = " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))
+    body = "\n".join(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
+    return f"{line}\n{'-' * len(line)}\n{body}"
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else ("-" if value is None else str(value))

@@ -1,0 +1,257 @@
+"""A study plan's waves, run in turn: each wave's trials (with confirmations added, blocked ones
+skipped, identical ones merged), its shared inputs, its Tune experiments (and an edited resume's new
+versions, and adaptive-seed rounds), then the record closed truthfully however it ended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from mlflow.tracking import MlflowClient
+
+from clsr.study.control.interrupt import Interrupted, Interrupts
+from clsr.study.plan.distinct import also_keys, merge_identical, run_keys
+from clsr.study.plan.resolve import UpstreamMissing, missing_upstream, resolve_trial
+from clsr.study.plan.study_plan import StudyPlan, TrialSpec
+from clsr.study.record.attempts import superseded_at
+from clsr.study.record.lease import Lease
+from clsr.study.record.parent import (
+    StudyOutcome,
+    attach_labels,
+    close_lost_trials,
+    close_study,
+    give_up,
+    replay,
+    skip_blocked,
+)
+from clsr.study.run.console import Console
+from clsr.study.run.experiment import build_tuner, errors_of, expand_trials
+from clsr.study.run.ray_session import init_ray
+from clsr.study.run.shared import prepare_shared, shared_inputs
+from clsr.study.run.trial import StudyContext, key_of
+from clsr.study.spec.schema import Outputs, Study
+from clsr.tracking.patient import PatientClient
+from clsr.tracking.study_runs import SUPERSEDED_TAG, children, finished_outputs
+
+
+def sampled_bases(study: Study, ablation: str) -> list[TrialSpec]:
+    """A sampled ablation's base trial per seed: it stands for the samples when shared inputs are built."""
+    return [TrialSpec(ablation, None, {}, {}, seed) for seed in study.seeds_of(ablation)]
+
+
+def ready_trials(
+    study: Study, trials: list[TrialSpec], outputs: Outputs
+) -> tuple[list[TrialSpec], list[tuple[TrialSpec, str]]]:
+    """The trials whose needs can be filled (a staged one with its configuration, now resolved), and
+    (trial, why not) for the others."""
+    ready, blocked = [], []
+    for trial in trials:
+        if not study.ablations[trial.ablation].needs:
+            ready.append(trial)
+            continue
+        try:
+            config = resolve_trial(study, trial.ablation, trial.overrides, trial.seed, outputs)
+            ready.append(replace(trial, config=config))
+        except (UpstreamMissing, ValueError) as err:
+            missing = missing_upstream(study, trial.ablation, trial.seed, outputs, trial.overrides)
+            reason = f"upstream trials without a checkpoint: {', '.join(missing)}" if missing else str(err)
+            blocked.append((trial, reason))
+    return ready, blocked
+
+
+def confirm_trials(
+    study: Study, client, parent_run_id: str, wave: list[str], planned: list[TrialSpec]
+) -> tuple[list[TrialSpec], list[tuple[TrialSpec, str]]]:
+    """A wave's trials with its confirm ablations' best upstream configurations × their seeds added
+    (``clsr.study.run.confirm``), and (trial, why) for those of a confirm ablation with none to confirm."""
+    from clsr.study.run.confirm import wave_points
+
+    points, empty, lines = wave_points(study, client, parent_run_id, wave)
+    for line in lines:
+        print(line)
+    why = {n: f"{study.ablations[n].confirm.of} has no finished configuration to confirm" for n in empty}
+    for name, reason in why.items():
+        print(f"skipped: ablations.{name}: {reason}")
+    kept = [t for t in planned if t.ablation not in why]
+    return kept + expand_trials(study, points), [(t, why[t.ablation]) for t in planned if t.ablation in why]
+
+
+def run_waves(
+    plan: StudyPlan,
+    uri: str,
+    parent_run_id: str,
+    storage: str,
+    lease: Lease,
+    skip: frozenset[str],
+    searches: dict[str, int],
+    interrupts: Interrupts,
+    console: Console | None = None,
+) -> StudyOutcome:
+    """Each experiment of the plan in turn (its ``waves``); ``searches``: the sampled ablations an edited resume
+    searched again, with the attempt that started their search (``clsr.study.record.attempts.search_versions``)."""
+    study = plan.study
+    console = console if console is not None else Console()
+    client = PatientClient(uri)
+    interrupts.on_give_up = lambda: give_up(client, uri, parent_run_id, interrupts.reason, lease)
+    lease.on_lost = interrupts.lease_lost
+    init_ray(console)
+    interrupts.install()  # after ray.init, which replaces the SIGTERM handler
+    status = "FINISHED"
+    try:
+        for name, ablation, wave in plan.waves:
+            interrupts.check()
+            if ablation in searches:  # searched again: a new experiment, not the old search restored
+                name = f"{name}-v{searches[ablation]}"
+            # upstream trials' checkpoint tags, or a searched ablation's last results that a confirmation
+            # ranks, may still wait in their journals
+            if any(study.ablations[a].needs or study.ablations[a].confirm for a in wave):
+                replay(uri, storage)
+            staged = any(study.ablations[a].needs for a in wave)
+            outputs = finished_outputs(client, parent_run_id, storage_root=storage) if staged else {}
+            planned = plan.wave_trials(wave)
+            planned, unconfirmed = confirm_trials(study, client, parent_run_id, wave, planned)
+            trials, blocked = ready_trials(study, planned, outputs)
+            skip_blocked(uri, parent_run_id, unconfirmed + blocked)
+            if ablation is None:
+                trials = merge_identical(study, trials, outputs)
+                say_merged(trials)
+            if ablation is None and not trials:
+                continue  # every trial of this wave lost an upstream trial
+            builds = trials if ablation is None else sampled_bases(study, ablation)
+            shared = prepare_shared(study, builds, outputs)
+            ctx = StudyContext(
+                study, uri, parent_run_id, storage, trials, shared, outputs,
+                lease.generation, skip,
+            )  # fmt: skip
+            _fit(study, ctx, ablation, name, interrupts, console)
+            if ablation is None:  # an edited resume: the changed and added trials, as their own wave
+                _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id, console)
+                adaptive_rounds(study, ctx, wave, interrupts, client, console)
+    except Interrupted:
+        pass
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        interrupts.recording = True
+        status = "KILLED" if interrupts.stopped and status != "FAILED" else status
+        with interrupts.closed:
+            stop = (interrupts.reason, interrupts.exit_code)
+            outcome = close_study(client, uri, parent_run_id, storage, study, stop, status, lease)
+            interrupts.record_written = True
+            console.link.tell(settled=True)
+    if outcome.stopped_by is None and not outcome.pending_records:  # finished: resumable state not needed
+        print(_shrink_checkpoints(study, client, parent_run_id, storage))
+    return outcome
+
+
+def _shrink_checkpoints(study: Study, client, parent_run_id: str, storage: str) -> str:
+    """Finished trials' checkpoints down to their weights (clsr.study.record.retention); never fails the study."""
+    from clsr.study.record.retention import shrink_finished_checkpoints
+
+    try:
+        return shrink_finished_checkpoints(study, client, parent_run_id, storage)
+    except Exception as err:  # MLflow or the storage not answering: the checkpoints stay whole
+        return f"checkpoints: kept whole ({type(err).__name__}: {str(err)[:200]})"
+
+
+def say_merged(trials: list[TrialSpec]) -> None:
+    """Which identical trials run once, standing for which points."""
+    merged = [t for t in trials if t.also]
+    if not merged:
+        return
+    stood_for = len(trials) + sum(len(t.also) for t in merged)
+    print(f"{stood_for} trials, {len(trials)} distinct: identical trials run once for all their points")
+    for trial in merged[:10]:
+        others = ", ".join(f"{a}[{p}]" for a, p in trial.also)
+        print(f"  {key_of(trial)} also stands for {others}")
+    if len(merged) > 10:
+        print(f"  ... and {len(merged) - 10} more")
+
+
+def adaptive_rounds(
+    study: Study,
+    ctx: StudyContext,
+    wave: list[str],
+    interrupts: Interrupts,
+    client,
+    console: Console | None = None,
+) -> None:
+    """Adaptive-seeds ablations of a finished wave: round k (2, 3, ...) gives one more seed to each row
+    that needs one (``clsr.study.run.adaptive``), as Tune experiment ``<ablation>-seeds<k>``; a resume
+    restores a round's experiment by that name (``_fit``), then decides the next from MLflow again."""
+    from clsr.study.analyse.runs import load_trials
+    from clsr.study.run.adaptive import round_trials
+
+    for ablation in [a for a in wave if study.adaptive_of(a) is not None]:
+        spec = study.adaptive_of(ablation)
+        for k in range(2, spec.max - spec.min + 2):  # each round adds a seed: at most max - min rounds
+            interrupts.check()
+            replay(ctx.tracking_uri, ctx.storage)  # the last round's results may wait in their journals
+            trials = round_trials(study, ablation, load_trials(client, ctx.parent_run_id))
+            if not trials:
+                break
+            rows = len({t.label for t in trials})
+            print(f"ablations.{ablation}: round {k} adds a seed to {rows} row(s) (CI wider than "
+                  f"±{spec.until_ci:g} or verdict inconclusive)")  # fmt: skip
+            trials = merge_identical(study, ready_trials(study, trials, ctx.outputs)[0], ctx.outputs)
+            fresh = [key for key in shared_inputs(study, trials, ctx.outputs) if key not in ctx.shared]
+            shared = {**ctx.shared, **(prepare_shared(study, trials, ctx.outputs) if fresh else {})}
+            round_ctx = replace(ctx, trials=trials, shared=shared, skip=frozenset())
+            _fit(study, round_ctx, None, f"{ablation}-seeds{k}", interrupts, console)
+            if interrupts.reason == "lease_lost":
+                return
+
+
+def _fit(
+    study: Study,
+    ctx: StudyContext,
+    ablation: str | None,
+    name: str,
+    interrupts: Interrupts,
+    console: Console | None = None,
+) -> None:
+    """Run one Tune experiment, or continue it (and the new-version experiments of earlier edited
+    resumes) where an earlier driver left it."""
+    from ray import tune
+
+    # a grid wave's edited resumes ran their new trials as <name>-vN; a search runs as one experiment
+    versions = range(2, ctx.attempt) if ablation is None else range(0)
+    restorable = [n for n in versions if tune.Tuner.can_restore(f"{ctx.storage.rstrip('/')}/{name}-v{n}")]
+    # a trial an edited resume superseded after an experiment began is not that experiment's to run,
+    # on this resume or any later one (its new version, if any, runs in a later experiment)
+    superseded = superseded_at(MlflowClient(ctx.tracking_uri), ctx.parent_run_id) if versions else {}
+    for version, experiment in [(1, name), *[(n, f"{name}-v{n}") for n in restorable]]:
+        later = frozenset(key for key, at in superseded.items() if at > version)
+        with interrupts.experiment():
+            tuner = build_tuner(
+                study, replace(ctx, skip=ctx.skip | later), ablation, True, experiment, console
+            )
+            results = tuner.fit()
+        if interrupts.reason == "lease_lost":  # the record is another driver's now
+            return
+        close_lost_trials(  # a plain client: an outage here is only a warning (the study's end closes them)
+            MlflowClient(ctx.tracking_uri), ctx.tracking_uri, ctx.parent_run_id, errors_of(results)
+        )
+
+
+def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id, console=None) -> None:
+    """An edited resume's changed and added trials of this wave, as a new Tune experiment."""
+    if ctx.attempt == 1:  # a new study: its experiments hold every trial
+        return
+    done = {key: run for run in children(client, parent_run_id) if SUPERSEDED_TAG not in run.data.tags
+            for key in run_keys(run.data.tags)}  # fmt: skip
+    fresh = []
+    for trial in trials:
+        keys = [key_of(trial), *also_keys(trial)]
+        carrier = next((done[k] for k in keys if k in done), None)
+        if key_of(trial) in ctx.skip or carrier is None:
+            fresh.append(trial)
+        else:  # an added point identical to a trial already run: that run stands for it too
+            attach_labels(client, carrier, trial)
+    if not fresh:
+        return
+    with interrupts.experiment():
+        new_ctx = replace(ctx, trials=fresh, skip=frozenset())
+        results = build_tuner(study, new_ctx, None, True, f"{name}-v{ctx.attempt}", console).fit()
+    close_lost_trials(client, ctx.tracking_uri, parent_run_id, errors_of(results))
