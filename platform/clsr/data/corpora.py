@@ -15,9 +15,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from clsr.data.hub.manifest import SIMCSE_HUB_ID
 from clsr.data.sources import DataUnavailableError, load_from_hub, local_dir, require_file
 
-SIMCSE_HUB_ID = "princeton-nlp/datasets-for-simcse"
 WIKI_FILES = ("wiki/wiki1m_for_simcse.txt", "wiki/wiki1m_for_simcse.head11914.txt")
 NLI_FOR_SIMCSE_FILE = "nli/nli_for_simcse.csv"
 LABELS = ("entailment", "neutral", "contradiction")  # index = HF integer label (SNLI, MNLI, XNLI)

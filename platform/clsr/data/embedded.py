@@ -16,8 +16,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from clsr.data.corpora import SIMCSE_HUB_ID
-from clsr.data.sts import HUB_IDS
+from clsr.data.hub.manifest import SIMCSE_HUB_ID
+from clsr.data.hub.manifest import STS_HUB_IDS as HUB_IDS
 
 EMBEDDED_DIR = Path(__file__).with_name("embedded")
 WIKI_FILE = "wiki1m_sample.txt.gz"

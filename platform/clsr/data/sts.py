@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clsr.data.hub.manifest import HUB_DATASETS
+from clsr.data.hub.manifest import HUB_DATASETS, STS_HUB_IDS
 from clsr.data.sources import load_from_hub, local_dir, require_file
 
 STS_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
@@ -33,11 +33,7 @@ SPLIT_FILES: dict[str, dict[str, str]] = {
     "stsb": {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.csv"},
     "sickr": {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"},
 }
-HUB_IDS = {
-    **{task: f"mteb/{task}-sts" for task in YEAR_SUBSETS},
-    "stsb": "mteb/stsbenchmark-sts",
-    "sickr": "mteb/sickr-sts",
-}
+HUB_IDS = STS_HUB_IDS
 HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
 
 

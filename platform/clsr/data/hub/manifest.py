@@ -14,6 +14,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+# The ids the loaders (and the embedded sample's check of the hub) name: here, below every loader
+SIMCSE_HUB_ID = "princeton-nlp/datasets-for-simcse"  # wiki1m and nli_for_simcse
+STS_HUB_IDS = {
+    **{f"sts{year}": f"mteb/sts{year}-sts" for year in range(12, 17)},
+    "stsb": "mteb/stsbenchmark-sts",
+    "sickr": "mteb/sickr-sts",
+}
+
 
 @dataclass(frozen=True)
 class HubDataset:
