@@ -26,8 +26,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from clsr.study.spec.schema import Study
-from clsr.tracking.credentials import secret_assignments
-from clsr.tracking.secrets import mask_uri
+from clsr.tracking.credentials import masked, secret_assignments
 
 # SLURM's --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (hours may pass 24: 168:00:00), or no limit
 TIME_FORMAT = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
@@ -132,7 +131,7 @@ def check_request(study: Study, request: SbatchRequest, source: str, overrides: 
         secrets = secret_assignments(value)
         if secrets:
             problems.append(
-                f"{what} {mask_uri(value)!r}: holds a credential ({', '.join(secrets)}); the script is a "
+                f"{what} {masked(value)!r}: holds a credential ({', '.join(secrets)}); the script is a "
                 f"file others may read: the job takes MLflow, S3 and hub logins from the environment "
                 f"sbatch passes on (MLFLOW_TRACKING_TOKEN, AWS_SECRET_ACCESS_KEY, HF_TOKEN), never from it"
             )

@@ -33,6 +33,9 @@ _SECRET_NAME = re.compile(
     r"|[A-Za-z0-9_]*_TOKEN|[A-Za-z0-9_]*_SECRET[A-Za-z0-9_]*|[A-Za-z0-9_]*PASSWORD)[ \t]*[=:]",
     re.IGNORECASE,
 )
+_SECRET_VALUE = re.compile(
+    rf"(?P<head>{_SECRET_NAME.pattern})(?P<value>'[^']*'?|\"[^\"]*\"?|\S+)", re.IGNORECASE
+)
 # scheme://<userinfo>@host: a token (https://TOKEN@host) or user:password before the first /
 _URL_LOGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s/@'\"]+@")
 
@@ -67,6 +70,13 @@ def secret_assignments(text: str) -> list[str]:
     if not found and mask_uri(text) != text:
         found.append(mask_uri(text))
     return found
+
+
+def masked(text: str) -> str:
+    """``text`` with the values ``secret_assignments`` finds replaced by ``***`` (for an error message)."""
+    text = _SECRET_VALUE.sub(lambda m: f"{m['head']}***", text)
+    text = _URL_LOGIN.sub(lambda m: m[0].split("://", 1)[0] + "://***@", text)
+    return mask_uri(text)
 
 
 def _remove(path: Path) -> None:
