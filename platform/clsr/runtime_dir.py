@@ -20,6 +20,7 @@ nothing of the platform.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -108,20 +109,23 @@ def check_private(folder: Path) -> Path:
 
 def _ensure(folder: Path) -> Path:
     """Make ``folder`` exclusively (0700), or accept the existing one only when it is private."""
-    try:
+    with contextlib.suppress(FileExistsError):
         os.mkdir(folder, 0o700)
-    except FileExistsError:
-        pass
-    else:
-        os.chmod(folder, 0o700, follow_symlinks=False)  # a umask never widens it; this says it plainly
-        return folder
-    problem = _problem(folder)
-    if problem:
-        raise UnsafeFolder(
-            f"{folder}: {problem}; it was not made by this user's platform, so nothing is written there. "
-            f"Remove it if it is yours, or set TMPDIR to a folder of your own"
-        )
-    os.chmod(folder, 0o700, follow_symlinks=False)  # this user's own: close group/other reading too
+    try:  # the folder itself, never a link at its name: checked and narrowed through one descriptor
+        descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        descriptor = None
+    try:
+        problem = _problem(folder) if descriptor is None else _problem_of(os.fstat(descriptor))
+        if problem:
+            raise UnsafeFolder(
+                f"{folder}: {problem}; it was not made by this user's platform, so nothing is written "
+                f"there. Remove it if it is yours, or set TMPDIR to a folder of your own"
+            )
+        os.fchmod(descriptor, 0o700)  # this user's own: no reading by others either (a umask never widens)
+    finally:
+        if descriptor is not None:
+            os.close(descriptor)
     return folder
 
 
@@ -132,6 +136,10 @@ def _problem(folder: Path) -> str | None:
         return f"cannot be read ({err.strerror})"
     if stat.S_ISLNK(info.st_mode):
         return "a link, not a folder"
+    return _problem_of(info)
+
+
+def _problem_of(info: os.stat_result) -> str | None:
     if not stat.S_ISDIR(info.st_mode):
         return "not a folder"
     if info.st_uid != os.getuid():
