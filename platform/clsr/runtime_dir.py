@@ -107,6 +107,26 @@ def check_private(folder: Path) -> Path:
     return folder
 
 
+def pid_namespace() -> int:
+    """This process's pid namespace (its inode; containers sharing a /tmp count their pids apart); 0 off
+    Linux. A file named with a pid is another process's only within the same namespace."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` (of this pid namespace) still runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
 def _ensure(folder: Path) -> Path:
     """Make ``folder`` exclusively (0700), or accept the existing one only when it is private."""
     with contextlib.suppress(FileExistsError):

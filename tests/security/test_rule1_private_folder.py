@@ -129,7 +129,7 @@ def test_the_staging_sweep_spares_another_pid_namespace(shared):
     from clsr.train import staging
 
     root = runtime_dir.subfolder(runtime_dir.scratch(), "staging")
-    prefix, pid, namespace = f"ckpt-{staging._host()}-", _dead_pid(), staging.pid_namespace()
+    prefix, pid, namespace = f"ckpt-{staging._host()}-", _dead_pid(), runtime_dir.pid_namespace()
     other_container = root / f"{prefix}{pid}-{namespace + 1}-abc"  # the same pid in another container
     own_dead = root / f"{prefix}{pid}-{namespace}-abc"
     other_container.mkdir()
@@ -147,10 +147,10 @@ def test_the_staging_sweep_spares_another_users_folder(tmp_path):
     import pwd
 
     prefix, pid = "ckpt-host-", _dead_pid()
-    theirs = tmp_path / f"{prefix}{pid}-{staging.pid_namespace()}-abc"
+    theirs = tmp_path / f"{prefix}{pid}-{runtime_dir.pid_namespace()}-abc"
     theirs.mkdir()
     os.chown(theirs, pwd.getpwnam("nobody").pw_uid, -1)
-    link = tmp_path / f"{prefix}{pid}-{staging.pid_namespace()}-link"
+    link = tmp_path / f"{prefix}{pid}-{runtime_dir.pid_namespace()}-link"
     link.symlink_to(theirs)
     assert staging.sweep_dead(tmp_path, prefix) == []
     assert theirs.is_dir() and link.is_symlink()

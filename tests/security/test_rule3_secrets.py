@@ -131,3 +131,22 @@ def test_sbatch_keeps_a_setup_without_secrets(tmp_path):
     out = tmp_path / "job.sbatch"
     setup = "module load cuda; source ~/venv/bin/activate; export HF_HOME=/scratch/hf; unset HF_TOKEN"
     assert main(["cluster", "sbatch", str(SMOKE), "--setup", setup, "--out", str(out)]) == 0
+
+
+def test_a_killed_drivers_credentials_file_is_removed_by_the_next(aws):
+    import subprocess
+    import sys
+
+    from clsr import runtime_dir
+    from clsr.tracking.credentials import move_aws_to_file
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder = runtime_dir.subfolder(runtime_dir.scratch(), "credentials")
+    namespace = runtime_dir.pid_namespace()
+    left = runtime_dir.write_private(folder / f"aws-{dead.pid}-{namespace}-abcd", "[default]\n")
+    other_container = runtime_dir.write_private(
+        folder / f"aws-{dead.pid}-{namespace + 1}-abcd", "[default]\n"
+    )
+    move_aws_to_file()
+    assert not left.exists() and other_container.exists()

@@ -52,8 +52,10 @@ def move_aws_to_file(environ: dict[str, str] | None = None) -> dict[str, str]:
         if env.get(name):
             lines.append(f"{name.lower()} = {env[name]}")
     folder = runtime_dir.subfolder(runtime_dir.scratch(), "credentials")
+    sweep_dead(folder)
     path = runtime_dir.write_private(
-        folder / f"aws-{os.getpid()}-{os.urandom(4).hex()}", "\n".join(lines) + "\n"
+        folder / f"aws-{os.getpid()}-{runtime_dir.pid_namespace()}-{os.urandom(4).hex()}",
+        "\n".join(lines) + "\n",
     )
     atexit.register(_remove, path)
     for name in MOVED:
@@ -77,6 +79,17 @@ def masked(text: str) -> str:
     text = _SECRET_VALUE.sub(lambda m: f"{m['head']}***", text)
     text = _URL_LOGIN.sub(lambda m: m[0].split("://", 1)[0] + "://***@", text)
     return mask_uri(text)
+
+
+def sweep_dead(folder: Path) -> int:
+    """Remove the credentials files that drivers of this pid namespace left when killed (no atexit ran)."""
+    removed, namespace = 0, runtime_dir.pid_namespace()
+    for path in folder.glob("aws-*-*-*"):
+        pid, file_namespace = path.name.split("-")[1:3]
+        if pid.isdigit() and file_namespace == str(namespace) and not runtime_dir.alive(int(pid)):
+            _remove(path)
+            removed += 1
+    return removed
 
 
 def _remove(path: Path) -> None:

@@ -37,7 +37,7 @@ def staging_folder(kind: str) -> Path:
     root = runtime_dir.subfolder(runtime_dir.scratch(), "staging")
     prefix = f"{kind}-{_host()}-"
     sweep_dead(root, prefix)
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{pid_namespace()}-", dir=root))
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{runtime_dir.pid_namespace()}-", dir=root))
 
 
 def sweep_dead(root: Path, prefix: str) -> list[Path]:
@@ -45,10 +45,10 @@ def sweep_dead(root: Path, prefix: str) -> list[Path]:
     pid namespace, and whose process is gone; the removed ones."""
     removed = []
     pattern = re.compile(re.escape(prefix) + r"(\d+)-(\d+)-")
-    namespace = pid_namespace()
+    namespace = runtime_dir.pid_namespace()
     for entry in os.scandir(root):
         match = pattern.match(entry.name)
-        if match is None or int(match[2]) != namespace or _alive(int(match[1])):
+        if match is None or int(match[2]) != namespace or runtime_dir.alive(int(match[1])):
             continue
         try:
             info = entry.stat(follow_symlinks=False)
@@ -58,24 +58,6 @@ def sweep_dead(root: Path, prefix: str) -> list[Path]:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(Path(entry.path))
     return removed
-
-
-def pid_namespace() -> int:
-    """This process's pid namespace (its inode); 0 off Linux."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
 
 
 def _host() -> str:
