@@ -59,19 +59,28 @@ def subfolder(parent: Path, name: str, fresh: bool = False) -> Path:
     if fresh:
         os.mkdir(folder, 0o700)
         return folder
-    return _ensure(folder)
+    # inside a private parent no one else can have written it, whatever its mode (Ray makes its own
+    # folder 0777): it is narrowed to 0700, still refused when not this user's or a link
+    return _ensure(folder, others_may_write=_problem(parent) is None)
 
 
 def ray_folder(base: Path | None = None) -> Path:
-    """The local Ray's ``_temp_dir``: ``<scratch>/ray``; refused when Ray's socket paths inside would be
-    too long for the kernel (set TMPDIR to a shorter folder)."""
+    """The local Ray's ``_temp_dir``: ``<scratch>/ray``, or ``/tmp/clsr-<uid>/ray`` where the temporary
+    folder is too long for Ray's socket paths (macOS's per-user TMPDIR; Ray's own default is /tmp too);
+    refused when even that is too long."""
     folder = subfolder(base or scratch(), "ray")
-    if len(str(folder)) + RAY_SOCKET_SUFFIX > SOCKET_PATH_MAX:
+    if base is None and _too_long(folder):
+        folder = subfolder(scratch("/tmp"), "ray")
+    if _too_long(folder):
         raise UnsafeFolder(
             f"{folder}: too long a folder for Ray's sockets ({SOCKET_PATH_MAX} characters with "
             f"{RAY_SOCKET_SUFFIX} of Ray's); set TMPDIR to a shorter folder, e.g. /tmp"
         )
     return folder
+
+
+def _too_long(folder: Path) -> bool:
+    return len(str(folder)) + RAY_SOCKET_SUFFIX > SOCKET_PATH_MAX
 
 
 def open_private(path: Path, mode: str = "a", exclusive: bool = False) -> IO[str]:
@@ -127,8 +136,9 @@ def alive(pid: int) -> bool:
     return True
 
 
-def _ensure(folder: Path) -> Path:
-    """Make ``folder`` exclusively (0700), or accept the existing one only when it is private."""
+def _ensure(folder: Path, others_may_write: bool = False) -> Path:
+    """Make ``folder`` exclusively (0700), or accept the existing one only when it is private
+    (``others_may_write``: its mode is not held against it, the caller has checked its parent)."""
     with contextlib.suppress(FileExistsError):
         os.mkdir(folder, 0o700)
     try:  # the folder itself, never a link at its name: checked and narrowed through one descriptor
@@ -136,7 +146,9 @@ def _ensure(folder: Path) -> Path:
     except OSError:
         descriptor = None
     try:
-        problem = _problem(folder) if descriptor is None else _problem_of(os.fstat(descriptor))
+        problem = (
+            _problem(folder) if descriptor is None else _problem_of(os.fstat(descriptor), others_may_write)
+        )
         if problem:
             raise UnsafeFolder(
                 f"{folder}: {problem}; it was not made by this user's platform, so nothing is written "
@@ -159,12 +171,12 @@ def _problem(folder: Path) -> str | None:
     return _problem_of(info)
 
 
-def _problem_of(info: os.stat_result) -> str | None:
+def _problem_of(info: os.stat_result, others_may_write: bool = False) -> str | None:
     if not stat.S_ISDIR(info.st_mode):
         return "not a folder"
     if info.st_uid != os.getuid():
         return f"owned by uid {info.st_uid}, not this user (uid {os.getuid()})"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if not others_may_write and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"writable by others (mode {stat.S_IMODE(info.st_mode):o})"
     return None
 

@@ -68,9 +68,8 @@ def test_the_batch_script_does_not_join_the_ray_a_cotenants_folder_names(tmp_pat
     from tests.unit.cluster import test_sbatch
     from tests.unit.cluster.test_sbatch import run_fake, write
 
-    # the fake srun says its pid first: the script stops the steps at once, before the head's fake Ray
-    srun = 'echo $$ >> "$FAKE_DIR/steps"\n' + test_sbatch.FAKES["srun"]
-    monkeypatch.setitem(test_sbatch.FAKES, "srun", srun)
+    # the head's step fails at once, as slurm-node does in a folder another user made
+    monkeypatch.setitem(test_sbatch.FAKES, "srun", 'echo "srun $*" >> "$FAKE_LOG"\nexit 1\n')
 
     if not have_cotenant():
         pytest.skip("a co-tenant is another Unix user: runuser needs root")
@@ -172,3 +171,22 @@ def test_the_local_ray_runs_in_the_private_folder(shared, monkeypatch):
     temp = Path(seen["_temp_dir"])
     assert temp == shared / private_name() / "ray" and stat.S_IMODE(temp.stat().st_mode) == 0o700
     assert len(str(temp)) + runtime_dir.RAY_SOCKET_SUFFIX <= runtime_dir.SOCKET_PATH_MAX
+
+
+def test_a_temporary_folder_too_long_for_rays_sockets_falls_back_to_tmp(monkeypatch, tmp_path):
+    import tempfile
+
+    long = tmp_path / ("x" * 60)
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    folder = runtime_dir.ray_folder()
+    assert folder == Path("/tmp") / private_name() / "ray"
+    with pytest.raises(runtime_dir.UnsafeFolder, match="too long a folder for Ray's sockets"):
+        runtime_dir.ray_folder(runtime_dir.scratch())
+
+
+def test_rays_own_0777_folder_inside_the_private_one_is_taken_again(shared):
+    """Ray makes its temporary folder 0777; inside the 0700 private folder no one else could reach it."""
+    folder = runtime_dir.ray_folder()
+    folder.chmod(0o777)
+    assert runtime_dir.ray_folder() == folder and stat.S_IMODE(folder.stat().st_mode) == 0o700
