@@ -224,8 +224,10 @@ restart=${{SLURM_RESTART_COUNT:-0}}
 ray_tmp={tmp}
 private="$ray_tmp/clsr-$(id -u)"  # this user's alone (0700), made by slurm-node (clsr.runtime_dir)
 head_folder="$private/$SLURM_JOB_ID-$restart"
-own_folder() {{  # a real folder of this user's that no one else can write
-    [[ -d $1 && ! -L $1 && -O $1 ]] && (( (8#$(stat -c %a "$1") & 8#022) == 0 ))
+own_folder() {{  # a real folder of this user's; with --private, one no one else can write either
+    local folder=${{2:-$1}}
+    [[ -d $folder && ! -L $folder && -O $folder ]] || return 1
+    [[ $1 != --private ]] || (( (8#$(stat -c %a "$folder") & 8#022) == 0 ))
 }}
 mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 head_node=${{nodes[0]}}
@@ -265,7 +267,9 @@ until [[ -s $head_folder/address ]]; do  # the head writes it once Ray runs
     fi
     sleep 0.5
 done
-if ! own_folder "$private" || ! own_folder "$head_folder" || [[ -L $head_folder/address || ! -O $head_folder/address ]]; then
+# Ray makes the head folder 0777: what no other user can write into is the private folder around it
+if ! own_folder --private "$private" || ! own_folder "$head_folder" \
+        || [[ -L $head_folder/address || ! -O $head_folder/address ]]; then
     echo "clsr: $head_folder is not this user's private folder (another user may have made it): not joining the Ray it names" >&2
     stop_ray
     exit 1

@@ -68,7 +68,7 @@ def secret_assignments(text: str) -> list[str]:
     """What in ``text`` is a credential: ``NAME=`` of a secret-looking name, a URL with a login
     (``https://TOKEN@host``, ``user:password@host``), or what ``mask_uri`` masks; masked for showing."""
     found = [f"{m['name']}=…" for m in _SECRET_NAME.finditer(text)]
-    found += [mask_uri(m[0]).rsplit("://", 1)[0] + "://***@" for m in _URL_LOGIN.finditer(text)]
+    found += [m[0].split("://", 1)[0] + "://***@" for m in _URL_LOGIN.finditer(text)]
     if not found and mask_uri(text) != text:
         found.append(mask_uri(text))
     return found

@@ -152,7 +152,7 @@ FAKES = {
         if [[ " $* " == *" slurm-node head "* ]]; then
             args=("$@"); for i in "${!args[@]}"; do [ "${args[i]}" = --tmp ] && tmp=${args[i+1]}; done
             folder="$tmp/clsr-$(id -u)/$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
-            mkdir -p -m 700 "$tmp/clsr-$(id -u)" "$folder" && echo 10.0.0.1:6123 > "$folder/address"
+            mkdir -p -m 700 "$tmp/clsr-$(id -u)" && mkdir -p -m 777 "$folder" && echo 10.0.0.1:6123 > "$folder/address"
         fi
         echo $$ >> "$FAKE_DIR/steps"
         trap 'kill $!; exit 0' TERM
