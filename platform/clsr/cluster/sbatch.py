@@ -18,6 +18,7 @@ storage against the number of nodes, and its trials' resources against what the 
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -25,12 +26,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from clsr.study.spec.schema import Study
-from clsr.tracking.secrets import mask_uri
+from clsr.tracking.credentials import masked, secret_assignments
 
 # SLURM's --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (hours may pass 24: 168:00:00), or no limit
 TIME_FORMAT = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
-# Ray's AF_UNIX sockets live at <tmp>/clsr-ray-<job>-<restart>/session_<date_time_us_pid>/sockets/plasma_store:
-# about 85 characters beyond <tmp>, of the 107 a socket path may have
+# Ray's AF_UNIX sockets live at <tmp>/clsr-<uid>/<job>-<restart>/session_<date_time_us_pid>/sockets/plasma_store:
+# about 85 characters beyond <tmp> (a uid of 3 digits), of the 107 a socket path may have
 TMP_MAX_CHARS = 22
 NAME_FORMAT = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
@@ -69,9 +70,10 @@ class SbatchRequest(BaseModel):
     @field_validator("tmp")
     @classmethod
     def _absolute(cls, folder: str) -> str:
-        if not folder.startswith("/") or len(folder) > TMP_MAX_CHARS or any(c.isspace() for c in folder):
+        most = TMP_MAX_CHARS - max(0, len(str(os.getuid())) - 3)  # the private folder's name has the uid
+        if not folder.startswith("/") or len(folder) > most or any(c.isspace() for c in folder):
             raise ValueError(
-                f"{folder!r}: an absolute folder of at most {TMP_MAX_CHARS} characters, no spaces "
+                f"{folder!r}: an absolute folder of at most {most} characters, no spaces "
                 f"(Ray's socket paths inside it may have 107)"
             )
         return folder.rstrip("/") or "/"
@@ -126,11 +128,12 @@ def check_request(study: Study, request: SbatchRequest, source: str, overrides: 
     for what, value in [*(("--set", o) for o in overrides), ("--setup", request.setup), ("study", source)]:
         if "\n" in value or "\r" in value:  # a line break would end the #SBATCH block early
             problems.append(f"{what} {value!r}: no line breaks (separate shell commands with ;)")
-        if mask_uri(value) != value:
+        secrets = secret_assignments(value)
+        if secrets:
             problems.append(
-                f"{what} {mask_uri(value)!r}: holds a credential; the job takes MLflow and S3 logins from "
-                f"the environment sbatch passes on (MLFLOW_TRACKING_PASSWORD, AWS_SECRET_ACCESS_KEY), "
-                f"never from the script"
+                f"{what} {masked(value)!r}: holds a credential ({', '.join(secrets)}); the script is a "
+                f"file others may read: the job takes MLflow, S3 and hub logins from the environment "
+                f"sbatch passes on (MLFLOW_TRACKING_TOKEN, AWS_SECRET_ACCESS_KEY, HF_TOKEN), never from it"
             )
     return problems
 
@@ -219,7 +222,13 @@ cd {project} || exit 1
 
 restart=${{SLURM_RESTART_COUNT:-0}}
 ray_tmp={tmp}
-head_folder="$ray_tmp/clsr-ray-$SLURM_JOB_ID-$restart"
+private="$ray_tmp/clsr-$(id -u)"  # this user's alone (0700), made by slurm-node (clsr.runtime_dir)
+head_folder="$private/$SLURM_JOB_ID-$restart"
+own_folder() {{  # a real folder of this user's; with --private, one no one else can write either
+    local folder=${{2:-$1}}
+    [[ -d $folder && ! -L $folder && -O $folder ]] || return 1
+    [[ $1 != --private ]] || (( (8#$(stat -c %a "$folder") & 8#022) == 0 ))
+}}
 mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 head_node=${{nodes[0]}}
 # Slurm 22.05 and later: srun steps no longer inherit --cpus-per-task from the job; say it again
@@ -258,6 +267,13 @@ until [[ -s $head_folder/address ]]; do  # the head writes it once Ray runs
     fi
     sleep 0.5
 done
+# Ray makes the head folder 0777: what no other user can write into is the private folder around it
+if ! own_folder --private "$private" || ! own_folder "$head_folder" \
+        || [[ -L $head_folder/address || ! -O $head_folder/address ]]; then
+    echo "clsr: $head_folder is not this user's private folder (another user may have made it): not joining the Ray it names" >&2
+    stop_ray
+    exit 1
+fi
 export RAY_ADDRESS=$(<"$head_folder/address")
 for node in "${{nodes[@]:1}}"; do
     srun --nodes=1 --ntasks=1 -w "$node" \\

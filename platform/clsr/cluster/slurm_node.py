@@ -3,10 +3,12 @@ script that ``platform cluster sbatch`` writes (the head on the job's first node
 node, each through ``srun``).
 
 Each node's Ray gets what makes two jobs on one node independent: a temporary folder of its own
-(``<tmp>/clsr-ray-<job>-<restart>``, removed when the node stops) and ports of its own, chosen free on
+(``<tmp>/clsr-<uid>/<job>-<restart>``, removed when the node stops) and ports of its own, chosen free on
 that node (Ray's defaults — GCS 6379, dashboard 8265, client 10001, agent 52365 — would collide). The
-head writes its GCS address to ``<its folder>/address`` once ``ray start`` reports the runtime started:
-the batch script waits for that file before it starts workers and the driver.
+folder is inside the user's private folder (``clsr.runtime_dir``, rule 1: 0700, this user's, never a
+link; a co-tenant's pre-made one is refused) and made new. The head writes its GCS address to
+``<its folder>/address`` once ``ray start`` reports the runtime started: the batch script checks the
+folders are this user's alone, then waits for that file before it starts workers and the driver.
 
 Why not ``ray symmetric-run``: it ends with ``ray stop``, which stops every Ray of the user on the node
 (another job's too), refuses a node where another Ray runs, and does not pass SIGTERM on to the study.
@@ -23,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from clsr import runtime_dir
 from clsr.cluster.ports import free_ports
 
 READY_LINE = "Ray runtime started"
@@ -30,10 +33,11 @@ STOP_WAIT_S = 5
 
 
 def job_folder(tmp: str) -> Path:
-    """The node's Ray folder: unique per job and per requeue of it (a requeued job keeps its id)."""
+    """The node's Ray folder: unique per job and per requeue of it (a requeued job keeps its id), in the
+    user's private folder under ``tmp`` (made when missing; ``UnsafeFolder`` when another user's)."""
     job = os.environ.get("SLURM_JOB_ID", "nojob")
     restart = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
-    return Path(tmp) / f"clsr-ray-{job}-{restart}"
+    return runtime_dir.scratch(tmp) / f"{job}-{restart}"
 
 
 def own_ports(ip: str, ports: list[int]) -> list[str]:
@@ -101,9 +105,8 @@ def run_node(role: str, cpus: int, gpus: int, tmp: str, ip: str = "", address: s
         )
     folder = job_folder(tmp)
     for earlier in folder.parent.glob(f"{folder.name.rsplit('-', 1)[0]}-*"):  # this job's, before a requeue
-        if earlier != folder and earlier.stat().st_uid == os.getuid():
-            shutil.rmtree(earlier, ignore_errors=True)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.rmtree(earlier, ignore_errors=True)  # the private folder holds only this user's
+    runtime_dir.subfolder(folder.parent, folder.name, fresh=True)
     if role == "head":
         command, gcs_address = head_command(ip, cpus, gpus, folder)
     else:
@@ -144,5 +147,6 @@ def _stop(ray: subprocess.Popen, number: int) -> None:
 def _write_address(folder: Path, gcs_address: str) -> None:
     """Whole or not at all: the batch script reads it the moment it appears."""
     partial = folder / "address.partial"
-    partial.write_text(gcs_address + "\n")
+    with runtime_dir.open_private(partial, "w") as file:
+        file.write(gcs_address + "\n")
     partial.replace(folder / "address")

@@ -94,21 +94,22 @@ class WordTokenizer:
 
 @dataclass(frozen=True)
 class NamedVectors:
-    """A short name for a set of word vectors: a gensim KeyedVectors file on the hub, or a local file."""
+    """A short name for a set of word vectors: a word2vec/GloVe file on the hub (at a pinned revision,
+    with its SHA-256), or a local file. Never a gensim ``.model``: that is a pickle (rule 2)."""
 
     fmt: VectorFormat
-    hub_repo: str | None = None  # gensim ``.model`` (+ ``.model.vectors.npy``) in this hub repo
-    hub_file: str | None = None
+    hub_repo: str | None = None
+    hub_file: str | None = None  # a word2vec/GloVe file in that repo, read with load_word2vec_format
     local_file: str | None = None  # relative to the data folder
+    revision: str | None = None  # the hub commit the file was checked at
+    sha256: str | None = None  # of that file
 
 
+# The two GCLSR defaults are published on the hub only as gensim pickles (fse/…: a .model and its .npy)
+# at no pinned revision: no pin is known, so they are refused with what to provide instead.
 NAMED_VECTORS: dict[str, NamedVectors] = {
-    "word2vec-google-news-300": NamedVectors(
-        "word2vec_bin", "fse/word2vec-google-news-300", "word2vec-google-news-300.model"
-    ),
-    "glove-wiki-gigaword-300": NamedVectors(
-        "glove", "fse/glove-wiki-gigaword-300", "glove-wiki-gigaword-300.model"
-    ),
+    "word2vec-google-news-300": NamedVectors("word2vec_bin", "fse/word2vec-google-news-300"),
+    "glove-wiki-gigaword-300": NamedVectors("glove", "fse/glove-wiki-gigaword-300"),
     "glove-6b-50d-local": NamedVectors("glove", local_file="word_vectors/glove.6B.50d.top2446.txt"),
 }
 
@@ -195,15 +196,35 @@ def _load_file(path: Path, fmt: VectorFormat) -> Any:
 
 
 def _load_hub(name: str, spec: NamedVectors) -> Any:
+    """A pinned word2vec/GloVe file from the hub, its SHA-256 checked, read without unpickling."""
+    assert spec.hub_repo
+    if not (spec.hub_file and spec.revision and spec.sha256):
+        raise DataUnavailableError(
+            f"word vectors {name!r}: the hub's {spec.hub_repo} is a gensim pickle at no pinned revision, which "
+            f"the platform does not load; download the vectors as a word2vec/GloVe file (e.g. "
+            f"GoogleNews-vectors-negative300.bin) and set model.vectors to its path, or use 'minilm'"
+        )
     from huggingface_hub import hf_hub_download
 
-    assert spec.hub_repo and spec.hub_file
     try:
-        path = hf_hub_download(spec.hub_repo, spec.hub_file)
-        hf_hub_download(spec.hub_repo, spec.hub_file + ".vectors.npy")  # the array the .model points to
+        path = Path(hf_hub_download(spec.hub_repo, spec.hub_file, revision=spec.revision))
     except Exception as err:  # offline mode, no network, missing repo: all end the same way
         raise _hub_unavailable(name, spec.hub_repo, err) from err
-    return _keyed_vectors().load(path, mmap="r")
+    _check_sha256(path, spec.sha256)
+    return _load_file(path, spec.fmt)
+
+
+def _check_sha256(path: Path, expected: str) -> None:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != expected:
+        raise DataUnavailableError(
+            f"word vectors {path}: SHA-256 {digest.hexdigest()} is not the pinned {expected}; not loaded"
+        )
 
 
 def _load_named(name: str, data_dir: str | os.PathLike[str] | None) -> Any:

@@ -5,9 +5,13 @@ is copied to a local folder before it is loaded; each is removed once used. A pr
 between leaves its folder, and that is the normal end of some trials: Tune stops an ASHA-pruned trial by
 ending its actor while the trial is inside ``report``, so no ``finally`` runs. On a node that runs an
 ASHA study for days those folders (a model, its optimiser state and the best weights: GBs for BERT-large)
-would fill the disk. Each folder's name therefore carries its host and process id, and making a new one
-first removes this host's folders of processes that no longer run. Python's ``tempfile`` has no such
-sweep, hence this module.
+would fill the disk. Each folder's name therefore carries its host, process id and pid namespace, and
+making a new one first removes this host's folders of processes that no longer run. Python's
+``tempfile`` has no such sweep, hence this module.
+
+The folders live in the user's private scratch folder (``clsr.runtime_dir``, rule 1), and the sweep
+removes only real folders of this user named with a pid of this pid namespace: containers sharing a
+``/tmp`` and a host name count their pids apart, and a live trial of another one is never touched.
 """
 
 from __future__ import annotations
@@ -16,42 +20,44 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
+
+from clsr import runtime_dir
 
 _KINDS = ("ckpt", "restore")
 
 
 def staging_folder(kind: str) -> Path:
-    """A new empty folder ``clsr-<kind>-<host>-<pid>-…`` in the temporary directory, after removing
-    this host's ``clsr-<kind>-`` folders whose process has ended."""
+    """A new empty folder ``<kind>-<host>-<pid>-<pid namespace>-…`` in ``<private scratch>/staging``,
+    after removing this host's ``<kind>-`` folders whose process has ended."""
     if kind not in _KINDS:
         raise ValueError(f"staging folder kind {kind!r}: allowed {', '.join(_KINDS)}")
-    prefix = f"clsr-{kind}-{_host()}-"
-    sweep_dead(Path(tempfile.gettempdir()), prefix)
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
+    root = runtime_dir.subfolder(runtime_dir.scratch(), "staging")
+    prefix = f"{kind}-{_host()}-"
+    sweep_dead(root, prefix)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{runtime_dir.pid_namespace()}-", dir=root))
 
 
 def sweep_dead(root: Path, prefix: str) -> list[Path]:
-    """Remove the folders ``<prefix><pid>-…`` under ``root`` whose process is gone; the removed ones."""
+    """Remove the folders ``<prefix><pid>-<namespace>-…`` under ``root`` that are this user's, of this
+    pid namespace, and whose process is gone; the removed ones."""
     removed = []
-    pattern = re.compile(re.escape(prefix) + r"(\d+)-")
-    for folder in root.glob(f"{prefix}*"):
-        match = pattern.match(folder.name)
-        if match and folder.is_dir() and not _alive(int(match.group(1))):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
+    pattern = re.compile(re.escape(prefix) + r"(\d+)-(\d+)-")
+    namespace = runtime_dir.pid_namespace()
+    for entry in os.scandir(root):
+        match = pattern.match(entry.name)
+        if match is None or int(match[2]) != namespace or runtime_dir.alive(int(match[1])):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
 
 
 def _host() -> str:

@@ -151,8 +151,8 @@ FAKES = {
         if [[ " $* " == *" hostname --all-ip-addresses"* ]]; then echo "127.0.1.1 10.0.0.1 fe80::1"; exit 0; fi
         if [[ " $* " == *" slurm-node head "* ]]; then
             args=("$@"); for i in "${!args[@]}"; do [ "${args[i]}" = --tmp ] && tmp=${args[i+1]}; done
-            folder="$tmp/clsr-ray-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
-            mkdir -p "$folder" && echo 10.0.0.1:6123 > "$folder/address"
+            folder="$tmp/clsr-$(id -u)/$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
+            mkdir -p -m 700 "$tmp/clsr-$(id -u)" && mkdir -p -m 777 "$folder" && echo 10.0.0.1:6123 > "$folder/address"
         fi
         echo $$ >> "$FAKE_DIR/steps"
         trap 'kill $!; exit 0' TERM
@@ -251,7 +251,7 @@ def test_each_node_gets_free_distinct_ports_and_a_job_folder(tmp_path, monkeypat
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     folder = slurm_node.job_folder(str(tmp_path))
-    assert folder == tmp_path / "clsr-ray-77-2"
+    assert folder == tmp_path / f"clsr-{os.getuid()}" / "77-2"
     command, address = slurm_node.head_command("127.0.0.1", 4, 1, folder)
     ports = [int(flag.split("=")[1]) for flag in command if re.match(r"--[a-z-]*port=\d+$", flag)]
     assert len(ports) == len(set(ports)) == 7
@@ -271,11 +271,12 @@ def test_a_node_writes_the_address_once_ray_runs_and_removes_its_folder(tmp_path
     monkeypatch.setenv("PATH", f"{fakes}:{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "78")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    earlier = tmp_path / "clsr-ray-78-0"  # left by this job's attempt before a requeue (SIGKILLed)
-    earlier.mkdir()
-    other_job = tmp_path / "clsr-ray-780-0"
+    private = tmp_path / f"clsr-{os.getuid()}"
+    earlier = private / "78-0"  # left by this job's attempt before a requeue (SIGKILLed)
+    earlier.mkdir(parents=True)
+    other_job = private / "780-0"
     other_job.mkdir()
-    folder = tmp_path / "clsr-ray-78-1"
+    folder = private / "78-1"
     code = subprocess.Popen(
         [sys.executable, "-c", f"from clsr.cluster.slurm_node import run_node; run_node('head', 2, 0, {str(tmp_path)!r}, ip='127.0.0.1')"],
         stdout=subprocess.PIPE, text=True,

@@ -42,12 +42,13 @@ def test_a_killed_trials_folder_is_swept_and_a_live_ones_kept(tmp_path, monkeypa
     assert not os.path.exists(dead)
     other = staging_folder(kind)
     assert live.is_dir() and other.is_dir() and live != other
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
+    staged = tmp_path / f"clsr-{os.getuid()}" / "staging"
+    assert sorted(p.name for p in staged.iterdir()) == sorted([live.name, other.name])
 
 
 def test_another_kind_and_foreign_folders_are_left_alone(tmp_path, monkeypatch):
     dead_restore = _killed_trial_folder("restore", tmp_path)
-    foreign = tmp_path / "clsr-ckpt-notapid"
+    foreign = tmp_path / f"clsr-{os.getuid()}" / "staging" / "ckpt-notapid"
     foreign.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     staging_folder("ckpt")

@@ -25,6 +25,8 @@ from typing import Any
 
 from ray.tune.progress_reporter import TrialProgressCallback
 
+from clsr import runtime_dir
+
 LOG_NAME = "driver.log"
 TABLE_EVERY_S = 30.0
 LABEL_WIDTH = (24, 72)  # the point column: at least, at most
@@ -43,14 +45,14 @@ REPORTED_ELSEWHERE = ("Trial task failed for trial", "Trials did not complete")
 RAY_NOISE = re.compile(r"PYTHON worker processes have been started on node")
 
 
-def log_path(storage: str, tempdir: str | None = None) -> Path:
+def log_path(storage: str, private: Path | None = None) -> Path:
     """Where the driver's Ray and Tune logs go: ``<storage>/driver.log`` for a local study folder, else
-    (cloud storage) a local folder named after the study's."""
-    import tempfile
-
+    (cloud storage) ``<private runtime folder>/runs/<run folder>/driver.log`` (``clsr.runtime_dir``,
+    rule 1: the run folder's name is public in the record, so a shared /tmp would invite a planted link)."""
     if "://" in storage and not storage.startswith("file://"):
         name = storage.rstrip("/").rsplit("/", 1)[-1]
-        return Path(tempdir or tempfile.gettempdir()) / f"clsr-{name}" / LOG_NAME
+        runs = runtime_dir.subfolder(private or runtime_dir.root(), "runs")
+        return runtime_dir.subfolder(runs, name) / LOG_NAME
     return Path(storage.removeprefix("file://")) / LOG_NAME
 
 
@@ -94,7 +96,7 @@ class DriverLog:
             if self._file is not None:
                 return
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed in close())
+            self._file = runtime_dir.open_private(path, "a")  # never through a link; closed in close()
             self.path = path
             self._file.write(f"--- driver started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
             for line in self._pending:

@@ -29,6 +29,9 @@ def init_ray(console: Console | None = None) -> str | None:
     """
     import ray
 
+    from clsr.runtime_dir import ray_folder  # rule 1: the local Ray's sessions in the private folder
+    from clsr.tracking.credentials import move_aws_to_file  # rule 3
+
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     if ray.is_initialized():
@@ -38,10 +41,10 @@ def init_ray(console: Console | None = None) -> str | None:
     if not address:  # Ray 2.60 turns token authentication on for a new local cluster unless told not to
         if os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
             private_token()
-        local = {"include_dashboard": True, "dashboard_host": "127.0.0.1"}
+        local = {"include_dashboard": True, "dashboard_host": "127.0.0.1", "_temp_dir": str(ray_folder())}
     context = ray.init(
         address=address or "local",  # "local": a new Ray, even where a dead cluster's pointer file is left
-        runtime_env={"env_vars": QUIET_ENV | _forwarded_env()},
+        runtime_env={"env_vars": QUIET_ENV | _forwarded_env() | move_aws_to_file()},  # rule 3: no AWS keys
         log_to_driver=True,  # without --verbose, to the driver's log (clsr.study.run.progress)
         **local,
     )

@@ -25,10 +25,10 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
+from clsr import runtime_dir
 from clsr.encoders.checkpoint_files import MANIFEST, read_all
 
 # the files TuneController.resume reads, newest first by name (Tune's own choice: max() of the matches)
@@ -37,6 +37,7 @@ SEARCHER_STATES = ("basic-variant-state-*.json", "search_gen_state-*.json", "sea
 CALLBACK_STATE = "callback-states-*.pkl"
 GRID_SEARCHER = SEARCHER_STATES[0]  # BasicVariantGenerator: what a grid experiment's trials come from
 SET_ASIDE = ".unreadable"  # Tune reads only names ending in .json/.pkl
+MAX_PICKLE_BYTES = 1 << 30
 
 
 class UnreadableTuneState(RuntimeError):
@@ -50,10 +51,19 @@ def read_experiment_state(data: bytes) -> None:
 
 
 def read_pickled(data: bytes) -> None:
-    from ray import cloudpickle
+    """Whether ``data`` is a whole pickle, read as opcodes only: nothing is unpickled (rule 2), so a file
+    another user wrote cannot run code here. A truncated pickle ends before its STOP."""
+    import pickletools
 
-    if cloudpickle.loads(data) is None:
-        raise ValueError("it holds nothing")
+    if len(data) > MAX_PICKLE_BYTES:
+        raise ValueError(f"{len(data)} bytes: larger than any Tune state this platform writes")
+    end = None
+    for opcode, _arg, position in pickletools.genops(data):
+        if opcode.name == "STOP":
+            end = position + 1
+            break
+    if end != len(data):
+        raise ValueError("not one whole pickle")
 
 
 def readers() -> dict[str, Callable[[bytes], None]]:
@@ -217,8 +227,9 @@ def _unreadable(load: Callable[[], bytes], read: Callable[[bytes], None]) -> str
 
 
 def ray_temp_root() -> Path:
-    """Where Ray keeps its sessions on this machine (Ray's own rule: $RAY_TMPDIR, else the temp folder)."""
-    return Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray"
+    """Where the local Ray of this user keeps its sessions: the private scratch folder's ``ray``
+    (``clsr.runtime_dir``, rule 1), never the shared ``/tmp/ray``, where anyone can plant a file."""
+    return runtime_dir.ray_folder()
 
 
 def _staging_copy(
@@ -229,15 +240,40 @@ def _staging_copy(
     Tune stages an experiment at ``<ray temp>/session_*/artifacts/<driver start>/<experiment>/driver_artifacts``.
     The file name carries the writing driver's start time, and the folder's trial folders must all be
     trials of this experiment (their names carry the trials' random ids), so another experiment's copy is
-    never taken.
+    never taken. Only a private root is searched, only plain files of this user's reached without a link
+    are candidates, and each is checked by ``read`` without being unpickled (rule 2).
     """
     candidates = []
     for root in roots if roots is not None else [ray_temp_root()]:
+        try:
+            runtime_dir.check_private(root)
+        except runtime_dir.UnsafeFolder:
+            continue
         for copy in root.glob(f"session_*/artifacts/*/{experiment}/driver_artifacts/{name}"):
-            staged = {p.name for p in copy.parent.iterdir() if p.is_dir()}
+            if not _own_file_below(root, copy):
+                continue
+            staged = {p.name for p in copy.parent.iterdir() if p.is_dir() and not p.is_symlink()}
             if staged and staged <= trial_dirs and _unreadable(copy.read_bytes, read) is None:
                 candidates.append(copy)
     return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def _own_file_below(root: Path, path: Path) -> bool:
+    """A plain file of this user's, with no link between ``root`` and it (``session_latest`` is one)."""
+    import stat
+
+    relative = path.relative_to(root)  # session_*/artifacts/…/name: each step lstat'ed
+    steps = [root / relative, *(root / parent for parent in relative.parents if parent != Path("."))]
+    try:
+        infos = [os.lstat(step) for step in steps]
+    except OSError:
+        return False
+    file = infos[0]
+    return (
+        stat.S_ISREG(file.st_mode)
+        and file.st_uid == os.getuid()
+        and not any(stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid() for info in infos)
+    )
 
 
 def _write_atomically(fs, fs_path: str, data: bytes) -> None:

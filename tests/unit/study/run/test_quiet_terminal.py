@@ -182,7 +182,7 @@ def test_the_driver_log_lies_in_the_study_folder_or_beside_it_for_cloud_storage(
         "/data/runs/smoke-20260101-000000-abcdef/driver.log"
     )
     assert log_path("file:///data/runs/s") == Path("/data/runs/s/driver.log")
-    assert log_path("s3://bucket/runs/s-1/", tempdir=str(tmp_path)) == tmp_path / "clsr-s-1" / "driver.log"
+    assert log_path("s3://bucket/runs/s-1/", private=tmp_path) == tmp_path / "runs" / "s-1" / "driver.log"
 
 
 def test_ray_and_tune_records_go_to_the_file_and_errors_are_said_in_one_line(tmp_path, capsys):
