@@ -69,7 +69,7 @@ def run_with_workers(workers: int, tmp_path, uri: str, data_dir, upload: str = "
 def test_two_workers_match_one_worker(tmp_path, data_dir):
     import ray
 
-    from clsr.study.run.ray_session import init_ray
+    from clsr.study.control.ray_session import init_ray
 
     init_ray()
     try:

@@ -364,7 +364,7 @@ def test_a_tracking_server_outage_past_mlflows_retries_loses_no_trial_and_no_num
 DASHBOARD_PROBE = """
 import json, os, stat, sys, urllib.error, urllib.request
 import ray
-from clsr.study.run.ray_session import init_ray, private_token
+from clsr.study.control.ray_session import init_ray, private_token
 
 url = init_ray()
 token = private_token().read_text().strip()

@@ -158,7 +158,7 @@ def test_the_staging_sweep_spares_another_users_folder(tmp_path):
 def test_the_local_ray_runs_in_the_private_folder(shared, monkeypatch):
     import ray
 
-    from clsr.study.run import ray_session
+    from clsr.study.control import ray_session
 
     seen = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)

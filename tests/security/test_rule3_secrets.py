@@ -32,7 +32,7 @@ def aws(monkeypatch):
 def _start_local_ray(monkeypatch) -> dict:
     import ray
 
-    from clsr.study.run import ray_session
+    from clsr.study.control import ray_session
 
     seen = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)

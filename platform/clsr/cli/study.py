@@ -360,9 +360,9 @@ def cmd_study_run(args: argparse.Namespace) -> int:
 
 def _run_study(args: argparse.Namespace, study, link, documents=None) -> int:
     """The driver: the study run (or resumed) and its trials' table printed."""
+    from clsr.study.control.console import Console
     from clsr.study.record.parent import NoEarlierRun
     from clsr.study.record.summary import format_rows
-    from clsr.study.run.console import Console
     from clsr.study.run.runner import run_study
     from clsr.study.spec.schema import StudyError
     from clsr.tracking.escape import terminal

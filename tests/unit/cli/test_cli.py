@@ -230,7 +230,7 @@ def test_version_help_and_folders(tmp_path, capfd):
 def test_trials_get_the_data_folder_as_an_absolute_path(tmp_path, monkeypatch):
     """A relative `export CLSR_DATA_DIR=../shared/data` (as in the README): Ray runs each trial in a folder
     of its own, so the driver hands trials the folder it means, not the relative path."""
-    from clsr.study.run.ray_session import _forwarded_env
+    from clsr.study.control.ray_session import _forwarded_env
 
     (tmp_path / "shared" / "data").mkdir(parents=True)
     (tmp_path / "clsr").mkdir()

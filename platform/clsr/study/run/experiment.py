@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from clsr.study.control.console import Console
 from clsr.study.plan.resolve import grid_points, trial_document
 from clsr.study.plan.study_plan import TrialSpec
-from clsr.study.run.console import Console
 from clsr.study.run.trial import StudyContext, key_of, run_trial
 from clsr.study.run.tune_point import point_of, sampled_point, spec_of
 from clsr.study.run.tune_state import repair_before_restore

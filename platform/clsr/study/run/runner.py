@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 
+from clsr.study.control.console import Console
 from clsr.study.control.interrupt import Interrupts
+from clsr.study.control.ray_session import cluster_address, init_ray
 from clsr.study.plan.resolve import StudyDocuments
 from clsr.study.plan.study_plan import plan_study
 from clsr.study.record.parent import StudyOutcome, start_record, take_over
-from clsr.study.run.console import Console
-from clsr.study.run.ray_session import cluster_address, init_ray
 from clsr.study.run.storage_checks import check_cloud_storage, check_local_storage_on_cluster, is_cloud
 from clsr.study.run.waves import run_waves
 from clsr.study.spec.schema import Study, StudyError

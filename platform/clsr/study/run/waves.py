@@ -9,7 +9,9 @@ from dataclasses import replace
 
 from mlflow.tracking import MlflowClient
 
+from clsr.study.control.console import Console
 from clsr.study.control.interrupt import Interrupted, Interrupts
+from clsr.study.control.ray_session import init_ray
 from clsr.study.plan.distinct import also_keys, merge_identical, run_keys
 from clsr.study.plan.resolve import UpstreamMissing, missing_upstream, resolve_trial
 from clsr.study.plan.study_plan import StudyPlan, TrialSpec
@@ -24,9 +26,7 @@ from clsr.study.record.parent import (
     replay,
     skip_blocked,
 )
-from clsr.study.run.console import Console
 from clsr.study.run.experiment import build_tuner, errors_of, expand_trials
-from clsr.study.run.ray_session import init_ray
 from clsr.study.run.shared import prepare_shared, shared_inputs
 from clsr.study.run.trial import StudyContext, key_of
 from clsr.study.spec.schema import Outputs, Study

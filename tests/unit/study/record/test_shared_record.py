@@ -133,7 +133,7 @@ def test_a_ray_pointer_file_written_by_another_user_is_not_followed(tmp_path, mo
     """Finding 6: /tmp/ray is world-writable on a shared server; a co-tenant's pointer names their Ray."""
     import socket
 
-    from clsr.study.run import ray_session
+    from clsr.study.control import ray_session
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))

@@ -216,7 +216,7 @@ def test_the_driver_link_is_read_once_and_taken_out_of_the_environment(monkeypat
 
 
 def test_two_consoles_keep_their_own_notes(capsys):
-    from clsr.study.run.console import Console
+    from clsr.study.control.console import Console
 
     first, second = Console(), Console()
     first.note_once("note: a")

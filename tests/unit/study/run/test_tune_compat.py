@@ -59,8 +59,8 @@ def test_an_unsupported_ray_is_refused_in_one_line(monkeypatch, version):
 
 
 def test_a_study_run_refuses_an_unsupported_ray_before_it_starts_anything(tmp_path, monkeypatch):
+    from clsr.study.control.console import Console
     from clsr.study.run import runner
-    from clsr.study.run.console import Console
 
     monkeypatch.setattr(ray, "__version__", "2.55.0")
     monkeypatch.setattr(runner, "_run_study", lambda *a: pytest.fail("the study started"))

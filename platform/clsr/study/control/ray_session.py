@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from clsr.study.run.console import Console
+from clsr.study.control.console import Console
 
 QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
