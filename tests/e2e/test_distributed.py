@@ -14,6 +14,9 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
+from clsr.config.loop import LoopConfig
+from clsr.config.trial import TrialConfig
+from clsr.tracking.run_logger import TrackingTarget
 from tests.support.stores import sqlite_uri
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parallel, pytest.mark.minutes(2.8)]
@@ -55,10 +58,9 @@ def run_with_workers(workers: int, tmp_path, uri: str, data_dir, upload: str = "
     run_id = client.create_run(client.create_experiment(f"workers-{workers}")).info.run_id
     result = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={
-            "trial": trial_config(data_dir, upload),
-            "tracking": {"uri": uri, "run_id": run_id},
-        },
+        train_loop_config=LoopConfig(
+            TrialConfig.model_validate(trial_config(data_dir, upload)), TrackingTarget(uri, run_id)
+        ).for_ray_train(),
         scaling_config=ray.train.ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 1}),
         run_config=ray.train.RunConfig(name=f"w{workers}", storage_path=str(tmp_path / "ray")),
     ).fit()

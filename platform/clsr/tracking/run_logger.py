@@ -21,11 +21,26 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 DRAIN_S = 30.0  # how long a finished trial waits for MLflow before leaving its writes to the driver
 MAX_HELD_POINTS = 100_000  # ~15 MB; past it points are committed early (a resume may then repeat them)
+
+
+@dataclass(frozen=True)
+class TrackingTarget:
+    """Where a trial's writes go: its MLflow run on ``uri``; ``pending_root``: the study's storage, where
+    what MLflow has not taken is left for the driver; ``commit_at_checkpoints``: points reach the journal
+    with the checkpoint that covers their step (off under an early-stopping scheduler, which may end a
+    trial at an evaluation that writes no checkpoint)."""
+
+    uri: str
+    run_id: str
+    system_metrics_interval_s: float | None = None
+    pending_root: str | None = None
+    commit_at_checkpoints: bool = True
 
 
 class RunLogger:
@@ -34,10 +49,10 @@ class RunLogger:
     checkpoint (``save_to``) and at the end (``close``). Nothing here waits on MLflow or raises when it is
     down, nor when the local disk is full (a warning, once: artifacts are then not logged)."""
 
-    def __init__(self, tracking: dict[str, Any] | None, commit_at_checkpoints: bool = False):
-        self.run_id = (tracking or {}).get("run_id")
+    def __init__(self, tracking: TrackingTarget | None, commit_at_checkpoints: bool = False):
+        self.run_id = tracking.run_id if tracking is not None else None
         self.spool: Any = None
-        self.pending_root = (tracking or {}).get("pending_root")
+        self.pending_root = tracking.pending_root if tracking is not None else None
         self.commit_at_checkpoints = commit_at_checkpoints
         self.held: list[tuple[str, float, int, int]] = []  # logged, not given to the journal yet
         self.system: Any = None
@@ -47,9 +62,9 @@ class RunLogger:
         from clsr.tracking.spool import Spool
         from clsr.tracking.system_metrics import SystemMetrics
 
-        self.spool = Spool(tracking["uri"], self.run_id).start()
-        if interval := tracking.get("system_metrics_interval_s"):
-            self.system = SystemMetrics(tracking["uri"], self.run_id, interval)
+        self.spool = Spool(tracking.uri, self.run_id).start()
+        if interval := tracking.system_metrics_interval_s:
+            self.system = SystemMetrics(tracking.uri, self.run_id, interval)
             self.system.start()
 
     def stop_system_metrics(self) -> dict[str, float]:

@@ -27,7 +27,7 @@ from clsr.data.training import training_rows
 from clsr.encoders.precision import autocast_context, resolved_precision
 from clsr.methods import build_method
 from clsr.methods.base import Method
-from clsr.tracking.run_logger import RunLogger
+from clsr.tracking.run_logger import RunLogger, TrackingTarget
 from clsr.train.checkpoint import (
     folder_bytes,
     load_checkpoint,
@@ -70,7 +70,7 @@ def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
 
 
 def fit(
-    trial: TrialConfig, session, tracking: dict[str, str] | None = None, shared: Any = None
+    trial: TrialConfig, session, tracking: TrackingTarget | None = None, shared: Any = None
 ) -> dict[str, float]:
     """Train one trial and return its final metrics (on rank 0; other ranks return ``{}``).
 
@@ -81,7 +81,7 @@ def fit(
     left in the study's storage for the study driver; only the points logged since the last checkpoint
     of a trial that will run again from it (any failure but a final one) are dropped: it logs them again.
     """
-    at_checkpoints = (tracking or {}).get("commit_at_checkpoints", True)
+    at_checkpoints = tracking.commit_at_checkpoints if tracking is not None else True
     logger = RunLogger(tracking if session.rank == 0 else None, commit_at_checkpoints=at_checkpoints)
     try:
         final = train(trial, session, logger, shared)

@@ -29,6 +29,7 @@ from clsr.methods.selfccl import (
     triplet_margins,
 )
 from clsr.methods.simcse_sup import simcse_sup_loss
+from clsr.tracking.run_logger import TrackingTarget
 from tests.support.stores import sqlite_uri
 
 
@@ -345,7 +346,7 @@ def test_local_run_logs_the_scored_table_and_figure_4(data_dir, tmp_path):
             "eval": {"dev_tasks": [], "tasks": [], "alignment_uniformity": False},
         }
     )
-    fit(trial, LocalSession(tmp_path / "ckpt"), tracking={"uri": uri, "run_id": run_id})
+    fit(trial, LocalSession(tmp_path / "ckpt"), tracking=TrackingTarget(uri, run_id))
 
     folder = tmp_path / "artifacts" / run_id / "artifacts" / "selfccl"
     names = {p.name for p in folder.iterdir()}

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from clsr.tracking.run_logger import RunLogger
+from clsr.tracking.run_logger import RunLogger, TrackingTarget
 from clsr.tracking.spool import Spool, hand_over, pending_runs, replay_pending
 
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens on port 9
@@ -270,7 +270,7 @@ def test_a_full_disk_is_one_warning_and_the_points_still_reach_mlflow(store, tmp
     monkeypatch.setattr(builtins, "open", open_on_full_disk)
     monkeypatch.setattr(shutil, "copy2", copy_on_full_disk)
     (tmp_path / "table.csv").write_text("a,b\n")
-    logger = RunLogger({"uri": uri, "run_id": run_id, "pending_root": str(tmp_path / "storage")})
+    logger = RunLogger(TrackingTarget(uri, run_id, pending_root=str(tmp_path / "storage")))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(1, 51):
@@ -292,7 +292,7 @@ def test_a_trial_resumed_from_its_checkpoint_logs_each_step_once(store, tmp_path
     5-8 again, and the record holds each step once, with the resumed attempt's values."""
     uri, client, run_id = store
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    tracking = {"uri": uri, "run_id": run_id, "pending_root": str(tmp_path / "storage")}
+    tracking = TrackingTarget(uri, run_id, pending_root=str(tmp_path / "storage"))
     first = RunLogger(tracking, commit_at_checkpoints=True)
     checkpoint = tmp_path / "step_4"
     checkpoint.mkdir()
@@ -319,10 +319,10 @@ def test_a_trial_resumed_from_its_checkpoint_logs_each_step_once(store, tmp_path
 
 def test_a_trial_that_ends_for_good_keeps_its_last_points_and_one_that_is_retried_does_not(store, tmp_path):
     uri, client, run_id = store
-    ends = RunLogger({"uri": uri, "run_id": run_id}, commit_at_checkpoints=True)
+    ends = RunLogger(TrackingTarget(uri, run_id), commit_at_checkpoints=True)
     ends.log({"loss": 1.0}, 1)
     assert ends.close(wait_s=60, keep_uncommitted=True) == 0
-    retried = RunLogger({"uri": uri, "run_id": run_id}, commit_at_checkpoints=True)
+    retried = RunLogger(TrackingTarget(uri, run_id), commit_at_checkpoints=True)
     retried.log({"loss": 2.0}, 2)  # after its last checkpoint: the retry logs step 2 again
     assert retried.close(wait_s=60, keep_uncommitted=False) == 0
     assert history(client, run_id) == [(1, 1.0)]
@@ -363,7 +363,7 @@ def test_an_interrupted_trial_resumed_by_the_loop_logs_each_step_once(data_dir, 
 
     uri, client, run_id = store
     trial = tiny_trial(max_steps=8, eval_steps=2, checkpoint_every=2, log_every=1)
-    tracking = {"uri": uri, "run_id": run_id, "pending_root": str(tmp_path / "storage")}
+    tracking = TrackingTarget(uri, run_id, pending_root=str(tmp_path / "storage"))
     first = InterruptedAtStep6(tmp_path / "first")
     with pytest.raises(KeyboardInterrupt):
         fit(trial, first, tracking)

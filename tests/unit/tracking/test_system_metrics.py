@@ -8,7 +8,7 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from clsr.tracking.run_logger import RunLogger
+from clsr.tracking.run_logger import RunLogger, TrackingTarget
 from clsr.tracking.system_metrics import summarise, visible_gpu_indices
 from tests.support.stores import sqlite_uri
 
@@ -23,7 +23,7 @@ def run(tmp_path) -> tuple[str, str]:
 
 def test_run_logger_samples_the_machine_into_the_run(run):
     uri, run_id = run
-    logger = RunLogger({"uri": uri, "run_id": run_id, "system_metrics_interval_s": 0.2})
+    logger = RunLogger(TrackingTarget(uri, run_id, system_metrics_interval_s=0.2))
     deadline = time.time() + 30
     while (
         time.time() < deadline
@@ -42,7 +42,7 @@ def test_run_logger_samples_the_machine_into_the_run(run):
 
 def test_no_interval_no_sampling(run):
     uri, run_id = run
-    logger = RunLogger({"uri": uri, "run_id": run_id})
+    logger = RunLogger(TrackingTarget(uri, run_id))
     assert logger.system is None and logger.stop_system_metrics() == {}
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from clsr.config.trial import TrialConfig
+from clsr.tracking.run_logger import TrackingTarget
 from clsr.train.loop import fit
 from clsr.train.session import LocalSession
 from tests.support.stores import sqlite_uri
@@ -117,7 +118,7 @@ def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(
         }
     )
     session = LocalSession(tmp_path / "ckpt")
-    final = fit(trial, session, tracking={"uri": uri, "run_id": run_id})
+    final = fit(trial, session, tracking=TrackingTarget(uri, run_id))
 
     reference = SentenceTransformer(resolve_model_path("minilm"), device="cpu")
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from clsr.config.loop import LoopConfig
 from clsr.study.plan.distinct import also_tag
 from clsr.study.plan.fingerprint import digest, trial_key
 from clsr.study.plan.resolve import point_label, resolve_trial
@@ -24,6 +25,7 @@ from clsr.study.run.tune_point import spec_of
 from clsr.study.run.tune_state import storage_uri
 from clsr.study.spec.schema import Outputs, Study
 from clsr.tracking.retry import call_with_retry
+from clsr.tracking.run_logger import TrackingTarget
 from clsr.tracking.study_runs import (
     CHECKPOINT_TAG,
     TIMED_OUT_ATTEMPT_TAG,
@@ -100,22 +102,22 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         # study.* params: what the MLflow compare view and parallel-coordinates plot group and sort by
         _params(trial) | {"study": {"ablation": point.ablation, "point": label, "seed": seed}},
     )
-    loop_config = {
-        "trial": trial.model_dump(),
-        "tracking": {
-            "uri": ctx.tracking_uri,
-            "run_id": run_id,
-            "system_metrics_interval_s": study.system_metrics_interval_s,
-            "pending_root": ctx.storage,
+    loop_config = LoopConfig(
+        trial,
+        TrackingTarget(
+            ctx.tracking_uri,
+            run_id,
+            study.system_metrics_interval_s,
+            ctx.storage,
             # an early-stopping scheduler (asha, hyperband, median) ends a trial for good at an evaluation
             # that may write no checkpoint: its points go out at every log window, as they are logged (a
             # resumed trial may repeat a few steps)
-            "commit_at_checkpoints": study.scheduler.type == "fifo",
-        },
-        "shared": shared,
-        "in_process": study.resources.workers_per_trial == 0,
-        "gpus_per_worker": study.resources.gpus_per_worker,
-    }
+            commit_at_checkpoints=study.scheduler.type == "fifo",
+        ),
+        shared,
+        in_process=study.resources.workers_per_trial == 0,
+        gpus_per_worker=study.resources.gpus_per_worker,
+    )
     watchdog = _watchdog(study.trial_timeout_s, ctx, run_id, key)
     try:
         checkpoint, failure = _train(study, ctx, key, loop_config)
@@ -146,7 +148,7 @@ def _params(trial: Any) -> dict[str, Any]:
     return params
 
 
-def _train(study: Study, ctx: StudyContext, key: str, loop_config: dict[str, Any]) -> tuple[Any, str | None]:
+def _train(study: Study, ctx: StudyContext, key: str, loop_config: LoopConfig) -> tuple[Any, str | None]:
     """Run the trial's loop: in this process, or on a Ray Train worker group. Returns (last
     checkpoint, the deterministic failure's message or None)."""
     import ray.train
@@ -156,16 +158,16 @@ def _train(study: Study, ctx: StudyContext, key: str, loop_config: dict[str, Any
 
     from clsr.train.worker import NON_RETRYABLE, train_loop_per_worker
 
-    if loop_config["in_process"]:  # the loop in the Tune trial's own process (Tune retries it)
+    if loop_config.in_process:  # the loop in the Tune trial's own process (Tune retries it)
         try:
-            train_loop_per_worker(loop_config)
+            train_loop_per_worker(loop_config.for_ray_train())
         except NON_RETRYABLE as err:
             return None, failure_text(err)
         return ray.tune.get_checkpoint(), None
     res = study.resources
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=loop_config,
+        train_loop_config=loop_config.for_ray_train(),
         scaling_config=ray.train.ScalingConfig(
             num_workers=res.workers_per_trial,
             use_gpu=res.gpus_per_worker > 0,
@@ -175,7 +177,7 @@ def _train(study: Study, ctx: StudyContext, key: str, loop_config: dict[str, Any
         ),
         run_config=ray.train.RunConfig(
             # named after the trial's key: a retried or resumed trial finds its own checkpoint
-            name=f"train-{digest([key, loop_config['trial']])[:16]}",
+            name=f"train-{digest([key, loop_config.trial.model_dump()])[:16]}",
             storage_path=ctx.storage,
             callbacks=[TuneReportCallback()],
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
