@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import tempfile
 import warnings
@@ -218,7 +219,9 @@ def test_a_failed_write_leaves_no_temporary_folder(tmp_path, monkeypatch, failin
     with pytest.raises(OSError, match="No space left"):
         save_checkpoint(model, optimizer, scheduler, dict(STATE), model.state_dict())
     assert len(calls) == failing_call
-    assert list(tmp_path.iterdir()) == []
+    private = tmp_path / f"clsr-{os.getuid()}"  # the user's private folder (rule 1) holds the staging
+    assert [p for p in tmp_path.iterdir() if p != private] == []
+    assert not any(private.glob("staging/*"))  # the write's staging folder went with it
 
 
 def test_an_atomic_write_keeps_the_old_file_when_the_new_one_fails(tmp_path):
