@@ -26,7 +26,9 @@ touch; ``.ci/run`` runs the tests on 2.57 too): the same unless its docstring sa
   its search algorithm (with the sampler inside ``OptunaSearch``) into the experiment's state before the
   first trial. The subclass below drops the lock from its pickled state and makes a new one on load;
   it keeps Optuna's own trial attribute names (``NSGAIISampler:generation``), which
-  ``BaseGASampler.__init_subclass__`` would otherwise derive from the subclass's name.
+  ``BaseGASampler.__init_subclass__`` would otherwise derive from the subclass's name. Optuna 4.2 (the
+  lowest supported) has neither the lock nor the base class (its key is the module's ``nsga2:generation``):
+  there the subclass changes nothing.
 
 Public or developer API used as documented is not listed (``TrialProgressCallback``, ``Repeater``'s
 ``get_state``/``set_state``, ``RAY_AIR_NEW_OUTPUT``).

@@ -249,6 +249,8 @@ def test_nsga2_drops_its_lock_when_pickled_and_makes_a_new_one():
     loaded = cloudpickle.loads(cloudpickle.dumps(sampler))
     study = optuna.create_study(sampler=loaded, directions=["maximize", "maximize"])
     study.optimize(lambda t: (t.suggest_float("x", 0, 1), -t.suggest_float("y", 0, 1)), n_trials=10)
-    generations = {t.system_attrs.get("NSGAIISampler:generation") for t in study.trials}
+    # Optuna's own key: NSGAIISampler._GENERATION_KEY since BaseGASampler, a module constant in Optuna 4.2
+    key = getattr(optuna.samplers.NSGAIISampler, "_GENERATION_KEY", "nsga2:generation")
+    generations = {t.system_attrs.get(key) for t in study.trials}
     assert generations == {0, 1, 2}
     assert type(getattr(loaded, PicklableNSGAIISampler._LOCK)).__name__ == "lock"
