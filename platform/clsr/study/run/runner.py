@@ -47,9 +47,9 @@ def run_study(
     ``console``: the command's (``Console``); a fresh one when not given. ``documents``: the trials
     validation resolved (``load_documents``), which the plan keeps; resolved here when not given."""
     console = console if console is not None else Console()
-    from clsr.study.run.tune_compat import check_ray
+    from clsr.study.run.tune_compat import check_stack
 
-    check_ray()  # before anything starts: the private touches of Ray are known for its supported versions
+    check_stack()  # before anything starts: a Ray or MLflow outside the supported ranges, in one line
     if not verbose and console.quiet is None:
         from clsr.study.run.progress import DriverLog
 

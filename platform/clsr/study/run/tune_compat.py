@@ -3,9 +3,10 @@ version it was written for and held by a test (``tests/unit/study/run/test_tune_
 
 Written by hand because neither library offers these as public API; keeping them here means a new
 Ray or Optuna release breaks one module, whose tests say which touch moved. A study run starts with
-:func:`check_ray`, which refuses a Ray outside ``SUPPORTED_RAY`` (the versions the Ray touches below were
-checked against) in one line. Each Ray touch was written against Ray 2.60 and compared with Ray 2.59's
-source: the same in 2.59 unless its docstring says otherwise.
+:func:`check_stack`, which refuses a Ray outside ``SUPPORTED_RAY`` (the versions the Ray touches below were
+checked against) or an MLflow outside ``SUPPORTED_MLFLOW`` in one line. Each Ray touch was written against
+Ray 2.60 and compared with the source of Ray 2.59 and 2.57 (2.57's files are the same as 2.60's for every
+touch; ``.ci/run`` runs the tests on 2.57 too): the same unless its docstring says otherwise.
 
 * ``tuner_run_config`` (Ray 2.60): ``Tuner._local_tuner`` (a ``ray.tune.impl.tuner_internal.TunerInternal``;
   None under Ray client) and its ``get_run_config()``, the very ``RunConfig`` that ``fit`` runs with.
@@ -25,7 +26,9 @@ source: the same in 2.59 unless its docstring says otherwise.
   its search algorithm (with the sampler inside ``OptunaSearch``) into the experiment's state before the
   first trial. The subclass below drops the lock from its pickled state and makes a new one on load;
   it keeps Optuna's own trial attribute names (``NSGAIISampler:generation``), which
-  ``BaseGASampler.__init_subclass__`` would otherwise derive from the subclass's name.
+  ``BaseGASampler.__init_subclass__`` would otherwise derive from the subclass's name. Optuna 4.2 (the
+  lowest supported) has neither the lock nor the base class (its key is the module's ``nsga2:generation``):
+  there the subclass changes nothing.
 
 Public or developer API used as documented is not listed (``TrialProgressCallback``, ``Repeater``'s
 ``get_state``/``set_state``, ``RAY_AIR_NEW_OUTPUT``).
@@ -39,34 +42,57 @@ from typing import Any
 
 import optuna
 
-# --- the Ray these touches were checked against ---
+# --- the supported Ray and MLflow ---
 
-SUPPORTED_RAY = ">=2.60,<2.61"  # as pyproject.toml's ray requirement
-SUPPORTED_RAY_NAME = "2.60.x"
+SUPPORTED_RAY = ">=2.57,<2.61"  # as pyproject.toml's ray requirement
+SUPPORTED_RAY_NAME = "2.57 to 2.60"
 RAY_EXTRAS = "ray[default,tune,train]"
+# MLflow has no private touch; the range is the one CI tests (its lower bound in .ci/lowest.txt)
+SUPPORTED_MLFLOW = ">=3.15,<3.19"  # as pyproject.toml's mlflow requirement
+SUPPORTED_MLFLOW_NAME = "3.15 to 3.18"
+MLFLOW_EXTRAS = "mlflow[auth]"
 
 
 class UnsupportedRay(RuntimeError):
-    """The installed Ray is not one this platform's private touches of Ray were checked against."""
+    """The installed Ray (or MLflow) is outside the range this platform was checked against."""
+
+
+def _refuse_outside(name: str, installed: str, supported: str, shown: str, extras: str) -> None:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        ok = Version(installed) in SpecifierSet(supported)
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise UnsupportedRay(
+            f'clsr supports {name} {shown} (installed: {installed}): pip install "{extras}{supported}"'
+        )
 
 
 def check_ray(installed: str | None = None) -> None:
     """Refuse, in one line, a Ray outside ``SUPPORTED_RAY`` (``installed``: ``ray.__version__``)."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
     if installed is None:
         import ray
 
         installed = ray.__version__
-    try:
-        supported = Version(installed) in SpecifierSet(SUPPORTED_RAY)
-    except InvalidVersion:
-        supported = False
-    if not supported:
-        raise UnsupportedRay(
-            f'clsr needs Ray {SUPPORTED_RAY_NAME} (installed: {installed}): pip install "{RAY_EXTRAS}{SUPPORTED_RAY}"'
-        )
+    _refuse_outside("Ray", installed, SUPPORTED_RAY, SUPPORTED_RAY_NAME, RAY_EXTRAS)
+
+
+def check_mlflow(installed: str | None = None) -> None:
+    """Refuse, in one line, an MLflow outside ``SUPPORTED_MLFLOW`` (``installed``: ``mlflow.__version__``)."""
+    if installed is None:
+        import mlflow
+
+        installed = mlflow.__version__
+    _refuse_outside("MLflow", installed, SUPPORTED_MLFLOW, SUPPORTED_MLFLOW_NAME, MLFLOW_EXTRAS)
+
+
+def check_stack() -> None:
+    """The start-up check of a study run: Ray, then MLflow, each refused in one line when unsupported."""
+    check_ray()
+    check_mlflow()
 
 
 # --- Tuner ---
@@ -103,8 +129,9 @@ def report_repeat(repeater, trial_id: str, score: Any) -> tuple[str, list[Any]] 
     ``ray.tune.search.repeater._TrialGroup``'s ``report``, ``finished_reporting``, ``scores`` and
     ``primary_trial_id`` (Ray 2.60).
 
-    Ray 2.59's ``Repeater.suggest`` differs (public, not touched here): it wraps a finished searcher's
-    ``Searcher.FINISHED`` in a group and fails an assertion, where 2.60 returns it."""
+    Ray 2.57 to 2.59's ``Repeater.suggest`` differs (public, not touched here): it wraps a finished
+    searcher's ``Searcher.FINISHED`` in a group and fails an assertion, where 2.60 returns it. No searcher
+    a study uses returns FINISHED (``OptunaSearch`` and the grid never do), so no version branch."""
     group = repeater._trial_id_to_group[trial_id]
     group.report(trial_id, score)
     return (group.primary_trial_id, group.scores()) if group.finished_reporting() else None

@@ -13,6 +13,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import mlflow
 import optuna
 import pytest
 import ray
@@ -23,6 +24,7 @@ from clsr.study.run.tune_compat import (
     PicklableNSGAIISampler,
     UnsupportedRay,
     check_ray,
+    check_stack,
     forget_checkpoints,
     repeats_trial,
     report_repeat,
@@ -40,22 +42,43 @@ REPO_ROOT = Path(__file__).resolve().parents[4]
 # --- the supported Ray ---
 
 
-def test_the_installed_ray_is_supported_and_the_range_is_pyprojects():
-    check_ray()
+def test_the_installed_ray_and_mlflow_are_supported_and_the_ranges_are_pyprojects():
+    check_stack()
     pins = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert f"{tune_compat.RAY_EXTRAS}{tune_compat.SUPPORTED_RAY}" in pins
-    low = re.match(r">=(\d+\.\d+),<", tune_compat.SUPPORTED_RAY).group(1)
-    assert f"{low}.x" == tune_compat.SUPPORTED_RAY_NAME
+    assert f"{tune_compat.MLFLOW_EXTRAS}{tune_compat.SUPPORTED_MLFLOW}" in pins
+    for supported, name in [
+        (tune_compat.SUPPORTED_RAY, tune_compat.SUPPORTED_RAY_NAME),
+        (tune_compat.SUPPORTED_MLFLOW, tune_compat.SUPPORTED_MLFLOW_NAME),
+    ]:
+        major, low, high = re.match(r">=(\d+)\.(\d+),<\1\.(\d+)$", supported).groups()
+        assert name == f"{major}.{low} to {major}.{int(high) - 1}"
 
 
-@pytest.mark.parametrize("version", ["2.55.0", "2.61.0", "3.0.0.dev0", "not-a-version"])
+@pytest.mark.parametrize("version", ["2.56.1", "2.61.0", "3.0.0.dev0", "not-a-version"])
 def test_an_unsupported_ray_is_refused_in_one_line(monkeypatch, version):
     monkeypatch.setattr(ray, "__version__", version)
     with pytest.raises(UnsupportedRay) as refused:
         check_ray()
     assert str(refused.value) == (
-        f'clsr needs Ray 2.60.x (installed: {version}): pip install "ray[default,tune,train]>=2.60,<2.61"'
+        f"clsr supports Ray 2.57 to 2.60 (installed: {version}): "
+        'pip install "ray[default,tune,train]>=2.57,<2.61"'
     )
+
+
+@pytest.mark.parametrize("version", ["3.14.0", "3.19.0"])
+def test_an_unsupported_mlflow_is_refused_in_one_line(monkeypatch, version):
+    monkeypatch.setattr(mlflow, "__version__", version)
+    with pytest.raises(UnsupportedRay) as refused:
+        check_stack()
+    assert str(refused.value) == (
+        f'clsr supports MLflow 3.15 to 3.18 (installed: {version}): pip install "mlflow[auth]>=3.15,<3.19"'
+    )
+
+
+@pytest.mark.parametrize("version", ["2.57.0", "2.60.0"])
+def test_both_ends_of_the_ray_range_are_accepted(version):
+    check_ray(version)
 
 
 def test_a_study_run_refuses_an_unsupported_ray_before_it_starts_anything(tmp_path, monkeypatch):
@@ -64,7 +87,7 @@ def test_a_study_run_refuses_an_unsupported_ray_before_it_starts_anything(tmp_pa
 
     monkeypatch.setattr(ray, "__version__", "2.55.0")
     monkeypatch.setattr(runner, "_run_study", lambda *a: pytest.fail("the study started"))
-    with pytest.raises(UnsupportedRay, match=r"^clsr needs Ray 2\.60\.x \(installed: 2\.55\.0\)"):
+    with pytest.raises(UnsupportedRay, match=r"^clsr supports Ray 2\.57 to 2\.60 \(installed: 2\.55\.0\)"):
         runner.run_study(study_of(tmp_path), "", verbose=False, console=(console := Console()))
     assert console.quiet is None and not ray.is_initialized()
 
@@ -228,6 +251,8 @@ def test_nsga2_drops_its_lock_when_pickled_and_makes_a_new_one():
     loaded = cloudpickle.loads(cloudpickle.dumps(sampler))
     study = optuna.create_study(sampler=loaded, directions=["maximize", "maximize"])
     study.optimize(lambda t: (t.suggest_float("x", 0, 1), -t.suggest_float("y", 0, 1)), n_trials=10)
-    generations = {t.system_attrs.get("NSGAIISampler:generation") for t in study.trials}
+    # Optuna's own key: NSGAIISampler._GENERATION_KEY since BaseGASampler, a module constant in Optuna 4.2
+    key = getattr(optuna.samplers.NSGAIISampler, "_GENERATION_KEY", "nsga2:generation")
+    generations = {t.system_attrs.get(key) for t in study.trials}
     assert generations == {0, 1, 2}
     assert type(getattr(loaded, PicklableNSGAIISampler._LOCK)).__name__ == "lock"
