@@ -63,3 +63,10 @@ def test_make_test_runs_the_readmes_unit_test_command():
     unit = ci_test_commands()[0]
     assert unit.replace("python -m pytest", "$(PY) -m pytest") in makefile
     assert "make smoke" in (REPO_ROOT / "README.md").read_text().split("## Install")[0]
+
+
+def test_the_guides_keep_their_size():
+    """The developers' guide's limits: a guide that grows past them has become a log."""
+    for page, most in (("performance.md", 200), ("development.md", 150)):
+        lines = (REPO_ROOT / "docs" / page).read_text().splitlines()
+        assert len(lines) <= most, f"docs/{page}: {len(lines)} lines, at most {most}"
