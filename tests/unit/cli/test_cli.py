@@ -163,6 +163,13 @@ def test_summary_rows_show_the_averages_a_trial_has():
     rows = summary_rows([smoke, failed], study)
     assert "reason" not in rows[0] and rows[1]["reason"] == "DataUnavailableError: missing /d/wiki/wiki1m.txt"
     assert format_rows(rows).splitlines()[0].split(" | ")[-1].strip() == "reason"
+    # a long reason is never cut before its hint: numbered in the table, written out whole once below it
+    hint = "offline: set CLSR_DATA_DIR to the shared data folder (ConnectionError: hub unreachable)"
+    long = f"DataUnavailableError: stsb needs the hub or a data folder; {hint}"
+    twice = [run(4 + n, n, {}, **{"clsr.status": "failed", "clsr.error": long}) for n in (4, 5)]
+    table = format_rows(summary_rows([smoke, *twice], study)).splitlines()
+    assert [line.split(" | ")[-1].strip() for line in table[3:5]] == ["[1]", "[1]"]
+    assert table[-1] == f"[1] {long}" and sum(hint in line for line in table) == 1
 
 
 def test_failures_that_come_back_on_every_retry_are_final():

@@ -64,19 +64,32 @@ def _reason(tags: dict[str, str]) -> str:
     """Why a trial did not finish, in one line: the last line of its error (the exception)."""
     if tags.get("clsr.status") == "finished":
         return ""
-    line = last_error_line(tags)
-    return line[:117] + "..." if len(line) > 120 else line
+    return last_error_line(tags)
+
+
+INLINE_REASON = 60  # longer reasons are numbered in the table and written out whole below it
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
+    """The trials as a text table; a long reason (its hint is often at its end) is never cut: the
+    table shows its number and the reasons follow the table, each once."""
     if not rows:
         return "(no trials)"
+    notes: dict[str, int] = {}
+    for row in rows:
+        if len(reason := row.get("reason") or "") > INLINE_REASON:
+            notes.setdefault(reason, len(notes) + 1)
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    cells = [[_cell(r.get(k)) for k in keys] for r in rows]
+    cells = [[_cell(r.get(k)) if k != "reason" else _reason_cell(r.get(k), notes) for k in keys] for r in rows]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
     line = " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))
     body = "\n".join(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
-    return f"{line}\n{'-' * len(line)}\n{body}"
+    footnotes = "".join(f"\n[{n}] {reason}" for reason, n in notes.items())
+    return f"{line}\n{'-' * len(line)}\n{body}" + (f"\n{footnotes}" if footnotes else "")
+
+
+def _reason_cell(reason: str | None, notes: dict[str, int]) -> str:
+    return f"[{notes[reason]}]" if reason in notes else _cell(reason)
 
 
 def _cell(value: Any) -> str:
