@@ -2,7 +2,7 @@
 the same word vectors (GCLSR Table 2's "Word2vec embeddings (avg.)" row).
 
     CLSR_DATA_DIR=../shared/data python benchmarks/gclsr_wiki.py                  # offline: MiniLM vectors
-    python benchmarks/gclsr_wiki.py --vectors word2vec-google-news-300             # the paper's vectors (hub)
+    python benchmarks/gclsr_wiki.py --vectors word2vec-google-news-300             # the paper's vectors (data folder)
     python benchmarks/gclsr_wiki.py --set trainer.epochs=2 --set model.filters=64  # a quicker look
 
 Everything else is the paper's (methods.md §7): 10^4 sentences, batch 512, 20 epochs, SGD with

@@ -84,19 +84,28 @@ def test_a_candidate_in_the_private_folder_is_checked_without_being_run(shared, 
     assert "restored from the stopped driver's copy" in line and not marker.exists()
 
 
-def test_the_named_hub_vectors_are_refused_without_a_pin(monkeypatch):
-    """No pinned revision or SHA-256 is known for GCLSR's two hub sets (gensim pickles): refused with
-    what to provide instead, nothing downloaded, nothing unpickled."""
+def test_gclsrs_named_vectors_never_come_from_the_hubs_pickles(monkeypatch, tmp_path):
+    """GCLSR's two named sets exist on the hub only as gensim pickles at no pinned revision: they are
+    read as their publishers' word2vec/GloVe files from the data folder, never downloaded or unpickled;
+    missing, they are refused in one line naming the file and where it comes from."""
     import huggingface_hub
+    from gensim.models import KeyedVectors
 
     from clsr.data.sources import DataUnavailableError
-    from clsr.encoders.word_vectors import build_word_table
+    from clsr.encoders.word_vectors import NAMED_VECTORS, build_word_table, named_vectors_unavailable
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: pytest.fail("downloaded"))
+    monkeypatch.setattr(KeyedVectors, "load", lambda *a, **k: pytest.fail("a gensim pickle was loaded"))
     for name in ("word2vec-google-news-300", "glove-wiki-gigaword-300"):
-        with pytest.raises(DataUnavailableError, match="gensim pickle at no pinned revision") as err:
-            build_word_table(name, ["the"])
-        assert "\n" not in str(err.value) and "model.vectors" in str(err.value)
+        with pytest.raises(DataUnavailableError, match="gensim pickles") as err:
+            build_word_table(name, ["the"], data_dir=tmp_path)
+        assert "\n" not in str(err.value) and str(tmp_path / NAMED_VECTORS[name].local_file) in str(err.value)
+        assert named_vectors_unavailable(name, tmp_path) == str(err.value)  # validate says the same
+    glove = tmp_path / NAMED_VECTORS["glove-wiki-gigaword-300"].local_file
+    glove.parent.mkdir()
+    glove.write_text("the 0.1 0.2 0.3\ncat 0.4 0.5 0.6\n")
+    assert named_vectors_unavailable("glove-wiki-gigaword-300", tmp_path) is None
+    assert build_word_table("glove-wiki-gigaword-300", ["the", "dog"], data_dir=tmp_path).words == ["the"]
 
 
 @pytest.fixture()

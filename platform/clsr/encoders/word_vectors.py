@@ -103,13 +103,22 @@ class NamedVectors:
     local_file: str | None = None  # relative to the data folder
     revision: str | None = None  # the hub commit the file was checked at
     sha256: str | None = None  # of that file
+    download: str | None = None  # where a local file comes from, said when it is missing
 
 
 # The two GCLSR defaults are published on the hub only as gensim pickles (fse/…: a .model and its .npy)
-# at no pinned revision: no pin is known, so they are refused with what to provide instead.
+# at no pinned revision (rule 2): they are read as their publishers' own files, placed in the data folder.
 NAMED_VECTORS: dict[str, NamedVectors] = {
-    "word2vec-google-news-300": NamedVectors("word2vec_bin", "fse/word2vec-google-news-300"),
-    "glove-wiki-gigaword-300": NamedVectors("glove", "fse/glove-wiki-gigaword-300"),
+    "word2vec-google-news-300": NamedVectors(
+        "word2vec_bin",
+        local_file="word_vectors/GoogleNews-vectors-negative300.bin",
+        download="GoogleNews-vectors-negative300.bin.gz from https://code.google.com/archive/p/word2vec/ (unpacked)",
+    ),
+    "glove-wiki-gigaword-300": NamedVectors(
+        "glove",
+        local_file="word_vectors/glove.6B.300d.txt",
+        download="glove.6B.300d.txt from https://nlp.stanford.edu/data/glove.6B.zip",
+    ),
     "glove-6b-50d-local": NamedVectors("glove", local_file="word_vectors/glove.6B.50d.top2446.txt"),
 }
 
@@ -237,7 +246,42 @@ def _load_named(name: str, data_dir: str | os.PathLike[str] | None) -> Any:
             f"word vectors {name!r} are a local file (<data_dir>/{spec.local_file}); set {ENV_VAR} or "
             f"data.data_dir to the shared data folder."
         )
+    if spec.download and not (root / spec.local_file).is_file():
+        raise _missing_named(name, spec, root)
     return _load_file(root / spec.local_file, spec.fmt)
+
+
+def _missing_named(name: str, spec: NamedVectors, root: Path) -> DataUnavailableError:
+    return DataUnavailableError(
+        f"word vectors {name!r} are read from {root / str(spec.local_file)}, which is not there: put "
+        f"{spec.download} there, or set model.vectors to a word2vec/GloVe file's path (the hub has these "
+        f"vectors only as gensim pickles, which the platform does not load)"
+    )
+
+
+def named_vectors_unavailable(name: str, data_dir: str | os.PathLike[str] | None) -> str | None:
+    """Why the named vectors ``name`` cannot load here, as ``_load_named`` would find it without loading
+    (``validate`` and ``skip_unavailable`` use it), or None: names that are not in ``NAMED_VECTORS`` (a
+    file or a transformer) are left to their loaders."""
+    spec = NAMED_VECTORS.get(name)
+    if spec is None:
+        return None
+    try:
+        if spec.local_file is None:
+            if not (spec.hub_file and spec.revision and spec.sha256):
+                _load_hub(name, spec)  # refuses before any download
+            return None
+        root = resolve_data_dir(data_dir)
+    except DataUnavailableError as err:
+        return str(err)
+    if root is None:
+        return (
+            f"word vectors {name!r} are a local file (<data_dir>/{spec.local_file}); set {ENV_VAR} or "
+            f"data.data_dir to the shared data folder."
+        )
+    if (root / spec.local_file).is_file():
+        return None
+    return str(_missing_named(name, spec, root) if spec.download else _missing_file(root / spec.local_file))
 
 
 def _lookup_transformer(name: str, tokens: Sequence[str], tokenizer: Any) -> Lookup:

@@ -382,6 +382,11 @@ class GCLSR(Method):
         return GCLSRShared(table, texts, ids, mask, translated)
 
     def unavailable(self, trial: TrialConfig) -> str | None:
+        from clsr.encoders.word_vectors import named_vectors_unavailable
+
+        vectors = getattr(trial.model, "vectors", None)
+        if vectors and (why := named_vectors_unavailable(vectors, trial.data.data_dir)):
+            return why
         if self.cfg.augmentation == "back_translation":
             return back_translation_available(self.cfg.back_translation)
         return None

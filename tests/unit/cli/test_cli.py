@@ -45,7 +45,8 @@ def test_the_shipped_tune_then_confirm_study_builds_its_searcher(tmp_path):
     )
 
 
-def test_points_that_cannot_run_offline_are_refused_or_skipped(monkeypatch, capsys):
+def test_points_that_cannot_run_offline_are_refused_or_skipped(monkeypatch, capsys, tmp_path):
+    from clsr.data.sources import resolve_data_dir
     from clsr.study.plan.study_plan import plan_study
     from clsr.study.run.runner import refuse_unavailable
     from clsr.study.spec.schema import StudyError
@@ -56,6 +57,22 @@ def test_points_that_cannot_run_offline_are_refused_or_skipped(monkeypatch, caps
         return plan.points
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    study = load_study(REPO_ROOT / "studies" / "gclsr_ablations.yaml")
+    with pytest.raises(StudyError) as caught:  # the paper's word2vec file is not in the shared folder
+        runnable_points(study)
+    assert "GoogleNews-vectors-negative300.bin" in caught.value.problems[0]
+    # a data folder holding it (a stand-in: validation checks that the file is there): only the
+    # back-translation points, whose models need the hub, cannot run
+    shared, data = resolve_data_dir(), tmp_path / "data"
+    for child in shared.iterdir():
+        if child.name != "word_vectors":
+            (data / child.name).parent.mkdir(exist_ok=True)
+            (data / child.name).symlink_to(child)
+    (data / "word_vectors").mkdir()
+    for child in (shared / "word_vectors").iterdir():
+        (data / "word_vectors" / child.name).symlink_to(child)
+    (data / "word_vectors" / "GoogleNews-vectors-negative300.bin").touch()
+    monkeypatch.setenv("CLSR_DATA_DIR", str(data))
     study = load_study(REPO_ROOT / "studies" / "gclsr_ablations.yaml")
     with pytest.raises(StudyError) as caught:
         runnable_points(study)

@@ -137,11 +137,10 @@ def test_missing_file_names_path(tmp_path: Path) -> None:
             build_word_table(str(path), ["the"], fmt=fmt)
 
 
-def test_hub_name_offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(DataUnavailableError, match="minilm") as err:
-        build_word_table("word2vec-google-news-300", ["the"])
-    assert "fse/word2vec-google-news-300" in str(err.value)
+def test_a_named_set_not_in_the_data_folder_names_its_file_and_source(tmp_path: Path) -> None:
+    with pytest.raises(DataUnavailableError, match="code.google.com/archive/p/word2vec") as err:
+        build_word_table("word2vec-google-news-300", ["the"], data_dir=tmp_path)
+    assert str(tmp_path / "word_vectors" / "GoogleNews-vectors-negative300.bin") in str(err.value)
 
 
 # ------------------------------------------------------------------------------------------- encoding
