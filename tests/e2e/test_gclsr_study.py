@@ -27,8 +27,8 @@ def test_full_study_validates_with_every_table():
     assert {"GCLSR Tables 2-3", *(f"GCLSR Table {n}" for n in (4, 5, 6, 7, 8, 9, 10, 11))} <= tables
     points = {name: grid_points(a) for name, a in study.ablations.items()}
     assert sum(len(p) for p in points.values()) == 50
-    ours = next(p for p in points["region_sizes"] if p["label"] == "(1,1,1,6,15,20)")
-    assert ours["paper"]["test_sts12_15_avg"] == 67.66
+    ours = next(p for p in points["region_sizes"] if p.label == "(1,1,1,6,15,20)")
+    assert ours.paper["test_sts12_15_avg"] == 67.66
 
 
 def test_gclsr_smoke_study_end_to_end(tmp_path):
@@ -39,10 +39,10 @@ def test_gclsr_smoke_study_end_to_end(tmp_path):
     client, parents, children = runs_of(uri, study.name)
     assert len(parents) == 1
     expected = {
-        (name, p["label"])
+        (name, p.label)
         for name, a in study.ablations.items()
         for p in grid_points(a)
-        if "TransL" not in p["label"]
+        if "TransL" not in p.label
     }
     seen = [label for r in children for label in run_labels(r.data.tags)]
     assert set(seen) == expected and len(seen) == len(expected) == 47

@@ -21,7 +21,7 @@ def test_full_study_validates_with_stages_and_paper_numbers():
         ["faq_rcl"],
     ]
     points = {name: grid_points(a) for name, a in study.ablations.items()}
-    regulators = {p["label"]: p for p in points["regulators"]}
+    regulators = {p.label: p for p in points["regulators"]}
     assert list(regulators) == [
         "SRoBERTa-base",
         "0",
@@ -39,10 +39,10 @@ def test_full_study_validates_with_stages_and_paper_numbers():
         "16, ±φ",
     ]
     # the paper's first row is the untouched checkpoint: an evaluation-only point carries its numbers
-    assert regulators["SRoBERTa-base"]["overrides"]["trainer.max_steps"] == 0
-    assert regulators["SRoBERTa-base"]["paper"]["test_sts_avg"] == 81.29
-    assert "trainer.max_steps" not in regulators["0"]["overrides"] and not regulators["0"].get("paper")
-    assert [len(regulators[k]["overrides"]["method.phis"]) for k in ("0", "2", "4", "6", "8", "10")] == [
+    assert regulators["SRoBERTa-base"].overrides["trainer.max_steps"] == 0
+    assert regulators["SRoBERTa-base"].paper["test_sts_avg"] == 81.29
+    assert "trainer.max_steps" not in regulators["0"].overrides and not regulators["0"].paper
+    assert [len(regulators[k].overrides["method.phis"]) for k in ("0", "2", "4", "6", "8", "10")] == [
         0,
         1,
         2,
@@ -50,7 +50,7 @@ def test_full_study_validates_with_stages_and_paper_numbers():
         4,
         5,
     ]
-    assert [regulators[k]["paper"]["test_sts_avg"] for k in ("2", "4", "6", "8", "10")] == [
+    assert [regulators[k].paper["test_sts_avg"] for k in ("2", "4", "6", "8", "10")] == [
         81.47,
         81.98,
         82.29,
@@ -58,12 +58,12 @@ def test_full_study_validates_with_stages_and_paper_numbers():
         82.42,
     ]
     # the appendix grid: batch 32 for the best φ set, Algorithm 1's negative φ entropy models
-    assert regulators["8, batch 32"]["overrides"]["trainer.batch_size"] == 32
-    phis = {p["overrides"]["method.phi"] for p in points["entropy_models"]}
+    assert regulators["8, batch 32"].overrides["trainer.batch_size"] == 32
+    phis = {p.overrides["method.phi"] for p in points["entropy_models"]}
     assert phis == {0.01, 0.02, 0.03, 0.04, 0.05, -0.01, -0.02, -0.03, -0.04}
-    assert set(regulators["16, ±φ"]["overrides"]["method.phis"]) <= phis
+    assert set(regulators["16, ±φ"].overrides["method.phis"]) <= phis
     # Table 2's FAQ numbers come from models trained on the FAQ sets: only the faq_* rows carry them
-    faq = {n for n, ps in points.items() for p in ps if any("faq" in k for k in p.get("paper", {}))}
+    faq = {n for n, ps in points.items() for p in ps if any("faq" in k for k in p.paper)}
     assert faq == {"faq_eq1", "faq_attention_dropout", "faq_drophead", "faq_rcl"}
     assert len(points["attention_dropout"]) == 3
     assert study.base["eval"]["tasks"] == ["sts", "faq"]
@@ -83,18 +83,18 @@ def test_full_study_validates_with_stages_and_paper_numbers():
     # Table 2's protocol: every FAQ set's 5 folds, Eq. 1 alone, selected on the fold's dev MAP; a report
     # row per set (the mean of its folds) with the paper's FAQIR and COUGH numbers
     faq = points["faq_eq1"]
-    assert sorted((p["overrides"]["data.train"], p["overrides"]["data.fold"]) for p in faq) == [
+    assert sorted((p.overrides["data.train"], p.overrides["data.fold"]) for p in faq) == [
         (f"faq:{name}", fold) for name in ("cough", "faqir", "stackfaq") for fold in range(5)
     ]
-    trial = resolve_trial(study, "faq_eq1", faq[0]["overrides"], 42)
+    trial = resolve_trial(study, "faq_eq1", faq[0].overrides, 42)
     assert trial.eval.select_on == "faq" and trial.method["phis"] == [] and not trial.method["hard_negatives"]
-    rows = {p["label"]: p for p in report_points(study.ablations["faq_eq1"])}
+    rows = {p.label: p for p in report_points(study.ablations["faq_eq1"])}
     assert list(rows) == [f"data.train=faq:{name}" for name in ("stackfaq", "faqir", "cough")]
-    assert [len(r["members"]) for r in rows.values()] == [5, 5, 5] and rows["data.train=faq:stackfaq"][
-        "paper"
-    ] == {}
-    assert rows["data.train=faq:faqir"]["paper"]["test_faqir_map"] == 29.90
-    rcl_rows = {p["label"]: p["paper"] for p in report_points(study.ablations["faq_rcl"])}
+    assert [len(r.members) for r in rows.values()] == [5, 5, 5] and rows[
+        "data.train=faq:stackfaq"
+    ].paper == {}
+    assert rows["data.train=faq:faqir"].paper["test_faqir_map"] == 29.90
+    rcl_rows = {p.label: p.paper for p in report_points(study.ablations["faq_rcl"])}
     assert rcl_rows["data.train=faq:cough, trainer.batch_size=64, method.phis=[0.01, 0.02, 0.03, 0.04]"] == {
         "test_cough_top1": 6.35, "test_cough_top3": 13.31, "test_cough_top5": 18.49, "test_cough_map": 13.41
     }  # fmt: skip

@@ -23,20 +23,20 @@ def test_full_study_validates_with_every_ablation():
     assert study.seeds == [42, 43, 44] and study.method == "selfccl"
     assert stages(study)[-1] == ["scored_by_simcse"]
     points = {name: grid_points(a) for name, a in study.ablations.items()}
-    assert [p["overrides"]["method.order"] for p in points["order"]] == [
+    assert [p.overrides["method.order"] for p in points["order"]] == [
         "none",
         "curriculum",
         "anti",
         "random",
     ]
-    assert [p["overrides"]["method.pacing"] for p in points["pacing"]] == ["root", "linear", "quadratic"]
-    assert points["order"][1]["paper"] == {"test_sts_avg": 81.8}
-    assert points["reference"][0]["paper"]["test_transfer_avg"] == 86.9
-    assert points["simcse_sup"][0]["paper"]["test_sts_avg"] == 81.57
-    assert points["mnrl"][0]["paper"]["test_sts_avg"] == 81.6
+    assert [p.overrides["method.pacing"] for p in points["pacing"]] == ["root", "linear", "quadratic"]
+    assert points["order"][1].paper == {"test_sts_avg": 81.8}
+    assert points["reference"][0].paper["test_transfer_avg"] == 86.9
+    assert points["simcse_sup"][0].paper["test_sts_avg"] == 81.57
+    assert points["mnrl"][0].paper["test_sts_avg"] == 81.6
     assert study.ablations["simcse_sup"].method == "simcse_sup" and study.ablations["mnrl"].method == "mnrl"
     # per-epoch pacing is the default reading and the pacing_unit table's reference row
-    assert [p["overrides"]["method.pacing_unit"] for p in points["pacing_unit"]] == ["epoch", "step"]
+    assert [p.overrides["method.pacing_unit"] for p in points["pacing_unit"]] == ["epoch", "step"]
     references = {name: a.reference for name, a in study.ablations.items()}
     assert references == {
         "reference": "SelfCCL-BERT-base",
@@ -65,7 +65,7 @@ def test_selfccl_smoke_study_end_to_end(tmp_path):
     study = load_study(STUDY, smoke=True)
     client, parents, children = runs_of(uri, study.name)
     assert len(parents) == 1
-    planned = {(name, p["label"]) for name, a in study.ablations.items() for p in grid_points(a)}
+    planned = {(name, p.label) for name, a in study.ablations.items() for p in grid_points(a)}
     seen = [label for r in children for label in run_labels(r.data.tags)]
     assert set(seen) == planned and len(seen) == len(planned)
     assert len(children) == distinct_trials(study, planned) < len(planned)  # identical trials ran once

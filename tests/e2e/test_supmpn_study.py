@@ -25,11 +25,11 @@ def test_full_study_validates_with_every_ablation():
     assert study.base["eval"]["tasks"] == ["sts", "transfer"]
     points = {name: grid_points(a) for name, a in study.ablations.items()}
     assert len(points["positives_negatives"]) == 25
-    assert [p["label"] for p in points["positive_augmentation"]] == ["None", "RD", "SR", "PP"]
-    assert [p["overrides"]["trainer.batch_size"] for p in points["batch_size"]] == [64, 128, 256, 512]
+    assert [p.label for p in points["positive_augmentation"]] == ["None", "RD", "SR", "PP"]
+    assert [p.overrides["trainer.batch_size"] for p in points["batch_size"]] == [64, 128, 256, 512]
     assert study.ablations["simcse_sup"].method == "simcse_sup" and study.ablations["mnrl"].method == "mnrl"
-    assert points["reference"][0]["paper"]["test_transfer_avg"] == 86.96
-    assert points["reference"][0]["overrides"]["method.loss_variant"] == "code"  # said, not defaulted
+    assert points["reference"][0].paper["test_transfer_avg"] == 86.96
+    assert points["reference"][0].overrides["method.loss_variant"] == "code"  # said, not defaulted
     variants = study.ablations["loss_variant"]
     assert variants.reference == variants.paper_choice == "released code"
     assert all(a.reference for a in study.ablations.values())  # every table names its baseline row
@@ -38,11 +38,9 @@ def test_full_study_validates_with_every_ablation():
 
 def distinct_trials(study, labels) -> int:
     """How many different trials these (ablation, point) labels of a one-seed study resolve to."""
-    points = {(name, p["label"]): p for name, a in study.ablations.items() for p in grid_points(a)}
+    points = {(name, p.label): p for name, a in study.ablations.items() for p in grid_points(a)}
     seed = study.seeds[0]
-    return len(
-        {trial_identity(study, name, points[name, label]["overrides"], seed) for name, label in labels}
-    )
+    return len({trial_identity(study, name, points[name, label].overrides, seed) for name, label in labels})
 
 
 def test_supmpn_smoke_study_end_to_end(tmp_path):
@@ -51,7 +49,7 @@ def test_supmpn_smoke_study_end_to_end(tmp_path):
     study = load_study(STUDY, smoke=True)
     _, parents, children = runs_of(uri, study.name)
     assert len(parents) == 1
-    planned = {(name, p["label"]) for name, a in study.ablations.items() for p in grid_points(a)}
+    planned = {(name, p.label) for name, a in study.ablations.items() for p in grid_points(a)}
     seen = [label for r in children for label in run_labels(r.data.tags)]
     skipped = planned - set(seen)
     assert skipped <= {("positive_augmentation", "SR"), ("positive_augmentation", "PP")}

@@ -48,13 +48,14 @@ def hub_model_ids(studies: list[Path]) -> list[str]:
 def _shipped_trials(studies: list[Path]) -> list:
     """One resolved trial per point (a sampled ablation's base) of each study."""
     from clsr.study.plan.load import load_study
+    from clsr.study.plan.point import GridPoint
     from clsr.study.plan.resolve import grid_points, resolve_trial
 
     trials = []
     for path in studies:
         study = load_study(path)
         for name, ablation in study.ablations.items():
-            points = grid_points(ablation) if not ablation.space else [{"overrides": {}}]
+            points = grid_points(ablation) if not ablation.space else [GridPoint("base", {}, {})]
             for point in points:
-                trials.append(resolve_trial(study, name, point["overrides"], study.seeds_of(name)[0]))
+                trials.append(resolve_trial(study, name, point.overrides, study.seeds_of(name)[0]))
     return trials

@@ -433,16 +433,16 @@ def test_relative_paths_of_a_study_are_made_absolute_where_it_is_loaded(tmp_path
     assert loaded.base["data"]["train"] == str(tmp_path / "pairs.csv")
     assert loaded.base["eval"]["custom"]["mine"]["path"] == str(tmp_path / "pairs.csv")
     points = grid_points(loaded.ablations["corpus"])
-    assert [p["label"] for p in points] == [
+    assert [p.label for p in points] == [
         "data.train=pairs.csv",
         "data.train=other.csv",
     ]
-    assert [p["overrides"]["data.train"] for p in points] == [
+    assert [p.overrides["data.train"] for p in points] == [
         str(tmp_path / "pairs.csv"),
         str(tmp_path / "other.csv"),
     ]
     monkeypatch.chdir(REPO_ROOT)  # a worker's folder: the dumped study still points at the files
-    trial = resolve_trial(loaded, "corpus", points[1]["overrides"], 1)
+    trial = resolve_trial(loaded, "corpus", points[1].overrides, 1)
     assert trial.data.train == str(tmp_path / "other.csv")
 
 

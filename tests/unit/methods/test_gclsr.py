@@ -206,8 +206,7 @@ def test_every_gclsr_ablation_names_its_reference_row(smoke: bool):
 @pytest.mark.parametrize("smoke", [False, True])
 def test_code_variant_shares_the_oov_draw(smoke: bool):
     points = {
-        p["label"]: p["overrides"]
-        for p in grid_points(load_study(STUDY, smoke=smoke).ablations["code_variant"])
+        p.label: p.overrides for p in grid_points(load_study(STUDY, smoke=smoke).ablations["code_variant"])
     }
     assert points["official code"]["method.oov_draw"] == "shared"
     assert "method.oov_draw" not in points["paper"]  # the default: per view

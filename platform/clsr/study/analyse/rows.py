@@ -21,6 +21,7 @@ from clsr.data.faq import FAQ_TASKS
 from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
 from clsr.study.analyse.runs import Trial, load_trials, pick_trials
+from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import (
     Resolve,
     StudyDocuments,
@@ -199,7 +200,7 @@ def plan_rows(study: Study, name: str, trials: list[Trial]) -> list[Row]:
     spec = study.ablations[name]
     points = [] if spec.space else grid_points(spec)
     seeds = [] if spec.space else study.seeds_of(name)
-    rows = {p["label"]: Row(p["label"], p["overrides"], dict(p["paper"]), list(seeds)) for p in points}
+    rows = {p.label: Row(p.label, p.overrides, dict(p.paper), list(seeds)) for p in points}
     resolve = StudyDocuments(study).config  # each point resolved once
     for row in rows.values():
         row.config, row.planned_eval_only = planned_config(resolve, name, row.overrides)
@@ -225,8 +226,8 @@ def average_rows(spec: Ablation, rows: list[Row]) -> list[Row]:
     by_label = {r.label: r for r in rows}
     out = []
     for point in report_points(spec):
-        folds = [by_label.pop(label) for label in point["members"] if label in by_label]
-        row = Row(point["label"], point["overrides"], dict(point["paper"]), list(folds[0].seeds), folds=folds)
+        folds = [by_label.pop(label) for label in point.members if label in by_label]
+        row = Row(point.label, point.overrides, dict(point.paper), list(folds[0].seeds), folds=folds)
         row.paper = row.paper or folds[0].paper
         row.planned_eval_only = all(f.planned_eval_only for f in folds)
         for seed in sorted({s for f in folds for s in f.trials}, key=lambda s: (s is None, s or 0)):
@@ -377,7 +378,7 @@ def verdicts(row: Row, metrics: list[str], tolerance: float) -> dict[str, Verdic
 def mark_rows(report: AblationReport) -> None:
     """The paper's choice, and the reference: ``reference:``, else the paper's choice, else row one."""
     spec, rows = report.spec, report.rows
-    points = [{"label": r.label, "overrides": r.overrides} for r in rows]
+    points = [GridPoint(r.label, r.overrides, {}) for r in rows]
     choice = find_point(points, spec.paper_choice)
     if choice is not None:
         rows[points.index(choice)].paper_choice = True

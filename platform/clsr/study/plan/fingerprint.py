@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import StudyDocuments
 from clsr.study.spec.schema import Study
 
@@ -33,7 +34,7 @@ def trial_key(ablation: str, label: str, seed: int | str) -> str:
 
 def fingerprint(
     study: Study,
-    grids: dict[str, list[dict[str, Any]]] | None = None,
+    grids: dict[str, list[GridPoint]] | None = None,
     document: Callable[[str, dict[str, Any], int], dict[str, Any]] | None = None,
 ) -> dict[str, str]:
     """trial key -> hash of its resolved configuration (and the study-wide entry). ``grids`` (ablation
@@ -66,10 +67,10 @@ def fingerprint(
                 confirm = ablation.confirm.model_dump()
                 entries[trial_key(name, "confirm", seed)] = digest({"base": doc, "confirm": confirm})
             for point in grids[name]:
-                doc = document(name, point["overrides"], seed)
+                doc = document(name, point.overrides, seed)
                 adaptive = study.adaptive_of(name)  # its rule decides which seeds run beyond the first min
                 value = {"doc": doc, "adaptive": adaptive.model_dump()} if adaptive else doc
-                entries[trial_key(name, point["label"], seed)] = digest(value)
+                entries[trial_key(name, point.label, seed)] = digest(value)
     return entries
 
 

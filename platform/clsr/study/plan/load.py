@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from clsr.config.trial import MODEL_TYPES, TrialConfig
 from clsr.methods import METHODS, get_method
+from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import (
     StudyDocuments,
     find_point,
@@ -61,13 +62,13 @@ def _check_need(study: Study, name: str, key: str, need: Need) -> list[str]:
             f"{where}.ablation: {need.ablation!r} is sampled (space); an upstream needs grid or points"
         ]
     points = grid_points(upstream)
-    labels = [p["label"] for p in points]
+    labels = [p.label for p in points]
     problems += _check_match(name, ablation, where, need, points)
     if need.match:  # the choice below is made among one point's matching upstream points
-        points = upstream_points(study, need, grid_points(ablation)[0]["overrides"]) or points
-        labels = [p["label"] for p in points]
-    if need.by is not None and any(need.by not in p["overrides"] for p in points):
-        keys = sorted({k for p in points for k in p["overrides"]})
+        points = upstream_points(study, need, grid_points(ablation)[0].overrides) or points
+        labels = [p.label for p in points]
+    if need.by is not None and any(need.by not in p.overrides for p in points):
+        keys = sorted({k for p in points for k in p.overrides})
         problems.append(
             f"{where}.by: not set by every point of {need.ablation!r} (given: {need.by!r}; allowed: {keys})"
         )
@@ -92,7 +93,7 @@ def _check_need(study: Study, name: str, key: str, need: Need) -> list[str]:
 
 
 def _check_match(
-    name: str, ablation: Ablation, where: str, need: Need, upstream: list[dict[str, Any]]
+    name: str, ablation: Ablation, where: str, need: Need, upstream: list[GridPoint]
 ) -> list[str]:
     """Each match key is set by every point on both sides, and every point finds an upstream point."""
     if not need.match:
@@ -100,16 +101,14 @@ def _check_match(
     if ablation.space:
         return [f"{where}.match: a sampled ablation (space) has no points to match (given: {need.match})"]
     for side, points in (("ablation", grid_points(ablation)), (need.ablation, upstream)):
-        unset = [k for k in need.match if any(k not in p["overrides"] for p in points)]
+        unset = [k for k in need.match if any(k not in p.overrides for p in points)]
         if unset:
-            keys = sorted({k for p in points for k in p["overrides"]})
+            keys = sorted({k for p in points for k in p.overrides})
             return [f"{where}.match: {unset} not set by every point of {side!r} (allowed: {keys})"]
     for point in grid_points(ablation):
-        values = {k: point["overrides"][k] for k in need.match}
-        if not any(all(p["overrides"][k] == v for k, v in values.items()) for p in upstream):
-            return [
-                f"{where}.match: no point of {need.ablation!r} has {values} (the point {point['label']!r})"
-            ]
+        values = {k: point.overrides[k] for k in need.match}
+        if not any(all(p.overrides[k] == v for k, v in values.items()) for p in upstream):
+            return [f"{where}.match: no point of {need.ablation!r} has {values} (the point {point.label!r})"]
     return []
 
 
@@ -182,19 +181,19 @@ def _check_trials(study: Study, documents: StudyDocuments) -> list[str]:
         problems += [f"ablations.{name}: key {k!r} {_check_dotted_key(k)}" for k in bad_keys]
         if bad_keys:
             continue
-        points = documents.grids[name] if not ablation.space else [{"label": "space", "overrides": {}}]
+        points = documents.grids[name] if not ablation.space else [GridPoint("space", {}, {})]
         seed = study.seeds_of(name)[0]
         for point in points:
-            where = f"ablations.{name}[{point['label']}]"
-            problems += _label_problems(where, point["label"])
+            where = f"ablations.{name}[{point.label}]"
+            problems += _label_problems(where, point.label)
             found = _format_pydantic_or_none(
-                lambda point=point, name=name, seed=seed: resolve(name, point["overrides"], seed),
+                lambda point=point, name=name, seed=seed: resolve(name, point.overrides, seed),
                 f"{where}.",
                 TrialConfig,
             )
             per_trial += [(where, p.removeprefix(where)) for p in found]
             if not found:
-                trial = resolve(name, point["overrides"], seed)
+                trial = resolve(name, point.overrides, seed)
                 per_trial += [
                     (where, rest) for rest in _metric_problems(study, trial) + _device_problems(study, trial)
                 ]
@@ -289,7 +288,7 @@ def _missing_points(name: str, ablation: Ablation, named: list[tuple[str, str]])
             f"ablations.{name}.{f}: a sampled ablation (space) has no points to name (given: {v!r})"
             for f, v in shown.items()
         ]
-    allowed = [p["label"] for p in points]
+    allowed = [p.label for p in points]
     return [
         f"ablations.{name}.{f}: no such point (given: {v!r}; allowed: {allowed})" for f, v in shown.items()
     ]

@@ -22,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from clsr.config.trial import TrialConfig
+from clsr.study.plan.point import GridPoint
 from clsr.study.plan.projection import Measured, Sample, costs_of, gpus_per_trial
 from clsr.study.plan.resolve import Resolve, grid_points, resolver
 from clsr.study.spec.dotted import set_dotted
@@ -32,7 +33,7 @@ def probe_trial(
     study: Study,
     ablation: str | None = None,
     steps: int | None = None,
-    grids: dict[str, list[dict[str, Any]]] | None = None,
+    grids: dict[str, list[GridPoint]] | None = None,
     resolve: Resolve | None = None,
 ) -> tuple[str, TrialConfig]:
     """The probe's trial and its label: ``ablation``'s first point and seed, cut to ``steps`` optimiser steps (default:
@@ -49,9 +50,9 @@ def probe_trial(
         raise ValueError(f"--probe-ablation {name!r} is a search space: name one of the study's grids")
     # a confirm ablation may have no points: its base stands in
     points = grid_points(study.ablations[name]) if grids is None else grids[name]
-    point = points[0] if points else {"label": "base", "overrides": {}}
+    point = points[0] if points else GridPoint("base", {}, {})
     first_seed = study.seeds_of(name)[0]
-    trial = resolver(study, resolve)(name, point["overrides"], first_seed)
+    trial = resolver(study, resolve)(name, point.overrides, first_seed)
     method = build_method(trial)
     steps_per_epoch, total = method.plan_steps(
         len(method.rows_for_training(training_rows(trial), trial)), trial, 1
@@ -60,7 +61,7 @@ def probe_trial(
         raise ValueError(f"--probe-ablation {name!r} trains nothing (max_steps 0): name another ablation")
     cut = min(total, steps or max(2 * eval_interval(trial, steps_per_epoch), 10))
     doc = set_dotted(trial.model_dump(), "trainer.max_steps", cut)
-    return f"{name}/{point['label'] or 'first point'}", TrialConfig.model_validate(doc)
+    return f"{name}/{point.label or 'first point'}", TrialConfig.model_validate(doc)
 
 
 def run_copy(trial_json: str, gpu_share: float) -> Sample:
@@ -109,7 +110,7 @@ def probe(
     ablations: list[str] | None = None,
     steps: int | None = None,
     progress=print,
-    grids: dict[str, list[dict[str, Any]]] | None = None,
+    grids: dict[str, list[GridPoint]] | None = None,
     resolve: Resolve | None = None,
 ) -> Measured:
     """Run ``copies`` (default: as many as share one GPU) of each named ablation's probe trial at once

@@ -23,6 +23,7 @@ from typing import Any
 
 from clsr.config.trial import TrialConfig
 from clsr.study.plan.distinct import merge_identical
+from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import Resolve, grid_points, resolver, stages
 from clsr.study.plan.study_plan import TrialSpec
 from clsr.study.spec.schema import Study
@@ -234,7 +235,7 @@ def project(
     speedup: float | None = None,
     usd_per_gpu_hour: float | None = None,
     progress=print,
-    grids: dict[str, list[dict[str, Any]]] | None = None,
+    grids: dict[str, list[GridPoint]] | None = None,
     resolve: Resolve | None = None,
 ) -> Projection:
     """Price every distinct trial of ``study`` and pack each stage onto ``gpus`` GPUs of kind ``gpu``.
@@ -306,7 +307,7 @@ def project(
 
 
 def _trials(
-    study: Study, grids: dict[str, list[dict[str, Any]]] | None, resolve: Resolve
+    study: Study, grids: dict[str, list[GridPoint]] | None, resolve: Resolve
 ) -> tuple[list[TrialSpec], list[TrialSpec]]:
     """The grid trials, each resolved, and the trials a search or a confirmation will run, each
     standing as its ablation's base."""
@@ -320,7 +321,7 @@ def _trials(
         sampled += base * samples
         points = [] if ablation.space else grid_points(ablation) if grids is None else grids[name]
         grid += [
-            TrialSpec(name, p["label"], p["overrides"], p["paper"], s, resolve(name, p["overrides"], s))
+            TrialSpec(name, p.label, p.overrides, p.paper, s, resolve(name, p.overrides, s))
             for p in points
             for s in seeds
         ]

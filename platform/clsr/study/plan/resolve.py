@@ -8,11 +8,13 @@ import itertools
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from functools import cached_property
 from typing import Any
 
 from clsr.config.trial import TrialConfig
 from clsr.methods import get_method
+from clsr.study.plan.point import GridPoint
 from clsr.study.spec.ablation import Ablation, Need
 from clsr.study.spec.dotted import deep_merge, set_dotted
 from clsr.study.spec.paths import absolute_in_dotted
@@ -27,17 +29,15 @@ def point_label(overrides: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in overrides.items())
 
 
-def grid_points(ablation: Ablation) -> list[dict[str, Any]]:
-    """Each point: ``{"label", "overrides", "paper"}``; grids are the cartesian product of their keys. A
+def grid_points(ablation: Ablation) -> list[GridPoint]:
+    """Each point (``label``, ``overrides``, ``paper``; not yet tied to its ablation); grids are the cartesian product of their keys. A
     confirm ablation's: its explicit points only (its best configurations are known once its upstream
     ran: ``clsr.study.run.confirm``)."""
     if ablation.points or ablation.confirm is not None:
         return [
-            {
-                "label": p.label or point_label(p.set),
-                "overrides": absolute_in_dotted(p.set),
-                "paper": _paper_value(p.paper, ablation),
-            }
+            GridPoint(
+                p.label or point_label(p.set), absolute_in_dotted(p.set), _paper_value(p.paper, ablation)
+            )
             for p in ablation.points
         ]
     keys = list(ablation.grid)
@@ -49,11 +49,11 @@ def grid_points(ablation: Ablation) -> list[dict[str, Any]]:
         row_label = report_label(ablation, overrides) if ablation.average_over else label
         paper = ablation.paper.get(row_label, ablation.paper.get(_short(row_label, overrides, ablation)))
         overrides = absolute_in_dotted(overrides)  # local paths: trials run in other folders
-        points.append({"label": label, "overrides": overrides, "paper": _paper_value(paper, ablation)})
+        points.append(GridPoint(label, overrides, _paper_value(paper, ablation)))
     return points
 
 
-def study_grids(study: Study) -> dict[str, list[dict[str, Any]]]:
+def study_grids(study: Study) -> dict[str, list[GridPoint]]:
     """Ablation -> its ``grid_points`` (none for a sampled ablation: its points are sampled)."""
     return {name: [] if a.space else grid_points(a) for name, a in study.ablations.items()}
 
@@ -78,30 +78,30 @@ def report_label(ablation: Ablation, overrides: dict[str, Any]) -> str:
     return point_label(rest) if rest else f"mean over {ablation.average_over}"
 
 
-def report_points(ablation: Ablation) -> list[dict[str, Any]]:
-    """The report's rows as points (``label``, ``overrides``, ``paper``, ``members``: the labels of
-    the grid points averaged into it): ``grid_points`` itself unless the ablation has ``average_over``."""
+def report_points(ablation: Ablation) -> list[GridPoint]:
+    """The report's rows as points (``members``: the labels of the grid points averaged into each):
+    ``grid_points`` itself unless the ablation has ``average_over``."""
     points = grid_points(ablation)
     if ablation.average_over is None:
-        return [{**p, "members": [p["label"]]} for p in points]
-    rows: dict[str, dict[str, Any]] = {}
+        return [replace(p, members=(p.label,)) for p in points]
+    rows: dict[str, GridPoint] = {}
     for p in points:
-        label, rest = (report_label(ablation, p["overrides"]), _without_averaged(ablation, p["overrides"]))
-        row = rows.setdefault(label, {"label": label, "overrides": rest, "paper": p["paper"], "members": []})
-        row["members"].append(p["label"])
+        label = report_label(ablation, p.overrides)
+        row = rows.get(label) or GridPoint(label, _without_averaged(ablation, p.overrides), p.paper)
+        rows[label] = replace(row, members=(*row.members, p.label))
     return list(rows.values())
 
 
-def find_point(points: list[dict[str, Any]], name: str | None) -> dict[str, Any] | None:
+def find_point(points: list[GridPoint], name: str | None) -> GridPoint | None:
     """The point ``name`` (a ``paper_choice`` or ``reference``) means: its label, the bare value of a
     one-key grid (``'256'``), or its ``key=value`` parts in any order, as study files write them."""
     if name is None:
         return None
     parts = set(name.split(", "))
     for point in points:
-        values = list(point["overrides"].values())
+        values = list(point.overrides.values())
         short = str(values[0]) if len(values) == 1 else None
-        if name in (point["label"], short) or parts == set(point["label"].split(", ")):
+        if name in (point.label, short) or parts == set(point.label.split(", ")):
             return point
     return None
 
@@ -174,7 +174,7 @@ class StudyDocuments:
         self._configs: dict[tuple[str | None, str, int], TrialConfig] = {}
 
     @cached_property
-    def grids(self) -> dict[str, list[dict[str, Any]]]:
+    def grids(self) -> dict[str, list[GridPoint]]:
         """Ablation -> its ``grid_points`` (none for a sampled ablation)."""
         return study_grids(self.study)
 
@@ -262,14 +262,14 @@ def need_values(
         upstream_seed = seed if need.seed == "same" else need.seed
         points = upstream_points(study, need, overrides or {})
         if need.by is None:
-            label = need.point or points[0]["label"]
+            label = need.point or points[0].label
             values[key] = _upstream_output(need, label, upstream_seed, outputs)
             continue
         mapping = {}
         for point in points:
             try:
-                mapping[point["overrides"][need.by]] = _upstream_output(
-                    need, point["label"], upstream_seed, outputs
+                mapping[point.overrides[need.by]] = _upstream_output(
+                    need, point.label, upstream_seed, outputs
                 )
             except UpstreamMissing:
                 continue
@@ -277,13 +277,13 @@ def need_values(
     return values
 
 
-def upstream_points(study: Study, need: Need, overrides: dict[str, Any]) -> list[dict[str, Any]]:
+def upstream_points(study: Study, need: Need, overrides: dict[str, Any]) -> list[GridPoint]:
     """The upstream points a trial of point ``overrides`` may use: those that agree on the ``need.match``
     keys the point sets (every point sets them all: validation checks it; the ablation's base document,
     which has no point, sees every upstream point)."""
     points = grid_points(study.ablations[need.ablation])
     wanted = {k: overrides[k] for k in need.match if k in overrides}
-    return [p for p in points if all(p["overrides"].get(k) == v for k, v in wanted.items())]
+    return [p for p in points if all(p.overrides.get(k) == v for k, v in wanted.items())]
 
 
 def _upstream_output(need: Need, label: str, seed: int, outputs: Outputs | None) -> str:
@@ -305,7 +305,7 @@ def missing_upstream(
     for need in study.ablations[ablation].needs.values():
         upstream_seed = seed if need.seed == "same" else need.seed
         points = upstream_points(study, need, overrides or {})
-        labels = [need.point or points[0]["label"]] if need.by is None else [p["label"] for p in points]
+        labels = [need.point or points[0].label] if need.by is None else [p.label for p in points]
         missing += [
             f"ablations.{need.ablation}[{label}] seed {upstream_seed}"
             for label in labels
@@ -365,7 +365,7 @@ def planned_trials(study: Study) -> int:
 
 
 def count_trials(
-    study: Study, grids: dict[str, list[dict[str, Any]]] | None = None, resolve: Resolve | None = None
+    study: Study, grids: dict[str, list[GridPoint]] | None = None, resolve: Resolve | None = None
 ) -> tuple[int, int]:
     """(trials, distinct trials): a trial is (ablation, point, seed) of a grid/points ablation, plus
     ``search.num_samples`` × seeds per sampled ablation; distinct counts the different ``trial_identity``s (the
@@ -385,7 +385,7 @@ def count_trials(
         for point in grid_points(ablation) if grids is None else grids[name]:
             for seed in study.seeds_of(name):
                 total += 1
-                identities.add(config_identity(resolve(name, point["overrides"], seed)))
+                identities.add(config_identity(resolve(name, point.overrides, seed)))
     return total + sampled, len(identities) + sampled
 
 
@@ -403,7 +403,7 @@ def _canonical(value: Any) -> str:
 
 
 def checkpoint_lines(
-    study: Study, grids: dict[str, list[dict[str, Any]]] | None = None, resolve: Resolve | None = None
+    study: Study, grids: dict[str, list[GridPoint]] | None = None, resolve: Resolve | None = None
 ) -> list[str]:
     """``study plan``'s line on checkpoint bytes per trial, estimated from each model's parameter count
     (fp32): while a trial trains, its weights, the optimizer's moments (Adam's two; SGD's momentum) and
@@ -417,11 +417,17 @@ def checkpoint_lines(
     total_after, unknown = 0, set()
     for name, ablation in study.ablations.items():
         dynamic = bool(ablation.space) or ablation.confirm is not None  # its base stands for its trials
-        points = [{"overrides": {}}] if dynamic else grid_points(ablation) if grids is None else grids[name]
+        points = (
+            [GridPoint("base", {}, {})]
+            if dynamic
+            else grid_points(ablation)
+            if grids is None
+            else grids[name]
+        )
         per_point = ablation_trials(study, name) if dynamic else len(study.seeds_of(name))
         for point in points:
             first_seed = study.seeds_of(name)[0]
-            trial = resolve(name, point["overrides"], first_seed)
+            trial = resolve(name, point.overrides, first_seed)
             model = trial.model.name if trial.model.type == "transformer" else None
             if model is not None and model not in counts:
                 counts[model] = trained_parameters(model, trial.model.pooling)

@@ -11,6 +11,7 @@ from clsr.data.external import data_source_problem
 from clsr.data.hub.model_registry import model_source_problem
 from clsr.eval.custom import source_problems as custom_task_problems
 from clsr.methods import get_method
+from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import Resolve, StudyDocuments, resolver
 from clsr.study.spec.schema import Study, StudyError
 
@@ -139,7 +140,7 @@ def _model_check(name: str) -> tuple[str | None, str | None]:
 
 
 def check_sources(
-    study: Study, grids: dict[str, list[dict[str, Any]]] | None = None, resolve: Resolve | None = None
+    study: Study, grids: dict[str, list[GridPoint]] | None = None, resolve: Resolve | None = None
 ) -> SourceReport:
     """The data folder, then every grid point's trial (a sampled ablation's base trial), first seed.
     ``grids`` (ablation -> its ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation,
@@ -155,11 +156,11 @@ def check_sources(
         report.problems[problem] = ["base.data"]
         return report  # every trial would say the same
     for name, ablation in study.ablations.items():
-        points = grids[name] if not ablation.space else [{"label": "base", "overrides": {}}]
+        points = grids[name] if not ablation.space else [GridPoint("base", {}, {})]
         for point in points:
-            trial = resolve(name, point["overrides"], study.seeds_of(name)[0])
+            trial = resolve(name, point.overrides, study.seeds_of(name)[0])
             problems, unavailable = trial_source_problems(trial)
-            where = f"ablations.{name}[{point['label']}]"
+            where = f"ablations.{name}[{point.label}]"
             on_gpu = study.resources.gpus_per_worker > 0
             notes = (
                 []
@@ -178,7 +179,7 @@ def check_sources(
 def require_sources(
     study: Study,
     source: str,
-    grids: dict[str, list[dict[str, Any]]] | None = None,
+    grids: dict[str, list[GridPoint]] | None = None,
     resolve: Resolve | None = None,
 ) -> SourceReport:
     """The report, or StudyError naming every problem (and every unavailable point unless the study

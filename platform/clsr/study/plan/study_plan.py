@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from clsr.config.trial import TrialConfig
 from clsr.study.plan.fingerprint import fingerprint, trial_key
+from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import Resolve, StudyDocuments, experiments, point_label, resolver
 from clsr.study.spec.schema import Study, StudyError
 
@@ -45,14 +46,14 @@ class TrialSpec:
 
 @dataclass(frozen=True)
 class StudyPlan:
-    """``points``: the runnable points (``{"ablation", "label", "overrides", "paper"}``), in study order;
+    """``points``: the runnable points (each tied to its ablation), in study order;
     ``unavailable``: ``ablations.<name>[<point>]: why`` per point that cannot run here; ``trials``: the
     runnable points × their ablation's seeds; ``waves``: ``(Tune experiment, sampled ablation or None,
     ablations)`` in running order; ``fingerprint``: trial key -> hash (what a resume compares);
     ``documents``: the one resolution cache, validation's (``load_documents``)."""
 
     study: Study
-    points: tuple[dict[str, Any], ...]
+    points: tuple[GridPoint, ...]
     unavailable: tuple[str, ...]
     trials: tuple[TrialSpec, ...]
     waves: tuple[tuple[str, str | None, list[str]], ...]
@@ -76,33 +77,33 @@ def plan_study(study: Study, documents: StudyDocuments | None = None) -> StudyPl
     staged = {name for name, a in study.ablations.items() if a.needs}  # resolved once upstream ran
     trials = tuple(
         TrialSpec(
-            p["ablation"],
-            p["label"],
-            p["overrides"],
-            p["paper"],
+            p.ablation,
+            p.label,
+            p.overrides,
+            p.paper,
             seed,
-            None if p["ablation"] in staged else _config(docs, p, seed),
+            None if p.ablation in staged else _config(docs, p, seed),
         )
         for p in points
-        for seed in study.seeds_of(p["ablation"])
+        for seed in study.seeds_of(p.ablation)
     )
     waves = tuple(experiments(study))
     return StudyPlan(study, tuple(points), tuple(unavailable), trials, waves, prints, docs)
 
 
-def _config(docs: StudyDocuments, point: dict[str, Any], seed: int) -> TrialConfig:
+def _config(docs: StudyDocuments, point: GridPoint, seed: int) -> TrialConfig:
     """A point's configuration with ``seed``; validation checked the first seed only, so another one
     that does not validate is a StudyError naming the trial, before anything starts."""
     try:
-        return docs.config(point["ablation"], point["overrides"], seed)
+        return docs.config(point.ablation, point.overrides, seed)
     except ValidationError as err:
-        where = trial_key(point["ablation"], point["label"], seed)
+        where = trial_key(point.ablation, point.label, seed)
         raise StudyError(docs.study.name, [f"{where}: {err.errors()[0]['msg']}"]) from None
 
 
 def check_points(
-    study: Study, grids: dict[str, list[dict[str, Any]]] | None = None, resolve: Resolve | None = None
-) -> tuple[list[dict[str, Any]], list[str]]:
+    study: Study, grids: dict[str, list[GridPoint]] | None = None, resolve: Resolve | None = None
+) -> tuple[list[GridPoint], list[str]]:
     """Every grid point, and why each point that cannot run here can't (its model or data is not here,
     or its method says so); StudyError when a point can never run as written (``clsr.study.plan.sources``).
     ``grids`` and ``resolve``: the plan's points and configurations (default: resolved here)."""
@@ -123,11 +124,11 @@ def check_points(
             unavailable += [f"ablations.{name}[base]: {why}" for why in trial_source_problems(base)[1]]
             continue
         for point in grid:
-            trial = resolve(name, point["overrides"], study.seeds_of(name)[0])
+            trial = resolve(name, point.overrides, study.seeds_of(name)[0])
             missing = trial_source_problems(trial)[1]
             why = missing[0] if missing else build_method(trial).unavailable(trial)
             if why:
-                unavailable.append(f"ablations.{name}[{point['label']}]: {why}")
+                unavailable.append(f"ablations.{name}[{point.label}]: {why}")
             else:
-                points.append({"ablation": name, **point})
+                points.append(point.of(name))
     return points, unavailable

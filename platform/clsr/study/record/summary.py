@@ -4,8 +4,10 @@ for the terminal.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
+from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import grid_points, stages, trial_document
 from clsr.study.spec.schema import Study
 from clsr.tracking.study_runs import (
@@ -21,8 +23,18 @@ def resolved_summary(study: Study) -> dict[str, Any]:
         "study": study.model_dump(by_alias=True, exclude_none=True),
         "base_trials": {n: trial_document(study, n, {}, study.seeds_of(n)[0]) for n in study.ablations},
         "stages": stages(study),
-        "points": {n: grid_points(a) if not a.space else "sampled" for n, a in study.ablations.items()},
+        "points": {
+            n: [_point_document(p) for p in grid_points(a)] if not a.space else "sampled"
+            for n, a in study.ablations.items()
+        },
     }
+
+
+def _point_document(point: GridPoint) -> dict[str, Any]:
+    """A grid point as resolved.yaml has always held it: ``label``, ``overrides``, ``paper`` (a grid
+    point is tied to no ablation yet and has no members). Its values as they are, not copies (``asdict``'s):
+    points sharing a row's paper numbers keep sharing them, as YAML anchors."""
+    return {f.name: getattr(point, f.name) for f in fields(point) if f.name not in ("ablation", "members")}
 
 
 SUMMARY_AVERAGES = ("test_sts_avg", "test_sts12_15_avg", "test_transfer_avg")

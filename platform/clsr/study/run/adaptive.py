@@ -47,7 +47,7 @@ def next_trials(study: Study, name: str, report: AblationReport) -> list[TrialSp
     """One trial (the next seed of its pool not yet run for the row) per row that needs a seed."""
     spec = study.adaptive_of(name)
     assert spec is not None
-    points = {p["label"]: p for p in grid_points(study.ablations[name])}
+    points = {p.label: p for p in grid_points(study.ablations[name])}
     trials = []
     for row in report.rows:
         values = list(row.values(report.main_metric).values())
@@ -59,7 +59,7 @@ def next_trials(study: Study, name: str, report: AblationReport) -> list[TrialSp
         unused = [s for s in spec.pool if s not in seen]
         if members and unused:
             trials += [
-                TrialSpec(name, r.label, points[r.label]["overrides"], points[r.label]["paper"], unused[0])
+                TrialSpec(name, r.label, points[r.label].overrides, points[r.label].paper, unused[0])
                 for r in members
             ]
     return trials

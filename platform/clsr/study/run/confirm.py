@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import point_label
 from clsr.study.spec.schema import Study
 from clsr.study.spec.space import typed_value
@@ -87,7 +88,7 @@ def _front_ranks(means: dict[str, list[float]], modes: list[str]) -> dict[str, i
     return ranks
 
 
-def confirm_points(study: Study, name: str, runs: list) -> tuple[list[dict[str, Any]], list[str]]:
+def confirm_points(study: Study, name: str, runs: list) -> tuple[list[GridPoint], list[str]]:
     """The confirm ablation ``name``'s points from its upstream's best (``top<rank>: <label>``, no paper
     numbers), and the lines to print: runs left out, fewer configurations than ``top_k``."""
     confirm = study.ablations[name].confirm
@@ -99,13 +100,15 @@ def confirm_points(study: Study, name: str, runs: list) -> tuple[list[dict[str, 
             f"top_k {confirm.top_k}: confirming those"
         )
     points = [
-        {"ablation": name, "label": f"top{rank}: {c['label']}", "overrides": c["overrides"], "paper": {}}
+        GridPoint(f"top{rank}: {c['label']}", c["overrides"], {}, ablation=name)
         for rank, c in enumerate(best, start=1)
     ]
     return points, notes
 
 
-def wave_points(study: Study, client, parent_run_id: str, wave: list[str]) -> tuple[list, list, list[str]]:
+def wave_points(
+    study: Study, client, parent_run_id: str, wave: list[str]
+) -> tuple[list[GridPoint], list[str], list[str]]:
     """For a wave of the runner: the dynamic points of its confirm ablations, the confirm ablations
     whose upstream has no finished configuration (their trials are skipped), and the lines to print."""
     confirming = [a for a in wave if study.ablations[a].confirm is not None]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from clsr.study.control.console import Console
+from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import grid_points, trial_document
 from clsr.study.plan.study_plan import TrialSpec
 from clsr.study.run.trial import StudyContext, key_of, run_trial
@@ -22,13 +23,13 @@ from clsr.study.spec.schema import Study
 DRIVER_SHARE = 0.001
 
 
-def expand_trials(study: Study, points: list[dict[str, Any]]) -> list[TrialSpec]:
-    """Every point (``ablation``, ``label``, ``overrides``, ``paper``) with each of its ablation's seeds:
-    one trial each, resolved later (``config`` None)."""
+def expand_trials(study: Study, points: list[GridPoint]) -> list[TrialSpec]:
+    """Every point (tied to its ablation) with each of its ablation's seeds: one trial each, resolved
+    later (``config`` None)."""
     return [
-        TrialSpec(p["ablation"], p["label"], p["overrides"], p.get("paper") or {}, seed)
+        TrialSpec(p.ablation, p.label, p.overrides, p.paper, seed)
         for p in points
-        for seed in study.seeds_of(p["ablation"])
+        for seed in study.seeds_of(p.ablation)
     ]
 
 
@@ -39,7 +40,7 @@ def param_space(study: Study, ablation: str | None, trials: list[TrialSpec] | No
 
     if ablation is None:  # grid: the given trials, or every point of every ablation × its seeds
         if trials is None:
-            points = [{"ablation": name, **p} for name, a in study.ablations.items() for p in grid_points(a)]
+            points = [p.of(name) for name, a in study.ablations.items() for p in grid_points(a)]
             trials = expand_trials(study, points)
         return {"point": tune.grid_search([point_of(t) for t in trials])}
     from clsr.study.run.search import seed_space

@@ -39,7 +39,7 @@ SAME_AS_REFERENCE = (
 
 
 def supmpn_trials(study):
-    points = [{"ablation": n, **p} for n, a in study.ablations.items() for p in grid_points(a)]
+    points = [p.of(n) for n, a in study.ablations.items() for p in grid_points(a)]
     return expand_trials(study, points)
 
 
@@ -61,7 +61,7 @@ def test_the_paper_configuration_written_six_ways_is_one_trial_per_seed():
 def test_staged_trials_compare_with_their_upstream_outputs_filled_in():
     rcl = load_study(REPO_ROOT / "studies" / "rcl_ablations.yaml", smoke=True)
     outputs = {("entropy_models", phi, 1): f"/ckpt/{phi}" for phi in ("0.01", "0.02")}
-    points = [{"ablation": "regulators", **p} for p in grid_points(rcl.ablations["regulators"])]
+    points = [p.of("regulators") for p in grid_points(rcl.ablations["regulators"])]
     merged = merge_identical(rcl, expand_trials(rcl, points), outputs)
     assert [t.label for t in merged] == ["SRoBERTa-base", "2", "4"]  # all different
 

@@ -45,22 +45,22 @@ def test_rcl_runs_every_table_with_five_seeds():
 
 def test_rcl_table_4_is_the_appendix_grid_batch_32_and_64_by_five_phi_sets():
     study = load_study(RCL)
-    points = {p["label"]: p for p in grid_points(study.ablations["regulators"])}
+    points = {p.label: p for p in grid_points(study.ablations["regulators"])}
     grid = {
-        (p["overrides"].get("trainer.batch_size"), tuple(p["overrides"]["method.phis"])): label
+        (p.overrides.get("trainer.batch_size"), tuple(p.overrides["method.phis"])): label
         for label, p in points.items()
-        if p["overrides"].get("trainer.batch_size") in (32, 64)
+        if p.overrides.get("trainer.batch_size") in (32, 64)
     }
     assert set(grid) == {(batch, tuple(phis)) for batch in (32, 64) for phis in PHI_SETS}  # 10 cells
     assert len(grid) * len(study.seeds_of("regulators")) == 10 * 5
     # the published numbers sit on batch 64 (Table 4's columns); the paper prints none for batch 32
     for regulators, value in TABLE_4.items():
         label = grid[64, tuple(PHI_SETS[int(regulators) // 2 - 1])]
-        assert label == regulators and points[label]["paper"]["test_sts_avg"] == value
-    assert not any(points[grid[32, tuple(phis)]]["paper"] for phis in PHI_SETS)
+        assert label == regulators and points[label].paper["test_sts_avg"] == value
+    assert not any(points[grid[32, tuple(phis)]].paper for phis in PHI_SETS)
     # every cell resolves to its batch and φ set, with an entropy model per φ of its seed
     for (batch, phis), label in grid.items():
-        trial = resolve_trial(study, "regulators", points[label]["overrides"], study.seeds[0])
+        trial = resolve_trial(study, "regulators", points[label].overrides, study.seeds[0])
         assert trial.trainer.batch_size == batch and trial.method["phis"] == list(phis)
         assert set(phis) <= set(trial.method["entropy_models"])
     # the rows beside the grid stay: the evaluation-only first row, Eq. 1 alone, negative φ
@@ -74,31 +74,29 @@ def test_rcl_table_2_is_the_batch_by_phi_grid_per_faq_set_and_fold():
     study = load_study(RCL)
     faq_rcl = study.ablations["faq_rcl"]
     cells = {
-        (p["overrides"]["data.train"], p["overrides"]["data.fold"], p["overrides"]["trainer.batch_size"],
-         tuple(p["overrides"]["method.phis"]))
+        (p.overrides["data.train"], p.overrides["data.fold"], p.overrides["trainer.batch_size"],
+         tuple(p.overrides["method.phis"]))
         for p in grid_points(faq_rcl)
     }  # fmt: skip
     sets = ("faq:stackfaq", "faq:faqir", "faq:cough")
     assert cells == {
         (s, f, b, tuple(phis)) for s in sets for f in range(5) for b in (32, 64) for phis in PHI_SETS
     }
-    rows = {r["label"]: r for r in report_points(faq_rcl)}
-    assert len(rows) == 3 * 2 * 5 and all(len(r["members"]) == 5 for r in rows.values())  # 5 folds each
+    rows = {r.label: r for r in report_points(faq_rcl)}
+    assert len(rows) == 3 * 2 * 5 and all(len(r.members) == 5 for r in rows.values())  # 5 folds each
     best = "trainer.batch_size=64, method.phis=[0.01, 0.02, 0.03, 0.04]"
-    assert rows[f"data.train=faq:faqir, {best}"]["paper"] == {
+    assert rows[f"data.train=faq:faqir, {best}"].paper == {
         "test_faqir_top1": 22.01, "test_faqir_top3": 35.05, "test_faqir_top5": 41.42, "test_faqir_map": 31.65
     }  # fmt: skip  # Table 2a
-    assert rows[f"data.train=faq:cough, {best}"]["paper"] == {
+    assert rows[f"data.train=faq:cough, {best}"].paper == {
         "test_cough_top1": 6.35, "test_cough_top3": 13.31, "test_cough_top5": 18.49, "test_cough_map": 13.41
     }  # fmt: skip  # Table 2b
-    assert (
-        sum(bool(r["paper"]) for r in rows.values()) == 2
-    )  # no other cell, and no StackFAQ row, has numbers
-    assert "(p=0.3)" in faq_rcl.table and find_point(list(rows.values()), faq_rcl.reference)[
-        "label"
-    ].endswith(best)
+    assert sum(bool(r.paper) for r in rows.values()) == 2  # no other cell, and no StackFAQ row, has numbers
+    assert "(p=0.3)" in faq_rcl.table and find_point(list(rows.values()), faq_rcl.reference).label.endswith(
+        best
+    )
     # every φ of the grid has an entropy model per set and fold, chained to the cell's own fold and seed
-    phis = {p["overrides"]["method.phi"] for p in grid_points(study.ablations["faq_entropy_models"])}
+    phis = {p.overrides["method.phi"] for p in grid_points(study.ablations["faq_entropy_models"])}
     assert phis == {0.01, 0.02, 0.03, 0.04, 0.05}
     cell = {"data.train": "faq:faqir", "data.fold": 2, "trainer.batch_size": 32, "method.phis": PHI_SETS[4]}
     trial = resolve_trial(study, "faq_rcl", cell, 44)
@@ -117,12 +115,12 @@ def _simcse_rows(study, name):
     """label -> (data.train, data.max_rows, method config, paper dev_stsb) of each point."""
     rows = {}
     for point in grid_points(study.ablations[name]):
-        trial = resolve_trial(study, name, point["overrides"], study.seeds[0])
-        rows[point["label"]] = (
+        trial = resolve_trial(study, name, point.overrides, study.seeds[0])
+        rows[point.label] = (
             trial.data.train,
             trial.data.max_rows,
             trial.method,
-            point["paper"].get("dev_stsb"),
+            point.paper.get("dev_stsb"),
         )
     return rows
 
@@ -175,9 +173,9 @@ def test_simcse_table_1_rows():
     study = load_study(SIMCSE)
     rows = {}
     for point in grid_points(study.ablations["positives"]):
-        trial = resolve_trial(study, "positives", point["overrides"], study.seeds[0])
-        rows[point["label"]] = (trial.method["positive"], trial.method["positive_ratio"], trial.model.dropout)
-        rows[point["label"]] += (point["paper"]["dev_stsb"],) + (
+        trial = resolve_trial(study, "positives", point.overrides, study.seeds[0])
+        rows[point.label] = (trial.method["positive"], trial.method["positive_ratio"], trial.model.dropout)
+        rows[point.label] += (point.paper["dev_stsb"],) + (
             ("two encoders",) if trial.method["two_encoders"] else ()
         )
         assert trial.data.train == ("wiki_ordered" if "next" in trial.method["positive"] else "wiki1m")
@@ -236,11 +234,11 @@ def test_simcse_appendix_a_grid_is_exact():
     points = grid_points(lr_batch)
     cells = set()
     for point in points:
-        trial = resolve_trial(study, "lr_batch", point["overrides"], study.seeds[0])
-        assert trial.method["name"] == "simcse_unsup" and trial.data.train == "wiki1m" and not point["paper"]
+        trial = resolve_trial(study, "lr_batch", point.overrides, study.seeds[0])
+        assert trial.method["name"] == "simcse_unsup" and trial.data.train == "wiki1m" and not point.paper
         cells.add((trial.trainer.batch_size, trial.trainer.lr))
     assert cells == {(b, lr) for b in (64, 128, 256, 512) for lr in (1e-5, 3e-5, 5e-5)}
-    choice = find_point(points, lr_batch.paper_choice)["overrides"]
+    choice = find_point(points, lr_batch.paper_choice).overrides
     assert choice == {"trainer.batch_size": 64, "trainer.lr": 3e-5} and study.search.algorithm == "grid"
     assert ablation_trials(study, "lr_batch") == 12 * len(study.seeds)
 
@@ -248,11 +246,11 @@ def test_simcse_appendix_a_grid_is_exact():
 def test_gclsr_table_2_runs_the_full_model_with_both_region_sizes():
     study = load_study(GCLSR)
     components = study.ablations["components"]
-    points = {p["label"]: p for p in grid_points(components)}
+    points = {p.label: p for p in grid_points(components)}
     printed = points["+ PWVA + self-att. + GP (full, region sizes 1,1,1,1,1,1)"]
     stated = points["+ PWVA + self-att. + GP (full, region sizes 1,1,1,6,15,20)"]
     for point, sizes in ((printed, [1, 1, 1, 1, 1, 1]), (stated, [1, 1, 1, 6, 15, 20])):
-        trial = resolve_trial(study, "components", point["overrides"], study.seeds[0])
+        trial = resolve_trial(study, "components", point.overrides, study.seeds[0])
         assert trial.model.region_sizes == sizes
         assert (trial.method["augmentation"], trial.method["self_attention"], trial.method["group_size"]) == (
             "pwva",
@@ -260,12 +258,12 @@ def test_gclsr_table_2_runs_the_full_model_with_both_region_sizes():
             16,
         )
     # Table 2's printed full row (66.75) is the (1,1,1,1,1,1) model: Table 9's row of those sizes
-    table_9 = {p["label"]: p["paper"] for p in grid_points(study.ablations["region_sizes"])}
-    assert printed["paper"]["test_sts_avg"] == 66.75
+    table_9 = {p.label: p.paper for p in grid_points(study.ablations["region_sizes"])}
+    assert printed.paper["test_sts_avg"] == 66.75
     for task in ("test_sts12", "test_sts13", "test_sts14", "test_sts15"):
-        assert printed["paper"][task] == table_9["(1,1,1,1,1,1)"][task]
-        assert stated["paper"][task] == table_9["(1,1,1,6,15,20)"][task]  # the '(ours)' row of Tables 4-11
-    assert "test_sts_avg" not in stated["paper"]  # Table 2 prints no row for the stated sizes
+        assert printed.paper[task] == table_9["(1,1,1,1,1,1)"][task]
+        assert stated.paper[task] == table_9["(1,1,1,6,15,20)"][task]  # the '(ours)' row of Tables 4-11
+    assert "test_sts_avg" not in stated.paper  # Table 2 prints no row for the stated sizes
     assert find_point(list(points.values()), components.paper_choice) is stated
     assert components.reference == "GCLSR_base" and len(points) == 9
 
@@ -273,10 +271,10 @@ def test_gclsr_table_2_runs_the_full_model_with_both_region_sizes():
 def test_supmpn_bert_large_row_is_a_point_with_the_borrowed_lr():
     study = load_study(SUPMPN)
     (point,) = grid_points(study.ablations["bert_large"])
-    trial = resolve_trial(study, "bert_large", point["overrides"], study.seeds[0])
+    trial = resolve_trial(study, "bert_large", point.overrides, study.seeds[0])
     assert trial.model.name == "bert-large-uncased" and trial.trainer.batch_size == 200
     assert trial.trainer.lr == 1e-5  # SimCSE-sup's BERT-large LR: SupMPN gives none
-    assert point["paper"]["test_sts_avg"] == 83.15 and point["paper"]["test_transfer_avg"] == 87.75
+    assert point.paper["test_sts_avg"] == 83.15 and point.paper["test_transfer_avg"] == 87.75
     assert "bert_large" not in load_study(SUPMPN, smoke=True).ablations
 
 
@@ -299,8 +297,8 @@ def test_retrained_baselines_say_they_train_on_stand_in_data(path):
     study = load_study(path)
     for name in ("simcse_sup", "mnrl"):
         (point,) = grid_points(study.ablations[name])
-        assert resolve_trial(study, name, point["overrides"], study.seeds[0]).data.train == "nli_triplets"
-        assert "stand-in" in study.ablations[name].description and point["paper"]["test_sts_avg"]
+        assert resolve_trial(study, name, point.overrides, study.seeds[0]).data.train == "nli_triplets"
+        assert "stand-in" in study.ablations[name].description and point.paper["test_sts_avg"]
     assert "stand-in" in path.read_text().split("\nname:")[0]  # the study file's header says it too
 
 
@@ -394,6 +392,6 @@ def test_gclsr_rows_are_stand_ins_for_the_unreleased_wikipedia_sample():
     """docs/methods/gclsr.md: every row trains on a seeded 10⁴-sentence wiki1m sample, so no row is exact."""
     study = load_study(GCLSR)
     for name, ablation in study.ablations.items():
-        rows = [p["label"] for p in report_points(ablation)]
+        rows = [p.label for p in report_points(ablation)]
         assert not ablation.fidelity.exact and set(ablation.fidelity.stand_in) == set(rows), name
         assert all("wiki1m sample" in why for why in ablation.fidelity.stand_in.values()), name

@@ -129,9 +129,7 @@ def test_a_phi_list_the_upstream_cannot_fill_fails_validation():
 def test_fixed_upstream_seed_and_trials_whose_upstream_failed_are_held_back():
     s = study(entropy=RAW["ablations"]["entropy"] | {"seeds": [1]}, regulators=_fixed_seed_regulators())
     outputs = {("entropy", "method.phi=0.01", 1): "/ckpt/a"}  # φ = 0.02 failed
-    trials = expand_trials(
-        s, [{"ablation": "regulators", **p} for p in grid_points(s.ablations["regulators"])]
-    )
+    trials = expand_trials(s, [p.of("regulators") for p in grid_points(s.ablations["regulators"])])
     assert [(t.label, t.seed) for t in trials] == [
         ("0", 1),
         ("0", 2),
@@ -163,9 +161,7 @@ def test_entropy_models_are_embedded_once_per_seed_for_all_regulator_trials():
         for phi in (0.01, 0.02)
         for seed in (1, 2)
     }
-    trials = expand_trials(
-        s, [{"ablation": "regulators", **p} for p in grid_points(s.ablations["regulators"])]
-    )
+    trials = expand_trials(s, [p.of("regulators") for p in grid_points(s.ablations["regulators"])])
     wanted = shared_inputs(s, trials, outputs)
     assert len(wanted) == 2  # one per seed; the '0' point (Eq. 1 alone) needs none
     for config in wanted.values():

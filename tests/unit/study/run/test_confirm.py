@@ -160,12 +160,10 @@ def test_top_k_points_and_the_runner_adds_them_over_the_confirm_seeds(tmp_path, 
     study = study_of(tmp_path)
     points, lines = confirm_points(study, "confirm", runs(client, parent))
     best = rank_configurations(study, "lr", runs(client, parent))[0][:2]
-    assert [p["label"] for p in points] == [f"top1: {best[0]['label']}", f"top2: {best[1]['label']}"]
-    assert [p["overrides"] for p in points] == [r["overrides"] for r in best]
-    assert all(p["paper"] == {} and p["ablation"] == "confirm" for p in points)
-    explicit = expand_trials(
-        study, [{"ablation": "confirm", **p} for p in grid_points(study.ablations["confirm"])]
-    )
+    assert [p.label for p in points] == [f"top1: {best[0]['label']}", f"top2: {best[1]['label']}"]
+    assert [p.overrides for p in points] == [r["overrides"] for r in best]
+    assert all(p.paper == {} and p.ablation == "confirm" for p in points)
+    explicit = expand_trials(study, [p.of("confirm") for p in grid_points(study.ablations["confirm"])])
     trials, blocked = confirm_trials(study, client, parent, ["confirm"], explicit)
     assert blocked == [] and len(trials) == (2 + 1) * 3
     assert sorted({t.seed for t in trials}) == [7, 8, 9]
@@ -191,9 +189,7 @@ def test_none_finished_skips_the_confirm_trials_with_a_reason(tmp_path, store, c
     add("lr", 1, 0.5, 1e-05, 8, True, status="failed")
     study = study_of(tmp_path)
     assert wave_points(study, client, parent, ["confirm"]) == ([], ["confirm"], [])
-    explicit = expand_trials(
-        study, [{"ablation": "confirm", **p} for p in grid_points(study.ablations["confirm"])]
-    )
+    explicit = expand_trials(study, [p.of("confirm") for p in grid_points(study.ablations["confirm"])])
     trials, blocked = confirm_trials(study, client, parent, ["confirm"], explicit)
     assert trials == [] and [t.seed for t, _ in blocked] == [7, 8, 9]
     assert {why for _, why in blocked} == {"lr has no finished configuration to confirm"}

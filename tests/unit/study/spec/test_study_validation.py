@@ -149,7 +149,7 @@ def test_every_shipped_study_validates(path):
     study = load_study(path)
     for name, ablation in study.ablations.items():
         for point in grid_points(ablation) if not ablation.space else []:
-            resolve_trial(study, name, point["overrides"], study.seeds[0])
+            resolve_trial(study, name, point.overrides, study.seeds[0])
 
 
 SHIPPED_VARIANTS = [
@@ -195,8 +195,8 @@ def test_resolution_order_and_paper_numbers(tmp_path):
         write(tmp_path, GOOD), [parse_override("trainer.lr=1e-4"), parse_override("seeds=[7, 8]")]
     )
     points = grid_points(study.ablations["temp"])
-    assert [p["paper"] for p in points] == [{"dev_stsb": 82.5}, {}]
-    trial = resolve_trial(study, "temp", points[1]["overrides"], 8)
+    assert [p.paper for p in points] == [{"dev_stsb": 82.5}, {}]
+    trial = resolve_trial(study, "temp", points[1].overrides, 8)
     assert trial.method == {
         "name": "simcse_unsup", "temperature": 0.1, "same_dropout_mask": False, "positive": "dropout",
         "positive_ratio": 0.1, "two_encoders": False,
