@@ -2,8 +2,9 @@
 
 A parent run used to show Metrics (0) and Parameters (0): the answer lived on the children and in
 ``platform study report``. At the study's close the parent gets, per ablation and point, the mean of the
-study's metric over the point's finished seeds (``summary/<ablation>/<point>/<metric>``, with
-``.../n_seeds`` beside it), and the study's shape as params (its metric, mode, seeds and ablations).
+study's metric over the point's finished seeds (``<metric> mean - <ablation> - <point>``, with
+``n_seeds - <ablation> - <point>`` beside it; no '/', which the UI's column picker would fold into a
+tree of look-alike leaves), and the study's shape as params (its metric, mode, seeds and ablations).
 A colleague's label becomes a metric key only through ``metric_key``: MLflow refuses other characters.
 """
 
@@ -20,13 +21,13 @@ from typing import Any
 from clsr.study.spec.schema import Study
 
 _IDENTICAL = re.compile(r" \(\+\d+ identical\)$")  # summary_rows' note on a point, not its label
-_NOT_IN_A_KEY = re.compile(r"[^\w.\- :]+")  # MLflow's key characters, less '/', which separates ours
+_NOT_IN_A_KEY = re.compile(r"[^\w.\- ]+")  # MLflow's key characters, less '/' and ':' (refused on Windows)
 
 
 def metric_key(*parts: str) -> str:
-    """``parts`` joined by '/', each reduced to the characters MLflow accepts in a metric key."""
+    """``parts`` joined by ' - ', each reduced to the characters MLflow accepts in a metric key."""
     cleaned = [_NOT_IN_A_KEY.sub("_", part).replace("..", "_").strip(" ") or "_" for part in parts]
-    return "/".join(cleaned)
+    return " - ".join(cleaned)
 
 
 def point_means(rows: Iterable[Mapping[str, Any]], metric: str) -> dict[tuple[str, str], list[float]]:
@@ -59,8 +60,8 @@ def log_parent_summary(client, parent_run_id: str, study: Study, rows: list[Mapp
     metrics = []
     for metric, _ in objectives:
         for (ablation, point), values in point_means(rows, metric).items():
-            metrics.append(Metric(metric_key("summary", ablation, point, metric), mean(values), now, 0))
-            metrics.append(Metric(metric_key("summary", ablation, point, "n_seeds"), len(values), now, 0))
+            metrics.append(Metric(metric_key(f"{metric} mean", ablation, point), mean(values), now, 0))
+            metrics.append(Metric(metric_key("n_seeds", ablation, point), len(values), now, 0))
     for start in range(0, max(len(metrics), 1), 1000):  # MLflow takes up to 1,000 metrics a batch
         client.log_batch(parent_run_id, metrics=metrics[start : start + 1000], params=new_params)
         new_params = []

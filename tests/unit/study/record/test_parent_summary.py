@@ -70,10 +70,10 @@ def test_trial_names_read_as_the_report_labels_them():
 
 def test_metric_keys_hold_only_what_mlflow_accepts():
     assert metric_key("summary", "temperature", "method.temperature=0.05", "test_sts_avg") == (
-        "summary/temperature/method.temperature_0.05/test_sts_avg"
+        "summary - temperature - method.temperature_0.05 - test_sts_avg"
     )
-    assert metric_key("summary", "t", "a/../b|<x>", "m") == "summary/t/a___b_x_/m"
-    assert metric_key("summary", "t", "", "m") == "summary/t/_/m"
+    assert metric_key("summary", "t", "a/../b|<x>", "m") == "summary - t - a___b_x_ - m"
+    assert metric_key("summary", "t", "", "m") == "summary - t - _ - m"
 
 
 def test_a_points_mean_counts_its_finished_seeds_only():
@@ -97,7 +97,7 @@ def test_the_parent_run_carries_the_studys_shape_and_each_points_mean(tmp_path):
     assert run.data.params["study.seeds"] == ",".join(str(s) for s in study.seeds)
     metric = study.objectives[0][0]
     assert metric == METRIC
-    assert run.data.metrics[f"summary/temperature/method.temperature_0.05/{metric}"] == pytest.approx(72.0)
-    assert run.data.metrics["summary/temperature/method.temperature_0.05/n_seeds"] == 2
-    assert run.data.metrics[f"summary/pooling/cls/{metric}"] == pytest.approx(60.5)
+    assert run.data.metrics[f"{metric} mean - temperature - method.temperature_0.05"] == pytest.approx(72.0)
+    assert run.data.metrics["n_seeds - temperature - method.temperature_0.05"] == 2
+    assert run.data.metrics[f"{metric} mean - pooling - cls"] == pytest.approx(60.5)
     assert not any("a___b" in key for key in run.data.metrics)  # its only seed's value is NaN
