@@ -30,7 +30,9 @@ import contextlib
 import hashlib
 import hmac
 import os
+import re
 import secrets
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -202,9 +204,33 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's live process
+    except OSError:  # another user's live process (PermissionError), or unknown: alive, never swept
         return True
     return True
+
+
+def sweep_dead(root: str | os.PathLike[str], pattern: re.Pattern[str]) -> list[Path]:
+    """Remove the folders under ``root`` that processes of this user left when killed; the removed ones.
+    ``pattern`` matches a folder's name with its owner's pid (group 1) and pid namespace (group 2): only
+    real folders (never through a link) of this user's, of this pid namespace, whose process is gone
+    are removed; a live process's, another user's or another container's are never touched."""
+    namespace, removed = pid_namespace(), []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return []
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if match is None or int(match[2]) != namespace or alive(int(match[1])):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed
 
 
 def _ensure(folder: Path, others_may_write: bool = False) -> Path:
