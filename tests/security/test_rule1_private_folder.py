@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from clsr import runtime_dir
-from tests.security.rule123_cotenant import as_cotenant, have_cotenant, private_name, shared_tmp
+from tests.security.rule123_cotenant import (
+    as_cotenant,
+    have_cotenant,
+    private_name,
+    shared_tmp,
+    start_local_ray,
+)
 
 
 @pytest.fixture()
@@ -190,19 +196,7 @@ def test_both_sweeps_are_one_rule(sweeper, tmp_path, monkeypatch):
 
 
 def test_the_local_ray_runs_in_the_private_folder(shared, monkeypatch):
-    import ray
-
-    from clsr.study.control import ray_session
-
-    seen = {}
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(
-        ray, "init", lambda **kwargs: seen.update(kwargs) or type("C", (), {"dashboard_url": ""})
-    )
-    monkeypatch.setattr(ray_session, "cluster_address", lambda console=None: None)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    ray_session.init_ray()
-    temp = Path(seen["_temp_dir"])
+    temp = Path(start_local_ray(monkeypatch)["_temp_dir"])
     assert temp == shared / private_name() / "ray" and stat.S_IMODE(temp.stat().st_mode) == 0o700
     assert len(str(temp)) + runtime_dir.RAY_SOCKET_SUFFIX <= runtime_dir.SOCKET_PATH_MAX
 
