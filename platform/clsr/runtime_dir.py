@@ -14,14 +14,25 @@ platform writes locally lives under one folder that only this user can enter:
 Each is created with ``mkdir(0o700)`` (exclusive: it fails when the name exists) and, when it exists,
 accepted only as a real folder (never through a link) owned by this user that no one else can write;
 anything else is refused (``UnsafeFolder``) with what to do. Files and subfolders inside are made with
-``O_NOFOLLOW`` and, where they must be new, ``O_EXCL``. This module is the lowest layer: it imports
-nothing of the platform.
+``O_NOFOLLOW`` and, where they must be new, ``O_EXCL``.
+
+What the platform saves now and unpickles in a later run (Optuna's searcher state, written by Tune to the
+study's storage, which other writers may reach) is signed with this user's own key (``sign``/``verified``,
+rule 2): an HMAC-SHA256 with 32 random bytes kept in ``$XDG_CONFIG_HOME/clsr/state.key`` (``~/.config``):
+0600, created exclusively, refused when it is a link or others can read it. Unlike the runtime folder it
+outlives the machine's temporary folder and, through a shared home, follows the user to the node a study
+resumes on. This module is the lowest layer: it imports nothing of the platform.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
+import re
+import secrets
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -32,6 +43,8 @@ NAME = "clsr"
 # 64 characters beyond <temp>, of the 107 a socket path may have
 RAY_SOCKET_SUFFIX = 64
 SOCKET_PATH_MAX = 107
+KEY_FILE = "state.key"
+SIGNED = b"clsr-signed-v1 "  # then the length, the HMAC's hex digest, a newline, the signed bytes
 
 
 class UnsafeFolder(RuntimeError):
@@ -116,6 +129,66 @@ def check_private(folder: Path) -> Path:
     return folder
 
 
+def config_folder() -> Path:
+    """This user's private configuration folder, ``$XDG_CONFIG_HOME/clsr`` (``~/.config/clsr``)."""
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return _ensure(base / NAME)
+
+
+def user_key() -> bytes:
+    """This user's secret signing key, made (32 random bytes) when missing."""
+    path = config_folder() / KEY_FILE
+    try:
+        return _read_key(path)
+    except FileNotFoundError:
+        partial = write_private(path.with_name(f".{KEY_FILE}.{secrets.token_hex(8)}"), secrets.token_hex(32))
+        with contextlib.suppress(FileExistsError):  # another process made it first: its key is the key
+            os.link(partial, path)  # a link appears whole, and fails when the name exists
+        os.unlink(partial)
+        return _read_key(path)
+
+
+def _read_key(path: Path) -> bytes:
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(descriptor, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise UnsafeFolder(
+                f"{path}: this user's signing key must be a plain file of this user's that no one else can "
+                f"read (mode {stat.S_IMODE(info.st_mode):o}); remove it, and a new key is made"
+            )
+        return bytes.fromhex(file.read().decode("ascii"))
+
+
+class Unsigned(ValueError):
+    """Bytes to be unpickled that this user's platform did not sign: they are never unpickled."""
+
+
+def sign(data: bytes) -> bytes:
+    """``data`` after a line with its length and this user's HMAC-SHA256 of it (``verified`` gives it back)."""
+    return SIGNED + b"%d " % len(data) + _digest(data) + b"\n" + data
+
+
+def verified(signed: bytes) -> bytes:
+    """The bytes ``sign`` was given, once their HMAC verifies with this user's key, else ``Unsigned``
+    (``ValueError`` when they are cut short: a copy stopped midway, not another writer)."""
+    head, _, data = signed.partition(b"\n")
+    length, _, digest = head.removeprefix(SIGNED).partition(b" ")
+    if head.startswith(SIGNED) and length.isdigit() and len(data) < int(length):
+        raise ValueError(f"cut short: {len(data)} of {int(length)} signed bytes")
+    if not (head.startswith(SIGNED) and hmac.compare_digest(digest, _digest(data))):
+        raise Unsigned(
+            f"not signed with this user's key ({config_folder() / KEY_FILE}): written by another user, with "
+            f"another key, or by a clsr before signed states; not unpickled"
+        )
+    return data
+
+
+def _digest(data: bytes) -> bytes:
+    return hmac.new(user_key(), data, hashlib.sha256).hexdigest().encode()
+
+
 def pid_namespace() -> int:
     """This process's pid namespace (its inode; containers sharing a /tmp count their pids apart); 0 off
     Linux. A file named with a pid is another process's only within the same namespace."""
@@ -131,9 +204,33 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's live process
+    except OSError:  # another user's live process (PermissionError), or unknown: alive, never swept
         return True
     return True
+
+
+def sweep_dead(root: str | os.PathLike[str], pattern: re.Pattern[str]) -> list[Path]:
+    """Remove the folders under ``root`` that processes of this user left when killed; the removed ones.
+    ``pattern`` matches a folder's name with its owner's pid (group 1) and pid namespace (group 2): only
+    real folders (never through a link) of this user's, of this pid namespace, whose process is gone
+    are removed; a live process's, another user's or another container's are never touched."""
+    namespace, removed = pid_namespace(), []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return []
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if match is None or int(match[2]) != namespace or alive(int(match[1])):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed
 
 
 def _ensure(folder: Path, others_may_write: bool = False) -> Path:

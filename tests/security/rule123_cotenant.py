@@ -54,3 +54,20 @@ def shared_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def private_name() -> str:
     return f"clsr-{os.getuid()}"
+
+
+def start_local_ray(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """``init_ray`` as a study starts its local Ray, with ``ray.init`` a stand-in: the arguments it got."""
+    import ray
+
+    from clsr.study.control import ray_session
+
+    seen: dict = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(
+        ray, "init", lambda **kwargs: seen.update(kwargs) or type("C", (), {"dashboard_url": ""})
+    )
+    monkeypatch.setattr(ray_session, "cluster_address", lambda console=None: None)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    ray_session.init_ray()
+    return seen

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from clsr import runtime_dir
-from tests.security.rule123_cotenant import as_cotenant, have_cotenant, private_name, shared_tmp
+from tests.security.rule123_cotenant import (
+    as_cotenant,
+    have_cotenant,
+    private_name,
+    shared_tmp,
+    start_local_ray,
+)
 
 
 @pytest.fixture()
@@ -155,20 +161,42 @@ def test_the_staging_sweep_spares_another_users_folder(tmp_path):
     assert theirs.is_dir() and link.is_symlink()
 
 
+def _spool_sweep(root: Path, pid: int, namespace: int, tail: str = "x") -> tuple[Path, object]:
+    from clsr.tracking import spool
+
+    return root / f"clsr-spool-{pid}-{namespace}-abcd1234-{tail}", lambda: spool.sweep_leftovers(str(root))
+
+
+def _staging_sweep(root: Path, pid: int, namespace: int, tail: str = "x") -> tuple[Path, object]:
+    from clsr.train import staging
+
+    return root / f"ckpt-host-{pid}-{namespace}-{tail}", lambda: staging.sweep_dead(root, "ckpt-host-")
+
+
+@pytest.mark.parametrize("sweeper", [_spool_sweep, _staging_sweep])
+def test_both_sweeps_are_one_rule(sweeper, tmp_path, monkeypatch):
+    """The spool's and the staging's leftovers go through ``runtime_dir.sweep_dead``: a dead process's own
+    folder goes; another namespace's, a link, and a process whose state cannot be read stay."""
+    pid, namespace = _dead_pid(), runtime_dir.pid_namespace()
+    own, sweep = sweeper(tmp_path, pid, namespace)
+    other, _ = sweeper(tmp_path, pid, namespace + 1)
+    link, _ = sweeper(tmp_path, pid, namespace, tail="link")
+    for folder in (own, other):
+        folder.mkdir()
+    link.symlink_to(other)
+    calls = []
+    real = runtime_dir.sweep_dead
+    monkeypatch.setattr(runtime_dir, "sweep_dead", lambda *a: calls.append(a) or real(*a))
+    with monkeypatch.context() as unreadable:
+        unreadable.setattr(os, "kill", lambda *a: (_ for _ in ()).throw(OSError(22, "unknown")))
+        sweep()  # any OSError but "no such process" means alive: nothing goes
+    assert own.is_dir()
+    sweep()
+    assert not own.exists() and other.is_dir() and link.is_symlink() and len(calls) == 2
+
+
 def test_the_local_ray_runs_in_the_private_folder(shared, monkeypatch):
-    import ray
-
-    from clsr.study.control import ray_session
-
-    seen = {}
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(
-        ray, "init", lambda **kwargs: seen.update(kwargs) or type("C", (), {"dashboard_url": ""})
-    )
-    monkeypatch.setattr(ray_session, "cluster_address", lambda console=None: None)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    ray_session.init_ray()
-    temp = Path(seen["_temp_dir"])
+    temp = Path(start_local_ray(monkeypatch)["_temp_dir"])
     assert temp == shared / private_name() / "ray" and stat.S_IMODE(temp.stat().st_mode) == 0o700
     assert len(str(temp)) + runtime_dir.RAY_SOCKET_SUFFIX <= runtime_dir.SOCKET_PATH_MAX
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.security.rule123_cotenant import cotenant_reads, shared_tmp
+from tests.security.rule123_cotenant import cotenant_reads, shared_tmp, start_local_ray
 
 SECRET, SESSION = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYSECRETKEY", "FQoGZXIvYXdzSESSIONTOKEN"
 SMOKE = Path(__file__).resolve().parents[2] / "studies" / "smoke.yaml"
@@ -29,26 +29,10 @@ def aws(monkeypatch):
         yield folder
 
 
-def _start_local_ray(monkeypatch) -> dict:
-    import ray
-
-    from clsr.study.control import ray_session
-
-    seen = {}
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(
-        ray, "init", lambda **kwargs: seen.update(kwargs) or type("C", (), {"dashboard_url": ""})
-    )
-    monkeypatch.setattr(ray_session, "cluster_address", lambda console=None: None)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    ray_session.init_ray()
-    return seen
-
-
 def test_aws_secrets_are_absent_from_the_trials_environment(aws, monkeypatch):
     from ray.tune.execution.class_cache import ENV_VARS_TO_PROPAGATE
 
-    env_vars = _start_local_ray(monkeypatch)["runtime_env"]["env_vars"]
+    env_vars = start_local_ray(monkeypatch)["runtime_env"]["env_vars"]
     # what Ray gives every worker (the job's runtime env) and what Tune copies to each trial actor
     tune_copies = {name: os.environ[name] for name in ENV_VARS_TO_PROPAGATE if name in os.environ}
     for where in (env_vars, tune_copies, dict(os.environ)):

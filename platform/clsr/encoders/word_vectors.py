@@ -15,6 +15,7 @@ embeddings of a transformer checkpoint (e.g. ``minilm``, usable offline).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -25,6 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from clsr import runtime_dir
 from clsr.data.sources import ENV_VAR, DataUnavailableError, resolve_data_dir
 
 PAD_ID = 0
@@ -108,6 +110,7 @@ class NamedVectors:
 
 # The two GCLSR defaults are published on the hub only as gensim pickles (fse/…: a .model and its .npy)
 # at no pinned revision (rule 2): they are read as their publishers' own files, placed in the data folder.
+# Their hashes cannot be known offline: a trial records the file's (``model.vectors_sha256``) instead.
 NAMED_VECTORS: dict[str, NamedVectors] = {
     "word2vec-google-news-300": NamedVectors(
         "word2vec_bin",
@@ -119,7 +122,12 @@ NAMED_VECTORS: dict[str, NamedVectors] = {
         local_file="word_vectors/glove.6B.300d.txt",
         download="glove.6B.300d.txt from https://nlp.stanford.edu/data/glove.6B.zip",
     ),
-    "glove-6b-50d-local": NamedVectors("glove", local_file="word_vectors/glove.6B.50d.top2446.txt"),
+    # shipped with the data folder: its hash is known, and a changed file is refused
+    "glove-6b-50d-local": NamedVectors(
+        "glove",
+        local_file="word_vectors/glove.6B.50d.top2446.txt",
+        sha256="20f31df07c7d7f7cbe326529ca3cb03352d7c18cce7e618016ef6b5f6d4e5124",
+    ),
 }
 
 
@@ -224,16 +232,51 @@ def _load_hub(name: str, spec: NamedVectors) -> Any:
 
 
 def _check_sha256(path: Path, expected: str) -> None:
+    got = file_sha256(path)
+    if got != expected:
+        raise DataUnavailableError(f"word vectors {path}: SHA-256 {got} is not the pinned {expected}; not loaded")
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file at ``path``, computed once per machine (the publishers' files are GBs):
+    kept in the private scratch folder (rule 1) under the file's identity, whose change time moves with
+    any write to it."""
     import hashlib
 
-    digest = hashlib.sha256()
+    info = path.stat()
+    identity = f"{path.resolve()}|{info.st_dev}|{info.st_ino}|{info.st_size}|{info.st_mtime_ns}|{info.st_ctime_ns}"
+    cached = runtime_dir.subfolder(runtime_dir.scratch(), "sha256") / hashlib.sha256(identity.encode()).hexdigest()
+    with contextlib.suppress(OSError, ValueError):
+        with os.fdopen(os.open(cached, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), encoding="ascii") as file:
+            digest = file.read()
+        if re.fullmatch("[0-9a-f]{64}", digest):  # else another process is still writing it
+            return digest
+    sha = hashlib.sha256()
     with path.open("rb") as file:
         for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest() != expected:
-        raise DataUnavailableError(
-            f"word vectors {path}: SHA-256 {digest.hexdigest()} is not the pinned {expected}; not loaded"
-        )
+            sha.update(block)
+    with contextlib.suppress(FileExistsError):  # another trial wrote it first
+        runtime_dir.write_private(cached, sha.hexdigest())
+    return sha.hexdigest()
+
+
+def vectors_sha256(source: str, data_dir: str | os.PathLike[str] | None = None) -> str | None:
+    """The SHA-256 of the file ``source`` names (a named set's, or a path), for the trial's record; None
+    for a transformer or a file not there (loading it then says why)."""
+    spec = NAMED_VECTORS.get(source)
+    if spec is None:
+        path = Path(source).expanduser()
+    elif spec.local_file is None:
+        return spec.sha256  # a hub file, checked against it when loaded
+    else:
+        try:
+            root = resolve_data_dir(data_dir)
+        except DataUnavailableError:
+            return None
+        if root is None:
+            return None
+        path = root / spec.local_file
+    return file_sha256(path) if path.is_file() else None
 
 
 def _load_named(name: str, data_dir: str | os.PathLike[str] | None) -> Any:
@@ -248,6 +291,8 @@ def _load_named(name: str, data_dir: str | os.PathLike[str] | None) -> Any:
         )
     if spec.download and not (root / spec.local_file).is_file():
         raise _missing_named(name, spec, root)
+    if spec.sha256 and (root / spec.local_file).is_file():
+        _check_sha256(root / spec.local_file, spec.sha256)
     return _load_file(root / spec.local_file, spec.fmt)
 
 
@@ -280,6 +325,11 @@ def named_vectors_unavailable(name: str, data_dir: str | os.PathLike[str] | None
             f"data.data_dir to the shared data folder."
         )
     if (root / spec.local_file).is_file():
+        try:
+            if spec.sha256:
+                _check_sha256(root / spec.local_file, spec.sha256)
+        except DataUnavailableError as err:
+            return str(err)
         return None
     return str(_missing_named(name, spec, root) if spec.download else _missing_file(root / spec.local_file))
 

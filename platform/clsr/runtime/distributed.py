@@ -93,7 +93,7 @@ def _builtin_like(err: Exception) -> Exception:
 
 
 def _picklable(value: Any) -> bool:
-    try:
+    try:  # rule 2 holds: these bytes were pickled by this process, just now
         pickle.loads(pickle.dumps(value))
     except Exception:
         return False

@@ -37,7 +37,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import tempfile
 import threading
 import time
@@ -45,6 +44,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from clsr import runtime_dir
 from clsr.tracking.journal import (
     FILES,
     JOURNAL,
@@ -76,7 +76,7 @@ class Spool:
         self.uri, self.run_id = uri, run_id
         if folder is None:
             sweep_leftovers()
-            owner = f"{os.getpid()}-{_pid_namespace()}"
+            owner = f"{os.getpid()}-{runtime_dir.pid_namespace()}"
             folder = tempfile.mkdtemp(prefix=f"clsr-spool-{owner}-{run_id[:8]}-")
         self.folder = Path(folder)
         (self.folder / FILES).mkdir(parents=True, exist_ok=True)
@@ -223,46 +223,10 @@ class Spool:
 
 def sweep_leftovers(root: str | None = None) -> int:
     """Remove the spool folders that processes of this user left when they were killed (SIGKILL, a lost
-    machine); returns how many. Only real folders (never through a link) owned by this user, named with a
-    pid of this pid namespace that no longer runs: a live trial's folder, another user's or another
-    container's is never touched. Their unsent writes are not lost: they ride in the trial's last
+    machine); returns how many (``runtime_dir.sweep_dead``: a live trial's folder, another user's or
+    another container's is never touched). Their unsent writes are not lost: they ride in the trial's last
     checkpoint (``save_to``), which its retry sends, and a retry writes again what came after."""
-    root = root or tempfile.gettempdir()
-    namespace, removed = _pid_namespace(), 0
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return 0
-    for entry in entries:
-        match = LEFTOVER.match(entry.name)
-        if match is None or int(match[2]) != namespace or _alive(int(match[1])):
-            continue
-        try:
-            info = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed += 1
-    return removed
-
-
-def _pid_namespace() -> int:
-    """This process's pid namespace (containers sharing a /tmp count their pids apart); 0 off Linux."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # someone else's process: alive
-        return True
-    return True
+    return len(runtime_dir.sweep_dead(root or tempfile.gettempdir(), LEFTOVER))
 
 
 # --- the study's pending journals (a trial's leftovers, replayed by the driver) ----------------------------

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
-import stat
 import tempfile
 from pathlib import Path
 
@@ -41,23 +39,9 @@ def staging_folder(kind: str) -> Path:
 
 
 def sweep_dead(root: Path, prefix: str) -> list[Path]:
-    """Remove the folders ``<prefix><pid>-<namespace>-…`` under ``root`` that are this user's, of this
-    pid namespace, and whose process is gone; the removed ones."""
-    removed = []
-    pattern = re.compile(re.escape(prefix) + r"(\d+)-(\d+)-")
-    namespace = runtime_dir.pid_namespace()
-    for entry in os.scandir(root):
-        match = pattern.match(entry.name)
-        if match is None or int(match[2]) != namespace or runtime_dir.alive(int(match[1])):
-            continue
-        try:
-            info = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(Path(entry.path))
-    return removed
+    """Remove the folders ``<prefix><pid>-<namespace>-…`` under ``root`` whose process is gone
+    (``runtime_dir.sweep_dead``); the removed ones."""
+    return runtime_dir.sweep_dead(root, re.compile(re.escape(prefix) + r"(\d+)-(\d+)-"))
 
 
 def _host() -> str:

@@ -13,20 +13,25 @@ the seed a grid over the sampled values, ``constant_grid_search``).
 from __future__ import annotations
 
 import os
-import pickle
 import tempfile
 from typing import Any
 
 import numpy as np
 from ray.tune.search import Repeater
+from ray.tune.search.optuna import OptunaSearch
 from ray.tune.search.repeater import TRIAL_INDEX
 
+from clsr import runtime_dir
 from clsr.study.spec.schema import Study
 
 
 class SeedRepeater(Repeater):
     """Tune's ``Repeater`` whose repeat index picks the trial's seed: repeat ``i`` of a configuration
-    runs ``seeds[i]`` (in ``config["point"]["seed"]``, which names the trial's MLflow run and key)."""
+    runs ``seeds[i]`` (in ``config["point"]["seed"]``, which names the trial's MLflow run and key).
+
+    Tune's ``SearchGenerator`` saves it with the experiment and walks past it to the base searcher: its
+    state (``get_state``: the trial groups, hence each configuration's seeds) goes into Tune's own
+    ``search_gen_state`` file, Optuna's into the base searcher's (``SignedOptunaSearch``)."""
 
     def __init__(self, searcher, seeds: list[int]):
         super().__init__(searcher, repeat=len(seeds), set_index=True)
@@ -58,26 +63,27 @@ class SeedRepeater(Repeater):
                 primary_trial_id, result=dict(zip(metric, means.tolist(), strict=True)), **kwargs
             )
 
-    # Repeater saves only its searcher: a resumed experiment would lose which trials form a
-    # configuration, and with it the seeds' mean. One file holds both (Tune renames it into place).
+
+class SignedOptunaSearch(OptunaSearch):
+    """Tune's ``OptunaSearch`` whose saved state, Tune's own pickle of it (``searcher-state-*.pkl`` in the
+    study's storage, where another writer can reach), is signed with this user's key and unpickled on
+    resume only when the signature verifies (rule 2): a planted pickle is refused unread."""
+
     def save(self, checkpoint_path: str) -> None:
-        with tempfile.TemporaryDirectory() as folder:
-            inner = os.path.join(folder, "searcher.pkl")
-            self.searcher.save(inner)
-            with open(inner, "rb") as f:
-                searcher = f.read()
+        super().save(checkpoint_path)  # a temporary name in Tune's staging folder, renamed into place
+        with open(checkpoint_path, "rb") as f:
+            state = f.read()
         with open(checkpoint_path, "wb") as f:
-            pickle.dump({"searcher": searcher, "repeater": self.get_state()}, f)
+            f.write(runtime_dir.sign(state))
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
-            saved = pickle.load(f)
-        with tempfile.TemporaryDirectory() as folder:
+            state = runtime_dir.verified(f.read())
+        with tempfile.TemporaryDirectory() as folder:  # 0700: Optuna's restore reads a file
             inner = os.path.join(folder, "searcher.pkl")
             with open(inner, "wb") as f:
-                f.write(saved["searcher"])
-            self.searcher.restore(inner)
-        self.set_state(saved["repeater"])
+                f.write(state)
+            super().restore(inner)
 
 
 def sampled_points(study: Study, ablation: str) -> list[dict[str, Any]]:
@@ -118,12 +124,10 @@ def search_alg(study: Study, ablation: str | None):
             max_concurrent=study.concurrency or 0,  # Tune ignores max_concurrent_trials for a generator
             random_state=seeds[0],
         )
-    from ray.tune.search.optuna import OptunaSearch
-
     points = [flat(p) for p in sampled_points(study, ablation)]
     several = study.objectives if len(study.objectives) > 1 else None
     objectives = {"metric": [m for m, _ in several], "mode": [d for _, d in several]} if several else {}
-    searcher = OptunaSearch(
+    searcher = SignedOptunaSearch(
         sampler=optuna_sampler(study, seeds[0]), points_to_evaluate=points or None, **objectives
     )  # several objectives: Optuna's multi-objective study, each told to it (Tune's TuneConfig has none)
     return SeedRepeater(searcher, seeds) if len(seeds) > 1 else searcher

@@ -139,12 +139,18 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
 
 def _params(trial: Any) -> dict[str, Any]:
     """The trial's configuration, with ``data.source``: which of the data folder, the hub and the package's
-    embedded sample serves its data (decided here as the loaders will, in the trial's environment)."""
+    embedded sample serves its data (decided here as the loaders will, in the trial's environment); and
+    ``model.vectors_sha256``: which word-vector file trained the model (third-party files, rule 2)."""
     from clsr.data.embedded import served_by
 
     params = trial.model_dump()
     tasks = [*trial.eval.tasks, *trial.eval.dev_tasks]
     params["data"]["source"] = served_by(trial.data.data_dir, trial.data.train, tasks)
+    if vectors := getattr(trial.model, "vectors", None):
+        from clsr.encoders.word_vectors import vectors_sha256
+
+        if sha256 := vectors_sha256(vectors, trial.data.data_dir):
+            params["model"]["vectors_sha256"] = sha256
     return params
 
 

@@ -36,6 +36,7 @@ EXPERIMENT_STATE = "experiment_state-*.json"
 SEARCHER_STATES = ("basic-variant-state-*.json", "search_gen_state-*.json", "searcher-state-*.pkl")
 CALLBACK_STATE = "callback-states-*.pkl"
 GRID_SEARCHER = SEARCHER_STATES[0]  # BasicVariantGenerator: what a grid experiment's trials come from
+OPTUNA_SEARCHER = SEARCHER_STATES[2]  # OptunaSearch's own pickle, signed by this user's platform
 SET_ASIDE = ".unreadable"  # Tune reads only names ending in .json/.pkl
 MAX_PICKLE_BYTES = 1 << 30
 
@@ -66,10 +67,18 @@ def read_pickled(data: bytes) -> None:
         raise ValueError("not one whole pickle")
 
 
+def read_signed(data: bytes) -> None:
+    """Optuna's searcher state: signed with this user's key (``clsr.study.run.search.SignedOptunaSearch``),
+    its pickle whole; else refused here, before Tune's restore, which would start the experiment over."""
+    read_pickled(runtime_dir.verified(data))
+
+
 def readers() -> dict[str, Callable[[bytes], None]]:
-    return {EXPERIMENT_STATE: read_experiment_state} | {
-        pattern: read_pickled for pattern in (*SEARCHER_STATES, CALLBACK_STATE)
-    }
+    return (
+        {EXPERIMENT_STATE: read_experiment_state}
+        | {pattern: read_pickled for pattern in (*SEARCHER_STATES, CALLBACK_STATE)}
+        | {OPTUNA_SEARCHER: read_signed}
+    )
 
 
 def repair_before_restore(path: str, grid: bool, staging_roots: list[Path] | None = None) -> list[str]:
@@ -106,14 +115,23 @@ def repair_before_restore(path: str, grid: bool, staging_roots: list[Path] | Non
                 f"continue, and any it had not handed out yet run in this resume's new-version experiment"
             )
         else:
-            raise UnreadableTuneState(
-                f"Tune's saved state of the experiment at {path} cannot be read: {name} ({why}), most likely "
-                f"because its driver was stopped while Tune was writing it, and no complete copy of it is on "
-                f"this machine. Its trials cannot be continued from their checkpoints."
-            )
+            raise UnreadableTuneState(_lost(path, name, why))
     if EXPERIMENT_STATE in newest:  # readable now, or restored from a copy
         repaired += repair_missing_checkpoints(fs, f"{root}/{newest[EXPERIMENT_STATE]}")
     return repaired
+
+
+def _lost(path: str, name: str, why: str) -> str:
+    if why.startswith(runtime_dir.Unsigned.__name__):  # Optuna cannot go on without its trials: no fresh one
+        return (
+            f"Tune's saved state of the experiment at {path} is refused: {name} ({why}). Optuna's search "
+            f"cannot continue without it; run the study under a new name to search afresh."
+        )
+    return (
+        f"Tune's saved state of the experiment at {path} cannot be read: {name} ({why}), most likely "
+        f"because its driver was stopped while Tune was writing it, and no complete copy of it is on "
+        f"this machine. Its trials cannot be continued from their checkpoints."
+    )
 
 
 def repair_missing_checkpoints(fs, state_path: str) -> list[str]:
@@ -222,7 +240,7 @@ def _unreadable(load: Callable[[], bytes], read: Callable[[bytes], None]) -> str
             return "empty"
         read(data)
     except Exception as err:  # truncated JSON or pickle, a missing class, an I/O error: all mean lost
-        return f"{type(err).__name__}: {str(err)[:200]}"
+        return f"{type(err).__name__}: {str(err)[:300]}"
     return None
 
 

@@ -241,27 +241,29 @@ def test_points_to_evaluate_come_first_from_both_searchers(tmp_path):
     assert [v["overrides"] for v in variants] == [point] * 3 and [v["seed"] for v in variants] == [1, 2, 3]
 
 
-def test_a_restored_repeater_still_averages_a_configuration_begun_before(tmp_path):
-    """Tune saves the searcher with the experiment; a resumed study's SeedRepeater knows which trials
-    form each configuration, so the seeds finished after the resume still enter Optuna's mean."""
+def test_a_restored_repeater_still_averages_a_configuration_begun_before(tmp_path, monkeypatch):
+    """Tune saves the searcher with the experiment (its SearchGenerator, as the driver does); a resumed
+    study's SeedRepeater knows which trials form each configuration, so the seeds finished after the
+    resume still enter Optuna's mean."""
     from ray import tune
-    from ray.tune.search.optuna import OptunaSearch
+    from ray.tune.search.search_generator import SearchGenerator
 
-    from clsr.study.run.search import SeedRepeater
+    from clsr.study.run.search import SeedRepeater, SignedOptunaSearch
 
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     space = {"point": {"overrides": {"trainer.lr": tune.loguniform(1e-5, 1e-4)}, "seed": 1}}
 
     def repeater() -> SeedRepeater:
-        built = SeedRepeater(OptunaSearch(sampler=optuna.samplers.RandomSampler(seed=0)), [1, 2])
+        built = SeedRepeater(SignedOptunaSearch(sampler=optuna.samplers.RandomSampler(seed=0)), [1, 2])
         assert built.set_search_properties("best_dev_stsb", "max", space)
         return built
 
     before = repeater()
     first = [before.suggest("a"), before.suggest("b")]
     before.on_trial_complete("a", {"best_dev_stsb": 70.0})
-    before.save(str(tmp_path / "searcher.pkl"))
+    SearchGenerator(before).save_to_dir(str(tmp_path), "s1")
     after = repeater()
-    after.restore(str(tmp_path / "searcher.pkl"))
+    SearchGenerator(after).restore_from_dir(str(tmp_path))
     after.on_trial_complete("b", {"best_dev_stsb": 75.0})
     after.on_trial_complete("never-suggested", {"best_dev_stsb": 1.0})  # ignored, not a KeyError
     (trial,) = after.searcher._ot_study.trials
