@@ -73,14 +73,16 @@ def sha256_of(path: Path) -> str:
 
 
 def load_file(path: Path) -> ModuleType:
-    """The module of the file at ``path`` (absolute): Ray's shipped copy where a worker has one, else the
-    file itself, loaded once (again when its content changed)."""
+    """The module of the file at ``path`` (absolute): Ray's shipped copy where a worker has one (what the
+    driver fingerprinted, even where the worker sees the file too), else the file itself, loaded once
+    (again when its content changed)."""
     name = file_module_name(path)
     module = sys.modules.get(name)
-    if module is not None and (not path.is_file() or getattr(module, "__clsr_sha256__", None) == sha256_of(path)):
-        return module
-    if module is None and not path.is_file() and importlib.util.find_spec(name) is not None:
-        return _import(name)  # a worker: the file arrived in py_modules
+    loaded = None if module is None else getattr(module, "__clsr_sha256__", "shipped")
+    if loaded == "shipped" or (loaded is not None and (not path.is_file() or loaded == sha256_of(path))):
+        return module  # type: ignore[return-value]
+    if module is None and importlib.util.find_spec(name) is not None:
+        return _import(name)  # a Ray worker: the driver's copy arrived in py_modules
     if not path.is_file():
         raise MethodError(f"file not found: {path}")
     spec = importlib.util.spec_from_file_location(name, path)
@@ -133,13 +135,23 @@ def source_of(module: ModuleType, builtin: bool) -> MethodSource:
     if module.__name__.startswith(FILE_PREFIX):
         return MethodSource("file", file, sha)
     top = module.__name__.partition(".")[0]
-    dists = importlib.metadata.packages_distributions().get(top, [])
-    if dists:
-        dist = importlib.metadata.distribution(dists[0])
-        return MethodSource("distribution", file, sha, f"{dist.metadata['Name']}=={dist.version}")
+    if dist := distribution_of(top):
+        return MethodSource("distribution", file, sha, dist)
     package = sys.modules[top]
     folder = Path(package.__file__).resolve().parent if getattr(package, "__path__", None) else None
     return MethodSource("module", file, sha, ship=folder)
+
+
+def distribution_of(top: str) -> str | None:
+    """``name==version`` of the installed distribution that holds top-level module ``top``, or None."""
+    if top not in _DISTRIBUTIONS:
+        dists = importlib.metadata.packages_distributions().get(top, [])
+        dist = importlib.metadata.distribution(dists[0]) if dists else None
+        _DISTRIBUTIONS[top] = f"{dist.metadata['Name']}=={dist.version}" if dist else None
+    return _DISTRIBUTIONS[top]
+
+
+_DISTRIBUTIONS: dict[str, str | None] = {}  # what a process asks once: installing one needs a new process
 
 
 def staged(module: ModuleType, root: Path) -> Path:

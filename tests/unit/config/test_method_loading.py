@@ -176,3 +176,55 @@ def test_a_missing_module_is_named(on_path):
     with pytest.raises(MethodError, match="No module named 'my_lab_absent_dependency'") as refused:
         get_method("my_lab_broken:MyLoss")
     assert str(on_path / "my_lab_broken.py") in str(refused.value)
+
+
+STUDY = """\
+name: mine
+method: ./my_method.py:MyLoss
+ablations:
+  t: {grid: {method.temperature: [0.05, 0.1]}}
+  builtin: {method: simcse_unsup, grid: {method.temperature: [0.05]}}
+metric: best_dev_stsb
+"""
+
+
+def test_an_edited_method_file_changes_exactly_its_trials_fingerprints(tmp_path):
+    from clsr.study.plan.fingerprint import compare, fingerprint
+    from clsr.study.plan.load import load_study
+
+    path = write(tmp_path / "my_method.py", MY_LOSS)
+    (tmp_path / "study.yaml").write_text(STUDY)
+    before = fingerprint(load_study(tmp_path / "study.yaml"))
+    assert fingerprint(load_study(tmp_path / "study.yaml")) == before  # stable
+    write(path, MY_LOSS + "\n# the loss, reweighted\n")
+    changes = compare(before, fingerprint(load_study(tmp_path / "study.yaml")))
+    assert changes.changed == [
+        "t[method.temperature=0.05] seed=42",
+        "t[method.temperature=0.1] seed=42",
+    ]  # the built-in ablation's trial: unchanged
+    assert not changes.added and not changes.removed
+
+
+def test_a_built_in_methods_trial_hashes_as_before(tmp_path):
+    """Studies recorded before methods could come from files resume without a change."""
+    from clsr.study.plan.fingerprint import digest, fingerprint, trial_key
+    from clsr.study.plan.load import load_study
+    from clsr.study.plan.resolve import trial_document
+
+    write(tmp_path / "my_method.py", MY_LOSS)
+    (tmp_path / "study.yaml").write_text(STUDY)
+    study = load_study(tmp_path / "study.yaml")
+    doc = trial_document(study, "builtin", {"method.temperature": 0.05}, 42)
+    assert fingerprint(study)[trial_key("builtin", "method.temperature=0.05", 42)] == digest(doc)
+
+
+def test_the_driver_ships_a_file_as_a_package_named_as_it_loads_it(tmp_path, monkeypatch):
+    from clsr.study.control.ray_session import shipped_methods
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "no-such-folder"))  # the scratch folder instead
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    path = write(tmp_path / "study" / "my_method.py", MY_LOSS)
+    (folder,) = shipped_methods([f"{path}:MyLoss", "simcse_unsup"])
+    assert Path(folder).name == file_module_name(path)
+    assert (Path(folder) / "__init__.py").read_text() == path.read_text()
+    assert shipped_methods([f"{path}:MyLoss"]) == [folder]  # content-addressed: staged once
