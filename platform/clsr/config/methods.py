@@ -71,8 +71,7 @@ def get_method(name: str) -> Any:
     try:
         return METHODS[name]
     except KeyError:
-        plugins = sorted(entry_points())
-        names = ", ".join([*sorted(METHODS), *plugins])
+        names = ", ".join(sorted(set(METHODS) | set(entry_points())))
         raise ValueError(f"unknown method {name!r}; allowed: {names}; or {FORMS}") from None
 
 

@@ -228,3 +228,12 @@ def test_the_driver_ships_a_file_as_a_package_named_as_it_loads_it(tmp_path, mon
     assert Path(folder).name == file_module_name(path)
     assert (Path(folder) / "__init__.py").read_text() == path.read_text()
     assert shipped_methods([f"{path}:MyLoss"]) == [folder]  # content-addressed: staged once
+
+
+def test_the_built_in_methods_are_the_packages_entry_points():
+    import tomllib
+
+    from clsr.config.methods import BUILT_IN
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
+    assert pyproject["project"]["entry-points"]["clsr.methods"] == BUILT_IN
