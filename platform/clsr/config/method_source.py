@@ -8,6 +8,7 @@ the driver and on a worker, where the file arrives as a one-module package in Ra
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -142,16 +143,12 @@ def source_of(module: ModuleType, builtin: bool) -> MethodSource:
     return MethodSource("module", file, sha, ship=folder)
 
 
+@functools.lru_cache(maxsize=64)  # scanning every installed distribution takes a while; asked per trial
 def distribution_of(top: str) -> str | None:
     """``name==version`` of the installed distribution that holds top-level module ``top``, or None."""
-    if top not in _DISTRIBUTIONS:
-        dists = importlib.metadata.packages_distributions().get(top, [])
-        dist = importlib.metadata.distribution(dists[0]) if dists else None
-        _DISTRIBUTIONS[top] = f"{dist.metadata['Name']}=={dist.version}" if dist else None
-    return _DISTRIBUTIONS[top]
-
-
-_DISTRIBUTIONS: dict[str, str | None] = {}  # what a process asks once: installing one needs a new process
+    dists = importlib.metadata.packages_distributions().get(top, [])
+    dist = importlib.metadata.distribution(dists[0]) if dists else None
+    return f"{dist.metadata['Name']}=={dist.version}" if dist else None
 
 
 def staged(module: ModuleType, root: Path) -> Path:
