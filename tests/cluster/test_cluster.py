@@ -310,7 +310,8 @@ def test_a_method_file_on_the_drivers_side_only_runs_on_the_worker_nodes(cluster
         cluster
     )
     assert run.data.params["method.sha256"] == hashlib.sha256(MY_METHOD.encode()).hexdigest()
-    loaded = [line for line in output.splitlines() if "my_method loaded from" in line and "pid=" in line]
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", output)  # Ray colours the workers' prefixes
+    loaded = [line for line in plain.splitlines() if "my_method loaded from" in line and " pid=" in line]
     assert {line.split(" pid=")[0] for line in loaded} >= {"(run_trial", "(RayTrainWorker"}, loaded
     assert all("runtime_resources/py_modules_files/_ray_pkg_" in line for line in loaded), loaded
 
