@@ -18,6 +18,7 @@ Slow (a cluster start, two studies): marked ``e2e`` and ``cluster``; ``-m "not c
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -284,6 +285,35 @@ def test_rcl_staged_study_loads_checkpoints_another_node_wrote(cluster, tmp_path
     )
     rcl_faq = by_point["faq_rcl", fold0]
     assert rcl_faq.data.params["method.entropy_models.0.01"] == entropy_faq.data.tags["clsr.checkpoint"]
+
+
+def test_a_method_file_on_the_drivers_side_only_runs_on_the_worker_nodes(cluster, tmp_path):
+    """A study beside its own method file (``./my_method.py:MyLoss``): the trial's Tune actor and its Ray
+    Train worker, on worker nodes, import the copy the driver shipped in Ray's ``py_modules``, not the file."""
+    from tests.e2e.test_own_method import MY_METHOD, STUDY
+
+    client = MlflowClient(cluster.env()["MLFLOW_TRACKING_URI"])
+    model = save_tiny_bert(tmp_path / "tiny-bert", hidden=128)
+    (tmp_path / "study" / "my_method.py").parent.mkdir()
+    (tmp_path / "study" / "my_method.py").write_text(MY_METHOD)
+    (tmp_path / "study" / "study.yaml").write_text(
+        STUDY.replace("name: own-method", "name: own-method-cluster")
+    )
+    proc = study_cmd(cluster, tmp_path, str(tmp_path / "study" / "study.yaml"), "--verbose",
+                     "--set", f"storage_path=s3://{BUCKET}/own-method", "--set", f"model.name={model}",
+                     "--set", "resources.workers_per_trial=1")  # fmt: skip
+    output = finished(proc, tmp_path, 600)
+    assert proc.returncode == 0, output[-4000:]
+    _, children = study_runs(client, "own-method-cluster")
+    (run,) = children
+    assert run.data.tags["clsr.status"] == "finished" and run.data.tags["clsr.node_id"] in worker_node_ids(
+        cluster
+    )
+    assert run.data.params["method.sha256"] == hashlib.sha256(MY_METHOD.encode()).hexdigest()
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", output)  # Ray colours the workers' prefixes
+    loaded = [line for line in plain.splitlines() if "my_method loaded from" in line and " pid=" in line]
+    assert {line.split(" pid=")[0] for line in loaded} >= {"(run_trial", "(RayTrainWorker"}, loaded
+    assert all("runtime_resources/py_modules_files/_ray_pkg_" in line for line in loaded), loaded
 
 
 def test_storage_guards(cluster, tmp_path, monkeypatch, capfd):

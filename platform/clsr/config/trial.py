@@ -421,14 +421,17 @@ class TrialConfig(Section):
     @classmethod
     def _method_section(cls, method: dict[str, Any]) -> dict[str, Any]:
         """Validate the hyperparameters with the method's own Config class and fill its defaults."""
-        from clsr.config.methods import get_method
+        from clsr.config.methods import BUILT_IN, get_method
         from clsr.suggest import closest
 
-        config = get_method(method.get("name", "")).Config
+        name = method.get("name", "")
+        cls = get_method(name)
+        config = cls.Config
         for key in method:
             if key not in config.model_fields:
                 allowed = sorted(config.model_fields)
-                raise ValueError(f"unknown key {key!r}{closest(key, allowed)}")
+                of = "" if name in BUILT_IN else f" of {cls.__name__}.Config ({name.rpartition(':')[0]})"
+                raise ValueError(f"unknown key {key!r}{of}{closest(key, allowed)}")
         return config(**method).model_dump()
 
     @model_validator(mode="after")

@@ -18,8 +18,9 @@ QUIET_ENV = {
 }
 
 
-def init_ray(console: Console | None = None) -> str | None:
+def init_ray(console: Console | None = None, py_modules: list[str] | tuple[str, ...] = ()) -> str | None:
     """Join ``RAY_ADDRESS`` when set (a cluster), else start a local Ray; returns the dashboard's address.
+    ``py_modules``: folders every worker of this driver imports from (``shipped_methods``).
 
     A local Ray keeps its dashboard process: it serves the state API through which Ray Train removes
     the resources of a trial that was stopped (by ASHA, a time limit or Ctrl-C); without it later trials
@@ -44,7 +45,10 @@ def init_ray(console: Console | None = None) -> str | None:
         local = {"include_dashboard": True, "dashboard_host": "127.0.0.1", "_temp_dir": str(ray_folder())}
     context = ray.init(
         address=address or "local",  # "local": a new Ray, even where a dead cluster's pointer file is left
-        runtime_env={"env_vars": QUIET_ENV | _forwarded_env() | move_aws_to_file()},  # rule 3: no AWS keys
+        runtime_env={
+            "env_vars": QUIET_ENV | _forwarded_env() | move_aws_to_file(),  # rule 3: no AWS keys
+            **({"py_modules": list(py_modules)} if py_modules else {}),
+        },
         log_to_driver=True,  # without --verbose, to the driver's log (clsr.study.run.progress)
         **local,
     )
@@ -116,3 +120,25 @@ def _forwarded_env() -> dict[str, str]:
         if env.get(folder):
             env[folder] = os.path.abspath(os.path.expanduser(env[folder]))
     return env
+
+
+def shipped_methods(references: list[str]) -> list[str]:
+    """The folders Ray's ``py_modules`` sends to every worker so that it imports the methods the study names
+    from outside the package: a file's module staged as a one-module package in the private runtime folder,
+    a module's top-level package folder; nothing for a built-in or an installed distribution's (installed
+    on the workers as on the driver)."""
+    import sys
+
+    from clsr.config.method_source import staged
+    from clsr.config.methods import get_method, method_source
+    from clsr.runtime_dir import root, subfolder
+
+    folders = []
+    for reference in references:
+        source = method_source(reference)
+        if source.kind == "file":
+            module = sys.modules[get_method(reference).__module__]
+            folders.append(str(staged(module, subfolder(root(), "methods"))))
+        elif source.kind == "module" and source.ship is not None:
+            folders.append(str(source.ship))
+    return sorted(set(folders))

@@ -2,7 +2,8 @@
 
 Each trial is keyed by ``<ablation>[<point>] seed=<n>`` (a sampled ablation by its base and space) and
 hashed over its fully resolved configuration, plus one entry for what decides which trials stop early
-or how they are chosen (metric, mode, scheduler, search). A confirm ablation is keyed by its spec and
+or how they are chosen (metric, mode, scheduler, search). A method from outside the package adds its
+source's identity to each of its trials (``with_method``). A confirm ablation is keyed by its spec and
 base per seed, and by its explicit points: the configurations it confirms are known only once its
 upstream ran, so they are not in the fingerprint (a resume picks the same ones from the same runs). An
 adaptive-seeds ablation is keyed by its first ``min`` seeds, each entry hashed with its adaptive rule. Settings that do not change a trial's result
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from clsr.config.methods import method_source
 from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import StudyDocuments
 from clsr.study.spec.schema import Study
@@ -60,18 +62,30 @@ def fingerprint(
             if ablation.space:
                 doc = document(name, {}, seed)
                 space = {k: d.model_dump() for k, d in ablation.space.items()}
-                entries[trial_key(name, "space", seed)] = digest({"base": doc, "space": space})
+                entries[trial_key(name, "space", seed)] = digest(
+                    with_method(doc, {"base": doc, "space": space})
+                )
                 continue
             if ablation.confirm is not None:
                 doc = document(name, {}, seed)
                 confirm = ablation.confirm.model_dump()
-                entries[trial_key(name, "confirm", seed)] = digest({"base": doc, "confirm": confirm})
+                entries[trial_key(name, "confirm", seed)] = digest(
+                    with_method(doc, {"base": doc, "confirm": confirm})
+                )
             for point in grids[name]:
                 doc = document(name, point.overrides, seed)
                 adaptive = study.adaptive_of(name)  # its rule decides which seeds run beyond the first min
                 value = {"doc": doc, "adaptive": adaptive.model_dump()} if adaptive else doc
-                entries[trial_key(name, point.label, seed)] = digest(value)
+                entries[trial_key(name, point.label, seed)] = digest(with_method(doc, value))
     return entries
+
+
+def with_method(doc: dict[str, Any], value: Any) -> Any:
+    """A trial's hashed value with its method's source when the method is not built in (its file's SHA-256,
+    or its distribution's name and version): an edited method file is a changed trial. A built-in
+    method's trials hash as they always did."""
+    identity = method_source(doc["method"]["name"]).identity()
+    return value if identity is None else {"trial": value, "method": identity}
 
 
 def overall(entries: dict[str, str]) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from clsr.config.trial import MODEL_TYPES, TrialConfig
-from clsr.methods import METHODS, get_method
+from clsr.methods import get_method
 from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import (
     StudyDocuments,
@@ -23,6 +23,7 @@ from clsr.study.plan.resolve import (
 )
 from clsr.study.spec.ablation import Ablation, Need
 from clsr.study.spec.dotted import deep_merge, set_dotted
+from clsr.study.spec.paths import absolute_method_files
 from clsr.study.spec.schema import MAX_SHOWN, SECTIONS, Study, StudyError
 from clsr.study.spec.strict import MAX_TRIALS
 from clsr.study.spec.yaml_safe import YAMLSafetyError, read_yaml_file
@@ -297,7 +298,11 @@ def _missing_points(name: str, ablation: Ablation, named: list[tuple[str, str]])
 def _check_raw_base(raw: dict[str, Any]) -> list[str]:
     """Base-config problems of a study whose top level is invalid too, so one run lists both."""
     method, base = raw.get("method"), raw.get("base", {})
-    if method not in METHODS or not isinstance(base, dict):
+    try:
+        get_method(method)
+    except ValueError:  # the method's own line says why
+        return []
+    if not isinstance(base, dict):
         return []
     doc = set_dotted(deep_merge(get_method(method).paper_defaults, base), "method.name", method)
     return _format_pydantic_or_none(lambda: TrialConfig.model_validate(doc), "base.", TrialConfig)
@@ -425,6 +430,7 @@ def documents_from_dict(
     for key, value in overrides:
         raw = set_dotted(raw, f"base.{key}" if key.split(".")[0] in SECTIONS else key, value)
     raw, problems = resolve_from_files(raw, study_dir)
+    raw = absolute_method_files(raw, study_dir)
     try:
         study = Study.model_validate(raw)
     except ValidationError as err:

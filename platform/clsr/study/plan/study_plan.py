@@ -60,6 +60,14 @@ class StudyPlan:
     fingerprint: dict[str, str]
     documents: StudyDocuments = field(repr=False, compare=False)
 
+    @property
+    def methods(self) -> list[str]:
+        """Every method reference the study's trials name (its own, its ablations', points' ``method.name``)."""
+        named = [self.study.method, *(a.method for a in self.study.ablations.values())]
+        named += [p.overrides.get("method.name") for p in self.points]
+        named += [t.config.method["name"] for t in self.trials if t.config is not None]
+        return sorted({m for m in named if isinstance(m, str)})
+
     def wave_trials(self, wave: list[str]) -> list[TrialSpec]:
         """The trials of the ablations in ``wave``, in plan order."""
         return [t for t in self.trials if t.ablation in wave]

@@ -10,7 +10,7 @@ import os
 
 from clsr.study.control.console import Console
 from clsr.study.control.interrupt import Interrupts
-from clsr.study.control.ray_session import cluster_address, init_ray
+from clsr.study.control.ray_session import cluster_address, init_ray, shipped_methods
 from clsr.study.plan.resolve import StudyDocuments
 from clsr.study.plan.study_plan import plan_study
 from clsr.study.record.parent import StudyOutcome, start_record, take_over
@@ -81,7 +81,8 @@ def _run_study(
     # built once ...
     plan = plan_study(study, documents)
     refuse_unavailable(study, plan.unavailable)  # before anything is recorded
-    check_storage(study, console)
+    shipped = shipped_methods(plan.methods)  # the study's own methods' code, for every worker
+    check_storage(study, console, shipped)
     check_trial_resources(study, console)  # a request no node meets would wait forever, silently
     client = PatientClient(uri)  # a busy store (SQLite locked by a colleague's writes) is waited out
     # ... then the record starts (or is taken over) and the plan runs, wave by wave
@@ -108,18 +109,22 @@ def _run_study(
             storage=storage,
         )
         try:
-            return run_waves(plan, uri, parent_run_id, storage, lease, skip, searches, interrupts, console)
+            return run_waves(
+                plan, uri, parent_run_id, storage, lease, skip, searches, interrupts, console, shipped
+            )
         finally:
             lease.release()
 
 
-def check_storage(study: Study, console: Console | None = None) -> None:
+def check_storage(
+    study: Study, console: Console | None = None, py_modules: list[str] | tuple[str, ...] = ()
+) -> None:
     """Before anything is recorded: cloud storage answers (a probe object), and a local folder is not
-    used by a cluster whose nodes are on several hosts."""
+    used by a cluster whose nodes are on several hosts. ``py_modules``: what the driver ships (``init_ray``)."""
     if is_cloud(study.storage_path):
         check_cloud_storage(study.name, study.storage_path)
     if cluster_address(console):  # a cluster: join it now to see its nodes
-        init_ray(console)
+        init_ray(console, py_modules)
         check_local_storage_on_cluster(study.name, study.storage_path)
 
 

@@ -17,8 +17,9 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from clsr.config.loop import LoopConfig
+from clsr.config.methods import method_source
 from clsr.study.plan.distinct import also_tag
-from clsr.study.plan.fingerprint import digest, trial_key
+from clsr.study.plan.fingerprint import digest, trial_key, with_method
 from clsr.study.plan.resolve import point_label, resolve_trial
 from clsr.study.plan.study_plan import TrialSpec
 from clsr.study.run.tune_point import spec_of
@@ -102,6 +103,7 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         # study.* params: what the MLflow compare view and parallel-coordinates plot group and sort by
         _params(trial) | {"study": {"ablation": point.ablation, "point": label, "seed": seed}},
     )
+    log_method_file(ctx.tracking_uri, run_id, trial)
     loop_config = LoopConfig(
         trial,
         TrackingTarget(
@@ -151,7 +153,30 @@ def _params(trial: Any) -> dict[str, Any]:
 
         if sha256 := vectors_sha256(vectors, trial.data.data_dir):
             params["model"]["vectors_sha256"] = sha256
+    recorded = method_source(trial.method["name"]).params()  # a method from outside the package
+    params["method"] |= {k: v for k, v in recorded.items() if k not in params["method"]}
     return params
+
+
+def log_method_file(uri: str, run_id: str, trial: Any) -> None:
+    """A method's source file (not a built-in's, nor an installed distribution's) as the trial run's
+    artifact ``method/<its name>``: the code that trained it, beside its hash."""
+    import tempfile
+    from pathlib import Path
+
+    source = method_source(trial.method["name"])
+    if source.kind not in ("file", "module") or source.file is None:
+        return
+    where = trial.method["name"].rpartition(":")[0]
+    name = Path(where).name if source.kind == "file" else source.file.name  # a worker's copy: __init__.py
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / name
+        copy.write_bytes(source.file.read_bytes())
+        call_with_retry(
+            lambda: MlflowClient(uri).log_artifact(run_id, str(copy), "method"),
+            patience_s=None,
+            what="logging the method's file",
+        )
 
 
 def _train(study: Study, ctx: StudyContext, key: str, loop_config: LoopConfig) -> tuple[Any, str | None]:
@@ -171,6 +196,7 @@ def _train(study: Study, ctx: StudyContext, key: str, loop_config: LoopConfig) -
             return None, failure_text(err)
         return ray.tune.get_checkpoint(), None
     res = study.resources
+    trial = loop_config.trial.model_dump()
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config.for_ray_train(),
@@ -182,8 +208,9 @@ def _train(study: Study, ctx: StudyContext, key: str, loop_config: LoopConfig) -
             else {"CPU": res.cpus_per_worker},
         ),
         run_config=ray.train.RunConfig(
-            # named after the trial's key: a retried or resumed trial finds its own checkpoint
-            name=f"train-{digest([key, loop_config.trial.model_dump()])[:16]}",
+            # named after the trial's key: a retried or resumed trial finds its own checkpoint (an edited
+            # method file's trial starts afresh)
+            name=f"train-{digest(with_method(trial, [key, trial]))[:16]}",
             storage_path=ctx.storage,
             callbacks=[TuneReportCallback()],
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),

@@ -86,15 +86,17 @@ def run_waves(
     searches: dict[str, int],
     interrupts: Interrupts,
     console: Console | None = None,
+    py_modules: list[str] | tuple[str, ...] = (),
 ) -> StudyOutcome:
     """Each experiment of the plan in turn (its ``waves``); ``searches``: the sampled ablations an edited resume
-    searched again, with the attempt that started their search (``clsr.study.record.attempts.search_versions``)."""
+    searched again, with the attempt that started their search (``clsr.study.record.attempts.search_versions``);
+    ``py_modules``: the study's method code every worker imports (``shipped_methods``)."""
     study = plan.study
     console = console if console is not None else Console()
     client = PatientClient(uri)
     interrupts.on_give_up = lambda: give_up(client, uri, parent_run_id, interrupts.reason, lease)
     lease.on_lost = interrupts.lease_lost
-    init_ray(console)
+    init_ray(console, py_modules)
     interrupts.install()  # after ray.init, which replaces the SIGTERM handler
     status = "FINISHED"
     try:

@@ -14,6 +14,7 @@ import copy
 import json
 from typing import Any
 
+from clsr.config.methods import FORMS
 from clsr.config.trial import TrialConfig
 from clsr.methods import METHODS
 from clsr.study.spec.schema import Study
@@ -45,12 +46,18 @@ def study_schema() -> dict[str, Any]:
         "type": "object",
         "description": "the method's own hyperparameters (temperature, …): see the method's page; "
         "platform study validate checks them",
-        "properties": {"name": {"enum": sorted(METHODS)}},
+        "properties": {"name": method_reference()},
     }
     trial["title"] = "base: the trial every point starts from (model, data, trainer, method, eval)"
     schema["properties"]["base"] = trial
-    schema["properties"]["method"] = {**schema["properties"]["method"], "enum": sorted(METHODS)}
+    schema["properties"]["method"] = {**schema["properties"]["method"], **method_reference()}
     return {"$schema": DRAFT, "title": "clsr study file", **schema}
+
+
+def method_reference() -> dict[str, Any]:
+    """A built-in name (offered by editors), or ``./file.py:Class``, ``package.module:Class``, an installed
+    entry point's name: any string, which ``platform study validate`` checks."""
+    return {"anyOf": [{"enum": sorted(METHODS)}, {"type": "string"}], "description": FORMS}
 
 
 def schema_text() -> str:

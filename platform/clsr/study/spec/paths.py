@@ -6,8 +6,10 @@ hub ids, short model names, missing files that ``study validate`` reports) stay 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
+from clsr.config.method_source import is_file_reference
 from clsr.data.external import absolute_local as absolute
 
 # dotted keys whose values may be local paths (eval.custom.<name>.path / .corpus by pattern)
@@ -40,3 +42,29 @@ def absolute_in_sections(sections: dict[str, Any]) -> dict[str, Any]:
 def absolute_in_dotted(overrides: dict[str, Any]) -> dict[str, Any]:
     """``{dotted.key: value}`` overrides with path values made absolute."""
     return {key: absolute(value) if is_path_key(key) else value for key, value in overrides.items()}
+
+
+def absolute_method_files(raw: dict[str, Any], study_dir: Path) -> dict[str, Any]:
+    """A study's ``method: ./file.py:Class`` references (top level and per ablation) made absolute: relative
+    to the study file's folder, else to the working folder (as ``from:`` files are found)."""
+    out = dict(raw)
+    out["method"] = absolute_method(raw.get("method"), study_dir)
+    if isinstance(raw.get("ablations"), dict):
+        out["ablations"] = {
+            name: dict(body, method=absolute_method(body["method"], study_dir))
+            if isinstance(body, dict) and "method" in body
+            else body
+            for name, body in raw["ablations"].items()
+        }
+    return out if "method" in raw else {k: v for k, v in out.items() if k != "method"}
+
+
+def absolute_method(reference: Any, study_dir: Path) -> Any:
+    if not isinstance(reference, str) or ":" not in reference:
+        return reference
+    where, _, attribute = reference.rpartition(":")
+    if not is_file_reference(where):
+        return reference
+    candidates = [study_dir / Path(where).expanduser(), Path.cwd() / Path(where).expanduser()]
+    found = next((p for p in candidates if p.is_file()), candidates[0])
+    return f"{found.resolve()}:{attribute}"

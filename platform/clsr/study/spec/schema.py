@@ -49,7 +49,10 @@ class Study(Strict):
         pattern=NAME_PATTERN, description="the MLflow experiment and parent run (letters, digits, _ . -)"
     )
     description: str | None = Field(None, description="one line for the parent run and the report")
-    method: str = Field(description="the default method of the ablations (methods.md)")
+    method: str = Field(
+        description="the default method of the ablations: a built-in name (methods.md), ./file.py:Class "
+        "(beside the study file), package.module:Class, or an installed clsr.methods entry point's name"
+    )
     base: dict[str, Any] = Field(
         default_factory=dict,
         description="the trial every point starts from: model, data, trainer, method and eval sections "
