@@ -20,6 +20,7 @@ _PUBLIC: dict[str, str] = {  # name -> the module that defines it
     "Method": "clsr.methods.base",
     "MethodConfig": "clsr.methods.base",
     "TrialConfig": "clsr.config.trial",
+    "get_method": "clsr.config.methods",
     "cos_sim": "clsr.methods.losses",
     "in_batch_cross_entropy": "clsr.methods.losses",
     "full_precision": "clsr.methods.losses",

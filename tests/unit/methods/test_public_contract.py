@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import clsr
+from clsr.config.methods import get_method
 from clsr.config.trial import TrialConfig
 from clsr.data import batching
 from clsr.methods import base, losses
@@ -19,6 +20,7 @@ EXPECTED = {
     "Method": base.Method,
     "MethodConfig": base.MethodConfig,
     "TrialConfig": TrialConfig,
+    "get_method": get_method,
     "cos_sim": losses.cos_sim,
     "in_batch_cross_entropy": losses.in_batch_cross_entropy,
     "full_precision": losses.full_precision,
