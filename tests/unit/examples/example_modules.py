@@ -25,14 +25,14 @@ def example(stem: str) -> ModuleType:
     return load_module(EXAMPLES / f"{stem}.py")
 
 
-def skip_unless_file_methods(study: Path, capsys) -> None:
+def skip_unless_file_methods(study: Path, capsys, *flags: str) -> None:
     """Skip until the study loader takes ``method: ./file.py:Class`` (issue 54, item 1); otherwise the
-    study must validate."""
+    study must validate (``flags``: e.g. ``--smoke``)."""
     import pytest
 
     from clsr.cli import main
 
-    code = main(["study", "validate", str(study)])
+    code = main(["study", "validate", str(study), *flags])
     err = capsys.readouterr().err
     if code != 0 and "unknown method './" in err:
         pytest.skip("the study loader does not take ./file.py:Class methods yet")

@@ -10,7 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tests.unit.examples.example_modules import EXAMPLES, example
+from tests.unit.examples.example_modules import EXAMPLES, example, skip_unless_file_methods
 
 RNG = np.random.default_rng(54)
 dcl = example("dcl")
@@ -124,3 +124,8 @@ def test_the_examples_import_only_the_public_contract(stem):
     modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert {m for m in modules if m and m.startswith("clsr")} == {"clsr"}
+
+
+@pytest.mark.parametrize("stem", ["dcl", "matryoshka"])
+def test_the_example_studies_validate_smoke_sized(stem, capsys):
+    skip_unless_file_methods(EXAMPLES / f"{stem}.yaml", capsys, "--smoke")
