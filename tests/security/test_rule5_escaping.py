@@ -54,30 +54,13 @@ STUDY = {
     "ablations": {"temperature": {"grid": {"method.temperature": [0.05]}}},
 }
 OSC52 = "\x1b]52;c;ZXZpbA==\x07"
-LABEL = f'=HYPERLINK("http://evil")|a\nb<script>alert(1)</script>{OSC52}$x^$'
+LABEL = f"=HYPERLINK(\"http://evil\")|a\nb<script>alert(1)</script>{OSC52}$x^$"
 ERROR = "Traceback\nValueError: @SUM(A1)|<img src=x onerror=alert(1)>\x1b[2J\r"
-NASTY = [
-    LABEL,
-    ERROR,
-    OSC52,
-    "=1+1",
-    "+cmd",
-    "-2+3",
-    "@x",
-    "\tx",
-    "\rx",
-    "a|b",
-    "x\\|y",
-    "<b>",
-    "$",
-    "\u202e",
-]
+NASTY = [LABEL, ERROR, OSC52, "=1+1", "+cmd", "-2+3", "@x", "\tx", "\rx", "a|b", "x\\|y", "<b>", "$", "\u202e"]
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 FORMULA = ("=", "+", "-", "@", "\t", "\r")
 # arbitrary text, the known attacks mixed in
-TEXT = st.one_of(
-    st.text(max_size=40), st.sampled_from(NASTY), st.builds("".join, st.lists(st.sampled_from(NASTY)))
-)
+TEXT = st.one_of(st.text(max_size=40), st.sampled_from(NASTY), st.builds("".join, st.lists(st.sampled_from(NASTY))))
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -180,10 +163,7 @@ def _unescaped_dollars(label: str) -> int:
 
 
 @FAST
-@given(
-    header=st.lists(TEXT, min_size=1, max_size=3, unique_by=escape.visible),
-    cells=st.lists(st.lists(TEXT, max_size=3), max_size=3),
-)
+@given(header=st.lists(TEXT, min_size=1, max_size=3, unique_by=escape.visible), cells=st.lists(st.lists(TEXT, max_size=3), max_size=3))
 def test_every_table_renderer_holds_for_any_cell(header, cells):
     table = Table("t", header, [[cells[i % len(cells)] if cells else [] for i in range(len(header))]])
     md_tables_hold(markdown_table(table))

@@ -72,6 +72,4 @@ def test_validate_warns_of_a_gpu_study_on_a_machine_without_one(monkeypatch, cap
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert main(["study", "validate", str(SMOKE), "--set", "resources.gpus_per_worker=1"]) == 0
     out = capsys.readouterr().out
-    assert (
-        "    warning: resources.gpus_per_worker is 1 and this machine has 0 GPUs (and no RAY_ADDRESS" in out
-    )
+    assert "    warning: resources.gpus_per_worker is 1 and this machine has 0 GPUs (and no RAY_ADDRESS" in out
