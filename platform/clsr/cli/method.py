@@ -11,10 +11,8 @@ NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 METHOD_TEMPLATE = '''"""{title}: your method (docs/methods/your-own.md). Edit the loss; `platform study run {name}.yaml`.
 
-It starts as unsupervised SimCSE's InfoNCE over two dropout views ``h_i``, ``h_i^+`` of each sentence of
-the global batch of N (replace the equation with yours, and keep it next to the code that computes it):
-
-    ℓ = (1/N) Σ_i -log [ exp(sim(h_i, h_i^+)/τ) / Σ_{{j=1..N}} exp(sim(h_i, h_j^+)/τ) ]
+It starts as unsupervised SimCSE's InfoNCE (``{name}_loss``): replace the loss and its equation with
+yours, keeping the equation next to the code that computes it.
 """
 
 from __future__ import annotations
@@ -34,7 +32,11 @@ class {cls}Config(MethodConfig):
 
 
 def {name}_loss(views: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``views``: (N, 2, d), the two views of each row; a scalar. Test it against NumPy (the guide)."""
+    """``views``: (N, 2, d), the two views ``h_i``, ``h_i^+`` of each of the global batch's N rows:
+
+        ℓ = (1/N) Σ_i -log [ exp(sim(h_i, h_i^+)/τ) / Σ_{{j=1..N}} exp(sim(h_i, h_j^+)/τ) ]
+
+    with sim the cosine. Test it against NumPy (docs/methods/your-own.md)."""
     logits = cos_sim(views[:, 0], views[:, 1]) / temperature  # [i, j] = sim(h_i, h_j^+)/τ
     return in_batch_cross_entropy(logits)  # row i's positive is column i
 

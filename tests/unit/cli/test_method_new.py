@@ -29,7 +29,7 @@ def test_the_scaffold_writes_a_method_that_imports_and_trains(tmp_path, capsys):
     loss = method.loss_from_embeddings(torch.tensor(views, requires_grad=True))
     assert loss.item() == pytest.approx(np_infonce(views, 0.05), rel=1e-10)
     loss.backward()
-    assert "ℓ = (1/N) Σ_i -log" in module.__doc__  # the equation beside the code
+    assert "ℓ = (1/N) Σ_i -log" in module.my_loss_loss.__doc__  # the equation beside the code
 
 
 def test_the_scaffold_study_compares_it_with_simcse_over_two_seeds(tmp_path, capsys):
