@@ -18,10 +18,10 @@ yours, keeping the equation next to the code that computes it.
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 
 # The public contract: import from `clsr` only (its internals may change between versions).
 from clsr import Method, MethodConfig, cos_sim, in_batch_cross_entropy
+from pydantic import Field
 
 
 class {cls}Config(MethodConfig):
