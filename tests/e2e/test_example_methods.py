@@ -38,6 +38,7 @@ def test_dcl_runs_beside_unsupervised_simcse(tmp_path, capsys):
     methods = {r.data.tags["clsr.method"] for r in children}
     assert "simcse_unsup" in methods and len(methods) == 2
     assert {r.data.tags["clsr.seed"] for r in children} == {"1"}  # the same seed for both
+    assert {r.data.tags["clsr.point"] for r in children} == {"SimCSE-unsup", "DCL"}
 
 
 def test_matryoshka_runs_beside_its_inner_method_and_is_scored_truncated(tmp_path, capsys):

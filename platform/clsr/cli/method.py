@@ -70,8 +70,9 @@ base:
 ablations:
   {name}:
     description: the same trial with SimCSE's loss and with {name}'s
-    grid:
-      method.name: [simcse_unsup, ./{name}.py:{cls}]
+    points:
+    - {{label: simcse_unsup, set: {{method.name: simcse_unsup}}}}
+    - {{label: {name}, set: {{method.name: ./{name}.py:{cls}}}}}
     reference: simcse_unsup   # the report tests {name} against it (paired over seeds)
 seeds: [1, 2]
 metric: best_dev_stsb

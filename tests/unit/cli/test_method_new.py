@@ -35,7 +35,10 @@ def test_the_scaffold_writes_a_method_that_imports_and_trains(tmp_path, capsys):
 def test_the_scaffold_study_compares_it_with_simcse_over_two_seeds(tmp_path, capsys):
     assert main(["method", "new", "my_loss", "--dir", str(tmp_path)]) == 0
     study = yaml.safe_load((tmp_path / "my_loss.yaml").read_text())
-    assert study["ablations"]["my_loss"]["grid"] == {"method.name": ["simcse_unsup", "./my_loss.py:MyLoss"]}
+    assert study["ablations"]["my_loss"]["points"] == [
+        {"label": "simcse_unsup", "set": {"method.name": "simcse_unsup"}},
+        {"label": "my_loss", "set": {"method.name": "./my_loss.py:MyLoss"}},
+    ]
     assert study["ablations"]["my_loss"]["reference"] == "simcse_unsup" and study["seeds"] == [1, 2]
     capsys.readouterr()
     skip_unless_file_methods(tmp_path / "my_loss.yaml", capsys)
