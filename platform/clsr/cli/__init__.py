@@ -1,6 +1,6 @@
 """The ``platform`` command: run and resume studies, validate study files, evaluate encoders.
 
-argparse only, one module per command: study, eval, data and env here, cluster in clsr.cluster.cli; bench,
+argparse only, one module per command: study, eval, data, method and env here, cluster in clsr.cluster.cli; bench,
 handed to the source checkout, below. Each registers its parsers (``add_parsers``) and holds its ``cmd_*``
 functions, which import what they run (torch, Ray, MLflow) only when called: importing this package stays
 cheap."""
@@ -12,7 +12,7 @@ import contextlib
 import sys
 from typing import NoReturn
 
-from clsr.cli import data, env, study
+from clsr.cli import data, env, method, study
 from clsr.cli import eval as eval_command
 from clsr.cluster.cli import add_cluster_parser, cmd_cluster
 from clsr.tracking.escape import terminal
@@ -36,6 +36,7 @@ EXAMPLES = """examples:
   platform eval --model minilm --tasks mr,trec --transfer-mode fast --max-examples 1000
   platform eval --model minilm --pooling mean --tasks faq
   platform eval --model runs:/<run_id>/model --tasks sts
+  platform method new my_loss           # my_loss.py (a method of yours) and my_loss.yaml (a study of it)
   platform bench train --method simcse_sup --batch 64 --length 32 --steps 50
   platform bench memory --batches 64,256,512 --chunk 16
   platform bench sts-eval --model minilm --tasks sts
@@ -61,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     study.add_parsers(commands)
     eval_command.add_parsers(commands)
     data.add_parsers(commands)
+    method.add_parsers(commands)
     env.add_parsers(commands)
     _add_bench_parser(commands)
     add_cluster_parser(commands)
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         "study": study.cmd_study,
         "eval": eval_command.cmd_eval,
         "data": data.cmd_data,
+        "method": method.cmd_method,
         "env": env.cmd_env,
         "bench": cmd_bench,
         "cluster": cmd_cluster,

@@ -373,6 +373,12 @@ class EvalConfig(Section):
         description="FAQ retrieval, dev and test: seeded subset of the collection, relevant items kept "
         "(smoke runs)",
     )
+    truncate_dims: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=list,
+        description="final STS test: also score the first d coordinates of the embedding for each d "
+        "(metrics <metric>_dim<d>, e.g. test_sts_avg_dim64): Matryoshka representations; a d at or above "
+        "the embedding's size scores all of it",
+    )
     batch_size: int = Field(128, ge=1, le=MAX_BATCH)
     alignment_uniformity: bool = Field(True, description="Wang & Isola metrics on STS-B dev")
     log_model: bool = Field(

@@ -8,7 +8,7 @@ their test split with no regressor. Reported numbers are ρ × 100; the average 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,7 +71,11 @@ class STSScore:
 
 def score_split(split: STSSplit, embed: Embedder) -> STSScore:
     """Embed both sides once and compute all / mean / wmean Spearman ×100."""
-    pred = cosine_scores(embed(split.sentences1), embed(split.sentences2))
+    return score_predictions(split, cosine_scores(embed(split.sentences1), embed(split.sentences2)))
+
+
+def score_predictions(split: STSSplit, pred: np.ndarray) -> STSScore:
+    """all / mean / wmean Spearman ×100 of the predicted similarities ``pred`` of the split's pairs."""
     subsets = np.asarray(split.subsets)
     names = list(dict.fromkeys(split.subsets))
     per_subset = {n: 100 * spearman(pred[subsets == n], split.scores[subsets == n]) for n in names}
@@ -104,6 +108,27 @@ def evaluate_sts(
     }
 
 
+def evaluate_sts_prefixes(
+    embed: Embedder,
+    dims: Sequence[int | None],
+    tasks: Iterable[str] = ("sts",),
+    split: str = "test",
+    data_dir: str | Path | None = None,
+    max_pairs: int | None = None,
+) -> dict[int | None, dict[str, STSScore]]:
+    """``evaluate_sts`` of the embeddings' first ``dim`` coordinates, for each of ``dims`` (Matryoshka
+    representations): each split is embedded once. None, or a dim at or above the embedding's size: all
+    of it."""
+    folder = resolve_data_dir(data_dir)
+    scores: dict[int | None, dict[str, STSScore]] = {dim: {} for dim in dims}
+    for task in expand_tasks(tasks):
+        pairs = subsample(load_sts(task, split, folder), max_pairs)
+        a, b = embed(pairs.sentences1), embed(pairs.sentences2)
+        for dim in dims:
+            scores[dim][task] = score_predictions(pairs, cosine_scores(a[:, :dim], b[:, :dim]))
+    return scores
+
+
 STS12_15 = ("sts12", "sts13", "sts14", "sts15")
 
 
@@ -115,6 +140,15 @@ def summary_metrics(scores: dict[str, STSScore], prefix: str = "test_") -> dict[
     if all(task in scores for task in STS12_15):  # GCLSR's Tables 4-11 average these four only
         metrics[f"{prefix}sts12_15_avg"] = float(np.mean([scores[t].all for t in STS12_15]))
     return metrics
+
+
+def prefix_metrics(scores: dict[int | None, dict[str, STSScore]], prefix: str = "test_") -> dict[str, float]:
+    """``summary_metrics`` of each prefix's scores, named ``<metric>_dim<d>`` (``test_sts_avg_dim64``)."""
+    return {
+        f"{name}_dim{dim}": value
+        for dim, by_task in scores.items()
+        for name, value in summary_metrics(by_task, prefix).items()
+    }
 
 
 def format_table(scores: dict[str, STSScore]) -> str:

@@ -19,7 +19,7 @@ from clsr.encoders.embed import Embedder
 from clsr.eval.alignment import alignment_uniformity
 from clsr.eval.custom import ClassifierSettings, evaluate_custom
 from clsr.eval.faq import evaluate_faq, faq_summary_metrics
-from clsr.eval.sts import evaluate_sts, summary_metrics
+from clsr.eval.sts import evaluate_sts, evaluate_sts_prefixes, prefix_metrics, summary_metrics
 from clsr.eval.transfer import TransferScore, evaluate_transfer, transfer_summary_metrics
 
 # called once a group is scored: its name ("sts", "transfer", "faq", "custom"), its scores by task
@@ -42,7 +42,8 @@ class SuiteSettings:
     """How to score. ``split``: the STS split (metrics ``<split>_<task>``); the caps are None for the
     whole sets; ``device``: the GPU the classifier fits run on (None: the CPU); ``faq_test_fold``: the
     FAQ set and fold a trial trained on (its test fold is scored); ``alignment_uniformity``: also the
-    alignment and uniformity of the STS-B dev pairs (a trial's diagnostic)."""
+    alignment and uniformity of the STS-B dev pairs (a trial's diagnostic); ``truncate_dims``: the STS
+    sets also scored on each prefix of the embedding (``<metric>_dim<d>``, Matryoshka representations)."""
 
     data_dir: str | Path | None = None
     split: str = "test"
@@ -55,6 +56,7 @@ class SuiteSettings:
     faq_max_items: int | None = None
     faq_test_fold: tuple[str, int] | None = None
     alignment_uniformity: bool = False
+    truncate_dims: tuple[int, ...] = ()
 
 
 def evaluate_suite(
@@ -73,8 +75,7 @@ def evaluate_suite(
     metrics: dict[str, float] = {}
     if tasks.sts:
         started = time.perf_counter()
-        sts = evaluate_sts(embed, tasks.sts, s.split, s.data_dir, s.sts_max_pairs)
-        metrics |= _said(say, "sts", sts, summary_metrics(sts, prefix=f"{s.split}_"), started)
+        metrics |= _said(say, "sts", *_sts(embed, tasks.sts, s), started)
     if tasks.transfer:
         started = time.perf_counter()
         scores = transfer if transfer is not None else _transfer(embed, tasks.transfer, s, on_transfer_task)
@@ -99,6 +100,19 @@ def _said(say: OnGroup, name: str, scores: Mapping[str, Any], found: dict[str, f
     """``found``, once ``say`` has been told of the group."""
     say(name, scores, found, time.perf_counter() - started)
     return found
+
+
+def _sts(embed: Embedder, tasks: list[str], s: SuiteSettings) -> tuple[dict[str, Any], dict[str, float]]:
+    """The STS scores by task and their metrics, those of each ``truncate_dims`` prefix included."""
+    if not s.truncate_dims:
+        sts = evaluate_sts(embed, tasks, s.split, s.data_dir, s.sts_max_pairs)
+        return sts, summary_metrics(sts, prefix=f"{s.split}_")
+    # None: the whole embedding, scored from the same encoding as its prefixes
+    by_dim = evaluate_sts_prefixes(
+        embed, (None, *s.truncate_dims), tasks, s.split, s.data_dir, s.sts_max_pairs
+    )
+    sts = by_dim.pop(None)
+    return sts, summary_metrics(sts, prefix=f"{s.split}_") | prefix_metrics(by_dim, prefix=f"{s.split}_")
 
 
 def _transfer(embed: Embedder, tasks: list[str], s: SuiteSettings, on_task) -> dict[str, TransferScore]:

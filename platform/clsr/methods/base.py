@@ -1,10 +1,5 @@
-"""The method plug-in contract. A method is one file under ``clsr/methods/`` that declares:
-
-* ``Config``: its hyperparameters (pydantic, paper defaults written once);
-* ``paper_defaults``: the paper's values for the other sections (model, data, trainer, eval);
-* ``views``: which data columns each row contributes to the forward pass, in order;
-* ``loss_from_embeddings``: its loss on the pooled embeddings ``(rows, views, dim)`` (or
-  ``embeddings_loss`` when the loss also needs the batch, e.g. RCL's row indices).
+"""The method plug-in contract: ``Method`` (exported as ``clsr.Method``; its docstring is the reference,
+docs/methods/your-own.md the guide).
 
 The trainer never branches on the method: it asks the method for a text pipeline (a tokenizer, or a
 word-vector table), a model, a batch order, and a loss. Methods whose model is not a transformer
@@ -19,7 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeAlias
 
 import numpy as np
 import torch
@@ -36,14 +31,65 @@ from clsr.methods.losses import full_precision
 from clsr.runtime.distributed import gather_with_grad
 from clsr.tracking.run_logger import RunLogger
 
+Row: TypeAlias = dict[str, str]  # one training row: column -> text
+Batch: TypeAlias = dict[
+    str, Any
+]  # one forward pass: input_ids, attention_mask, num_rows[, length_group_size]
+
+
+class Batcher(Protocol):
+    """What ``prepare_rows`` returns: the tokenised rows, one forward pass per ``collate``."""
+
+    def __len__(self) -> int: ...
+
+    def collate(self, indices: Sequence[int]) -> Batch: ...
+
 
 class MethodConfig(BaseModel):
+    """A method's hyperparameters: pydantic fields with the paper's defaults, read from the study's
+    ``method:`` section (unknown keys and non-finite floats refused). ``name`` is the method's name."""
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # every float finite
 
     name: str
 
 
 class Method(ABC):
+    """A training objective: what a trial encodes and the loss it minimises (``clsr.Method``).
+
+    Required (a subclass that lacks one cannot be built):
+
+    * ``name``: the name runs record; ``Config``: a ``MethodConfig`` subclass whose ``name`` defaults to it;
+    * ``views(self) -> tuple[str, ...]``: the data columns each row contributes to the forward pass, in
+      order (a column may repeat: ``("text", "text")`` is two dropout views of one sentence);
+    * ``loss_from_embeddings(self, embeddings) -> Tensor``: a scalar loss from the pooled embeddings of
+      the *global* batch, shape ``(rows, views, dim)``, float32 (autocast off), rows gathered across
+      workers in rank order (``gather_with_grad``: other workers' rows are in-batch negatives, only this
+      worker's rows carry a gradient). Row ``i``'s views are ``embeddings[i, 0]``, ``embeddings[i, 1]``...
+
+    What a method gets: ``self.cfg`` (its validated ``Config``), and in every hook that takes it the
+    trial's ``TrialConfig`` (``trial.model``, ``trial.data``, ``trial.trainer``, ``trial.eval``).
+
+    Optional, each with a default that fits a transformer encoder trained on in-batch negatives:
+
+    * ``paper_defaults`` (class attribute): the paper's values for the other sections, e.g.
+      ``{"model": {...}, "data": {"train": "wiki1m"}, "trainer": {...}}``, under the study's ``base``;
+      ``paper``: a one-line citation;
+    * ``embeddings_loss(embeddings, batch)``: when the loss needs more than the embeddings (RCL's rows);
+    * ``batch_order(rows, batch_size, epoch, seed)``: the epoch's global batches of row indices
+      (default ``shuffled_batches``; ``text_batches`` for no duplicate texts in a batch);
+    * ``rows_for_training``, ``prepare_rows`` (returns a ``Batcher``, default ``TextViewBatcher``),
+      ``required_columns``, ``trial_problems`` (reasons to refuse a trial before the study starts),
+      ``unavailable`` (reasons it cannot run here);
+    * ``build_model``, ``encode_rows``, ``training_loss`` (the whole step), ``param_group_lrs``,
+      ``fixed_lr_prefixes``, ``stop_when_loss_stalls``, ``plan_steps``;
+    * ``shared_key`` / ``prepare_shared``: one expensive input shared by the study's trials;
+    * ``log_artifacts``, ``export_model``, ``make_embedder``: evaluation and export.
+
+    Keep the loss a function of the embeddings (override ``loss_from_embeddings`` or ``embeddings_loss``,
+    not ``training_loss``) and GradCache (``trainer.gradcache_chunk_rows``) works with it unchanged.
+    """
+
     name: ClassVar[str]
     Config: ClassVar[type[MethodConfig]]
     paper_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
@@ -98,19 +144,19 @@ class Method(ABC):
         """What turns text into model inputs: the transformer's tokenizer."""
         return load_tokenizer(trial.model.name)
 
-    def rows_for_training(self, rows: list[dict[str, str]], trial: TrialConfig) -> list[dict[str, str]]:
+    def rows_for_training(self, rows: list[Row], trial: TrialConfig) -> list[Row]:
         """The rows the loop trains on, made from the data set's (default: all of them as they are; a
         method whose rows are pairs of the data set's, like next-sentence positives, may have fewer)."""
         return rows
 
-    def prepare_rows(self, rows: list[dict[str, str]], pipeline: Any, trial: TrialConfig) -> Any:
+    def prepare_rows(self, rows: list[Row], pipeline: Any, trial: TrialConfig) -> Batcher:
         """Tokenise once; the returned object's ``collate(indices)`` builds one forward pass."""
         self.check_columns(rows)
         return self.text_view_batcher(rows, pipeline, trial)
 
     def text_view_batcher(
         self,
-        rows: list[dict[str, str]],
+        rows: list[Row],
         pipeline: Any,
         trial: TrialConfig,
         kind: type[TextViewBatcher] = TextViewBatcher,
@@ -119,7 +165,7 @@ class Method(ABC):
         group = trial.trainer.resolved_length_group_size()
         return kind(rows, self.views(), pipeline, trial.model.max_seq_length, length_group_size=group)
 
-    def check_columns(self, rows: list[dict[str, str]]) -> None:
+    def check_columns(self, rows: list[Row]) -> None:
         missing = [c for c in self.required_columns() if rows and c not in rows[0]]
         if missing:
             raise ValueError(
@@ -127,9 +173,7 @@ class Method(ABC):
                 f"has {tuple(rows[0])}; choose a data.train set with those columns"
             )
 
-    def batch_order(
-        self, rows: Sequence[dict[str, str]], batch_size: int, epoch: int, seed: int
-    ) -> list[list[int]]:
+    def batch_order(self, rows: Sequence[Row], batch_size: int, epoch: int, seed: int) -> list[list[int]]:
         """Global batches of row indices for one epoch (the same list on every worker)."""
         return shuffled_batches(len(rows), batch_size, epoch, seed)
 
@@ -158,21 +202,21 @@ class Method(ABC):
         ``trainer.stop_when_loss_stalls`` overrides it."""
         return None
 
-    def training_loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def training_loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """Encode all views of all rows in one forward pass (under the loop's autocast), gather across
         workers, apply the loss in float32 (autocast off: ``full_precision``)."""
         embeddings = gather_with_grad(self.encode_rows(model, batch)).float()
         with full_precision(embeddings):
             return self.embeddings_loss(embeddings, batch)
 
-    def encode_rows(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+    def encode_rows(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """This worker's pooled embeddings ``(rows, views, dim)`` of a batch from ``collate``: every view
         of every row in one forward pass (GradCache calls it once per chunk of rows)."""
         groups = {"length_group_size": batch["length_group_size"]} if batch.get("length_group_size") else {}
         pooled = model(batch["input_ids"], batch["attention_mask"], **groups)
         return pooled.view(batch["num_rows"], len(self.views()), -1)
 
-    def embeddings_loss(self, embeddings: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+    def embeddings_loss(self, embeddings: torch.Tensor, batch: Batch) -> torch.Tensor:
         """Loss on the global batch's embeddings ``(rows, views, dim)`` (gathered across workers, float32);
         ``batch``: this worker's batch, for methods whose loss needs more than the embeddings (RCL's row
         indices). GradCache computes it on cached, detached embeddings."""

@@ -132,6 +132,7 @@ class Evaluator:
             faq_max_items=self.cfg.faq_max_items,
             faq_test_fold=faq_test_fold,
             alignment_uniformity=self.cfg.alignment_uniformity,
+            truncate_dims=tuple(self.cfg.truncate_dims),
         )
 
 

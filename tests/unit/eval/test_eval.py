@@ -134,3 +134,49 @@ def test_evaluate_sts_scores_the_capped_pairs(data_dir):
     capped = subsample(load_sts("stsb", "test", data_dir), 200)
     expected = spearmanr(cosine_scores(lengths(capped.sentences1), lengths(capped.sentences2)), capped.scores)
     assert score.pairs == 200 and score.all == pytest.approx(100 * expected.statistic)
+
+
+def test_truncate_dims_scores_each_prefix_from_one_encoding(data_dir):
+    """``eval.truncate_dims``: ``<metric>_dim<d>`` is the STS score of the first d coordinates (computed
+    here with SciPy on sliced features); each side of each split is encoded once."""
+    from clsr.data.sts import load_sts, subsample
+    from clsr.eval.suite import SuiteSettings, SuiteTasks, evaluate_suite
+
+    calls = []
+
+    def features(sentences):  # a stand-in encoder: centred length, word count, vowel count
+        calls.append(len(sentences))
+        rows = [[len(s) - 50, len(s.split()) - 9, sum(c in "aeiou" for c in s) - 15] for s in sentences]
+        return np.array(rows, dtype=float)
+
+    settings = SuiteSettings(data_dir=data_dir, sts_max_pairs=100, truncate_dims=(2, 1, 8))
+    metrics = evaluate_suite(features, SuiteTasks(sts=["sts16", "stsb"]), settings)
+    assert len(calls) == 4  # two sides of two tasks
+    scores = {}
+    for task in ("sts16", "stsb"):
+        pairs = subsample(load_sts(task, "test", data_dir), 100)
+        a, b = features(pairs.sentences1), features(pairs.sentences2)
+        for dim in (1, 2, 3):
+            rho = spearmanr(cosine_scores(a[:, :dim], b[:, :dim]), pairs.scores).statistic
+            scores[task, dim] = 100 * rho
+    for task in ("sts16", "stsb"):
+        assert metrics[f"test_{task}"] == pytest.approx(scores[task, 3])
+        assert metrics[f"test_{task}_dim8"] == pytest.approx(scores[task, 3])  # above the size: all of it
+        for dim in (1, 2):
+            assert metrics[f"test_{task}_dim{dim}"] == pytest.approx(scores[task, dim])
+    for dim in (1, 2):
+        mean = (scores["sts16", dim] + scores["stsb", dim]) / 2
+        assert metrics[f"test_sts_avg_dim{dim}"] == pytest.approx(mean)
+    assert metrics["test_sts_avg"] == pytest.approx((scores["sts16", 3] + scores["stsb", 3]) / 2)
+    assert scores["stsb", 1] != pytest.approx(scores["stsb", 3])  # the prefixes do differ
+
+
+def test_truncate_dims_is_a_list_of_positive_sizes():
+    from pydantic import ValidationError
+
+    from clsr.config.trial import EvalConfig
+
+    assert EvalConfig(truncate_dims=[64, 128]).truncate_dims == [64, 128]
+    assert EvalConfig().truncate_dims == []
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        EvalConfig(truncate_dims=[0])
