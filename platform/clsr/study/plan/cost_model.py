@@ -66,6 +66,13 @@ KNOWN_SHAPES = {
     "sentence-transformers/nli-roberta-base-v2": (12, 768, 3072, 50265),
     "minilm": (6, 384, 1536, 30522),  # all-MiniLM-L6-v2
 }
+# How much of the transformer's effective throughput each encoder gets: a GCLSR step (TextCNN, batch 512,
+# eight trials sharing an H100) took 99 ms where its FLOPs at the H100's figure take 32 ms
+# (benchmarks/results/2026-11-25-h100, the GCLSR probe): word lookups, augmentation and small kernels.
+EFFICIENCY = {"transformer": 1.0, "textcnn": 0.32}
+# Sentences a training row encodes where the method's views() does not say it: GCLSR encodes two
+# augmented views of its one text column (methods/gclsr.py).
+ENCODED_VIEWS = {"gclsr": 2}
 VECTOR_DIMS = {"word2vec-google-news-300": 300, "glove-6b-50d-local": 50}  # else the name's trailing number
 
 
@@ -83,6 +90,11 @@ def transformer_size(layers: int, hidden: int, intermediate: int, vocab: int) ->
     layer norms left out: 0.2 % of BERT-base)."""
     dense = layers * (4 * hidden * hidden + 2 * hidden * intermediate)
     return dense, dense + vocab * hidden
+
+
+def known_parameters(name: str) -> int | None:
+    """All parameters of a model of ``KNOWN_SHAPES`` (its published config), None for another."""
+    return transformer_size(*KNOWN_SHAPES[name])[1] if name in KNOWN_SHAPES else None
 
 
 def local_config(name: str) -> dict | None:
@@ -158,11 +170,20 @@ class TrialCost:
         return self.setup_s + self.steps_s + self.dev_eval_s + self.checkpoint_s + self.test_eval_s
 
 
+def encoded_views(trial: TrialConfig) -> int:
+    """Sentences each training row encodes."""
+    from clsr.methods import build_method
+
+    return ENCODED_VIEWS.get(trial.method["name"]) or len(build_method(trial).views())
+
+
 def trial_cost(
-    trial: TrialConfig, views: int, steps: int, evaluations: int, checkpoints: int, flops: float, cpus: float
+    trial: TrialConfig, steps: int, evaluations: int, checkpoints: int, flops: float, cpus: float
 ) -> TrialCost:
-    """``views``: sentences each training row encodes (the method's ``views()``); ``flops``: the
-    trial's effective FLOP/s (``device_flops``); ``cpus``: its CPUs (the transfer fits run there)."""
+    """``flops``: the trial's effective FLOP/s on its device (``device_flops``), scaled here by its
+    encoder's ``EFFICIENCY``; ``cpus``: its CPUs (the transfer fits run there)."""
+    views = encoded_views(trial)
+    flops *= EFFICIENCY[trial.model.type]
     size = model_size(trial)
     tokens = tokens_per_sentence(trial)
     train = 6 * size.dense * trial.trainer.batch_size * views * tokens * steps

@@ -165,10 +165,13 @@ class Work:
 
 def trial_work(trial: TrialConfig, rows: int) -> Work:
     """The loop's own plan for a trial of ``rows`` training rows (one device per rank)."""
-    from clsr.config.steps import eval_interval
+    from clsr.config.steps import eval_interval, plan_steps
     from clsr.methods import build_method
 
-    steps_per_epoch, total = build_method(trial).plan_steps(rows, trial, 1)
+    try:
+        steps_per_epoch, total = build_method(trial).plan_steps(rows, trial, 1)
+    except RuntimeError:  # a method that plans from its prepared rows (SelfCCL's pacing): epochs of rows
+        steps_per_epoch, total = plan_steps(rows, trial, 1)
     if total == 0:  # an evaluation-only point scores its starting model once
         return Work(0, 1, 0)
     evaluations = math.ceil(total / eval_interval(trial, steps_per_epoch))  # the last step evaluates too
@@ -207,7 +210,7 @@ def count_rows(trial: TrialConfig, cache: dict[str, int | str]) -> int | str:
     if key not in cache:
         try:  # the rows the loop trains on (a method may pair the data set's rows into fewer)
             cache[key] = len(build_method(trial).rows_for_training(training_rows(trial), trial))
-        except (OSError, ValueError, LookupError) as err:
+        except Exception as err:  # noqa: BLE001 - any loader's failure: priced without rows, and said why
             cache[key] = f"{type(err).__name__}: {err}"
     return cache[key]
 
@@ -274,10 +277,16 @@ def project(
         f"pricing {len(distinct)} distinct trials (of {len(grid) + len(sampled)}); reading their training rows ..."
     )
     rows_cache: dict[str, int | str] = {}
+    read: dict[str, int] = {}  # training rows per data set, as read here
     plans = []
     for entry in distinct:
         rows = count_rows(entry.config, rows_cache)
-        work = trial_work(entry.config, rows) if isinstance(rows, int) else None
+        try:
+            work = trial_work(entry.config, rows) if isinstance(rows, int) else None
+        except ValueError as err:  # fewer rows than a batch, here: priced without them, and said why
+            work, rows_cache[f"batch {entry.label}"] = None, str(err)
+        if isinstance(rows, int):
+            read[entry.config.data.train] = rows
         seconds, basis = pricer(entry.ablation, entry.config, work) if work else (0.0, "?")
         plans.append(
             TrialPlan(
@@ -294,6 +303,10 @@ def project(
         f"USD {price:.2f} per GPU-hour"
         + ("" if usd_per_gpu_hour is not None else " (assumed; --price to change it)"),
     ]
+    assumptions.append(
+        "training rows as read here (a data folder's head or sample prices fewer steps than the full set): "
+        + (", ".join(f"{name} {rows:,}" for name, rows in sorted(read.items())) or "none")
+    )
     unknown = [p for p in plans if p.work is None]
     if unknown:
         assumptions.append(
@@ -338,7 +351,6 @@ def measured_pricer(
 
 def model_pricer(study: Study, gpu: str) -> tuple[Price, list[str]]:
     """Each trial by the FLOPs cost model on ``gpu`` (or the CPUs, for trials that hold no GPU)."""
-    from clsr.methods import build_method
     from clsr.study.plan import cost_model as cm
 
     share = gpus_per_trial(study)
@@ -350,8 +362,7 @@ def model_pricer(study: Study, gpu: str) -> tuple[Price, list[str]]:
         size = cm.model_size(trial)
         sizes[getattr(trial.model, "name", None) or trial.model.vectors] = f"{size.dense:,} ({size.source})"
         lines[2] = "parameters N: " + "; ".join(f"{k} {v}" for k, v in sorted(sizes.items()))
-        views = len(build_method(trial).views())
-        cost = cm.trial_cost(trial, views, work.steps, work.evaluations, work.checkpoints, flops, cpus)
+        cost = cm.trial_cost(trial, work.steps, work.evaluations, work.checkpoints, flops, cpus)
         return cost.total_s, "model"
 
     device = f"{share:g} x {gpu}" if share > 0 else f"{cpus:g} CPU core(s)"
@@ -369,7 +380,8 @@ def model_pricer(study: Study, gpu: str) -> tuple[Price, list[str]]:
         + ")",
         f"extrapolated: {cm.TOKENS_PER_SENTENCE} tokens a sentence (measured on NLI at length 32) capped "
         f"by max_seq_length; set-up {cm.SETUP_S} s and checkpoint writes at "
-        f"{cm.CHECKPOINT_BYTES_PER_S / 1e6:.0f} MB/s as measured on GPUs; transfer tasks "
+        f"{cm.CHECKPOINT_BYTES_PER_S / 1e6:.0f} MB/s as measured on GPUs; TextCNN steps at "
+        f"{cm.EFFICIENCY['textcnn']:g} of the throughput (measured: the GCLSR probe); transfer tasks "
         f"{cm.TRANSFER_S / 60:.0f} min on {cm.CPU_CORES_MEASURED} CPUs (measured); not priced: FAQ "
         "retrieval, RCL's regulators, SelfCCL's scoring pass, the study's own start",
         "parameters N: none priced",  # filled in as trials are priced
