@@ -57,7 +57,12 @@ def differing_fields(
                 planned.setdefault(name, set()).add(flat[name])
                 ran.setdefault(name, set()).update(values)
     return [
-        f"{name} (recorded {', '.join(sorted(ran[name]))}; planned {', '.join(sorted(planned[name]))})"
+        f"{name} (recorded {_some(ran[name])}; planned {_some(planned[name])})"
         for name in COST_FIELDS
         if name in planned
     ]
+
+
+def _some(values: set[str], shown: int = 3) -> str:
+    listed = sorted(values)
+    return ", ".join(listed[:shown]) + (", ..." if len(listed) > shown else "")
