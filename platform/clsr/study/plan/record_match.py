@@ -1,7 +1,9 @@
 """``platform study plan --from <record>``: whether the recorded trials ran the configuration being
 priced. Unit costs measured on another configuration (a smoke run's 50-d vectors, 500 STS pairs and two
-steps) misprice a full study by orders of magnitude, so the fields that set a trial's cost are compared,
-per ablation where the record ran it, and each planned value the record never ran is named."""
+steps) misprice a full study by orders of magnitude, so the fields that set a unit's cost are compared,
+per ablation where the record ran it, and each planned value the record never ran is named. (Steps,
+evaluations and rows are counted from the planned study, so a short record of the same configuration
+prices it.)"""
 
 from __future__ import annotations
 
@@ -10,13 +12,13 @@ from clsr.study.plan.projection import Measured, priced_trials
 from clsr.study.plan.resolve import Resolve, resolver
 from clsr.study.spec.schema import Study
 
-# What a trial's unit costs depend on: the model's size and length, the data's rows, the batch, the
-# number of steps, evaluations and checkpoints, and the evaluation sets.
+# What a unit of a trial's work costs depends on: the model's size and length, the data's sentences, the
+# batch, and the evaluation sets. The number of steps, evaluations, checkpoints and rows is the planned
+# study's own (a 20-step record of the real configuration prices it), so those are not compared.
 COST_FIELDS = (
     "model.name", "model.vectors", "model.max_seq_length", "model.filters", "model.region_sizes",
-    "data.train", "data.max_rows", "trainer.batch_size", "trainer.max_steps", "trainer.epochs",
-    "trainer.eval_steps", "trainer.eval_epochs", "trainer.checkpoint_every", "eval.tasks",
-    "eval.dev_tasks", "eval.sts_max_pairs", "eval.transfer_mode", "eval.transfer_max_examples",
+    "data.train", "trainer.batch_size", "trainer.precision", "eval.tasks", "eval.dev_tasks",
+    "eval.sts_max_pairs", "eval.transfer_mode", "eval.transfer_max_examples", "eval.transfer_classifier",
 )  # fmt: skip
 
 

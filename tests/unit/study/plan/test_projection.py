@@ -132,7 +132,8 @@ def test_a_probe_runs_copies_of_one_trial_at_once_here_and_prices_the_study_with
     assert costs.trials == 2 and costs.device == "1 x cpu"
     assert costs.step_s > 0 and costs.dev_eval_s > 0 and costs.test_eval_s > 0 and costs.setup_s > 0
     assert "2 at once of components/GCLSR_base: 2 steps" in measured.source
-    assert sum("copy" in line for line in lines) == 4
+    assert sum(line.startswith("  copy") and "set-up" in line for line in lines) == 4
+    assert "  copy 0: step 1/2 after" in "\n".join(lines)  # progress while the copies train
     projection = project(study, measured, gpus=1, gpu="h100", progress=lambda _: None)
     assert projection.distinct == len(projection.plans) < projection.trials
     for plan in projection.plans:  # every smoke trial runs its 2 steps at its ablation's probed cost per step
