@@ -9,7 +9,9 @@ trial of the planned study is then priced by its own steps, evaluations and chec
 of each stage are packed onto the GPUs (``concurrency`` slots, or as many as the GPUs hold), and the
 stages add up. Measured on another device than the target, the steps and evaluations are divided by
 a stated speed-up (``--gpu-speedup``); set-up and checkpoint writes are not (start-up, disk and
-network). Nothing here is a library's: no tool projects a Ray Tune study from its own trials' phases.
+network). With no record at all, each trial is priced by the FLOPs cost model instead
+(``clsr.study.plan.cost_model``), and the table's ``basis`` column says which figures are which.
+Nothing here is a library's: no tool projects a Ray Tune study from its own trials' phases.
 """
 
 from __future__ import annotations
