@@ -9,11 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-GPU_KINDS = (
-    "a100",
-    "h100",
-    "h200",
-)  # clsr.study.plan.projection.GPUS (not imported here: the CLI starts fast)
+from clsr.cli.study_plan import cmd_study_plan, plan_parser
 
 
 def add_parsers(commands) -> None:
@@ -27,7 +23,7 @@ def add_parsers(commands) -> None:
     _compare_parser(study)
     _promote_parser(study)
     _schema_parsers(study)
-    _plan_parser(study)
+    plan_parser(study)
 
 
 def _run_parsers(study) -> None:
@@ -184,49 +180,6 @@ def _schema_parsers(study) -> None:
         "reference", help="write the study-file reference (Markdown, every key with its default)"
     )
     reference.add_argument("--out", default=None, help="file to write (default: print it)")
-
-
-def _plan_parser(study) -> None:
-    """``study plan``: the projection's GPUs, prices and where its unit costs come from."""
-    plan = study.add_parser(
-        "plan",
-        help="project the study's wall time, GPU-hours and cost on N GPUs from the per-phase costs of "
-        "trials that ran (its own, or another study's: --from)",
-    )
-    plan.add_argument("study", help="study YAML file")
-    plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    plan.add_argument("--smoke", action="store_true", help="plan the file's smoke: run")
-    plan.add_argument(
-        "--from", dest="measured", default=None, metavar="STUDY",
-        help="the recorded study whose trials give the per-phase costs (default: this study's name)",
-    )  # fmt: skip
-    plan.add_argument(
-        "--probe", action="store_true",
-        help="measure the costs here instead: run short copies of one trial at once, as many as share a GPU "
-        "(no Ray, no MLflow)",
-    )  # fmt: skip
-    plan.add_argument(
-        "--probe-ablation", action="append", default=None, metavar="ABLATION",
-        help="an ablation whose first point is probed (repeatable; the first prices the ablations not "
-        "probed; default: the study's first)",
-    )  # fmt: skip
-    plan.add_argument(
-        "--probe-copies", type=int, default=None, help="copies run at once (default: 1 / gpus_per_worker)"
-    )
-    plan.add_argument(
-        "--probe-steps", type=int, default=None, help="steps per copy (default: two evaluation intervals)"
-    )
-    plan.add_argument("--gpus", type=int, default=1, help="GPUs the study gets (default 1)")
-    plan.add_argument("--gpu", choices=sorted(GPU_KINDS), default="h100", help="GPU kind (default h100)")
-    plan.add_argument(
-        "--gpu-speedup", type=float, default=None,
-        help="how many times faster the GPU runs steps and evaluations than the measured device "
-        "(default: an assumption per GPU kind, printed; 1 when measured on that GPU)",
-    )  # fmt: skip
-    plan.add_argument("--price", type=float, default=None, help="USD per GPU-hour (default: printed)")
-    plan.add_argument(
-        "--tracking-uri", default=None, help="MLflow (default: the study's, $MLFLOW_TRACKING_URI)"
-    )
 
 
 def _load(path: str, overrides: list[str], smoke: bool = False):
@@ -445,61 +398,6 @@ def cmd_study_sync(args: argparse.Namespace) -> int:
         return 1
     print(f"study {study.name!r}: MLflow holds every trial's record")
     return 0
-
-
-def cmd_study_plan(args: argparse.Namespace) -> int:
-    """``platform study plan``: 0 with the projection printed, 2 for a bad file or nothing measured."""
-    from clsr.study.plan.projection import NoMeasurements, project, render
-    from clsr.study.spec.schema import StudyError
-
-    if args.probe and args.measured:
-        print(
-            "error: --probe measures here; --from reads a recorded study: give one of them", file=sys.stderr
-        )
-        return 2
-    try:
-        # the trials validation resolved: probe, prices, checkpoints
-        documents = _load_documents(args.study, args.overrides, smoke=args.smoke)
-        study = documents.study
-        measured = _probed(args, study, documents) if args.probe else _recorded(args, study)
-        projection = project(
-            study, measured, args.gpus, args.gpu, args.gpu_speedup, args.price,
-            grids=documents.grids, resolve=documents.config,
-        )  # fmt: skip
-    except (StudyError, NoMeasurements, ValueError) as err:
-        print(err if isinstance(err, StudyError) else f"error: {err}", file=sys.stderr)
-        return 2
-    print(render(projection, args.gpu, args.gpus))
-    from clsr.study.plan.resolve import checkpoint_lines
-
-    print("\n".join(checkpoint_lines(study, documents.grids, documents.config)))
-    return 0
-
-
-def _probed(args: argparse.Namespace, study, documents):
-    """Unit costs measured here by short probe trials (no Ray, no MLflow: a lone GPU box can run it),
-    of the trials ``documents`` (the study's ``StudyDocuments``) resolved."""
-    from clsr.study.plan.probe import probe
-
-    return probe(
-        study, args.probe_copies, args.probe_ablation, args.probe_steps,
-        grids=documents.grids, resolve=documents.config,
-    )  # fmt: skip
-
-
-def _recorded(args: argparse.Namespace, study):
-    """Unit costs of a recorded study's finished trials, read from MLflow."""
-    from clsr.study.analyse.runs import NoStudyRuns, open_study_runs
-    from clsr.study.plan.projection import NoMeasurements, measure
-    from clsr.tracking.study_runs import children, resolve_tracking_uri
-
-    measured_name = args.measured or study.name
-    uri = resolve_tracking_uri(args.tracking_uri or study.tracking_uri)
-    try:
-        client, parent = open_study_runs(measured_name, uri)
-    except NoStudyRuns as err:
-        raise NoMeasurements(str(err)) from err
-    return measure(children(client, parent.info.run_id), measured_name)
 
 
 def _cmd_compare_or_promote(args: argparse.Namespace) -> int:

@@ -9,7 +9,9 @@ trial of the planned study is then priced by its own steps, evaluations and chec
 of each stage are packed onto the GPUs (``concurrency`` slots, or as many as the GPUs hold), and the
 stages add up. Measured on another device than the target, the steps and evaluations are divided by
 a stated speed-up (``--gpu-speedup``); set-up and checkpoint writes are not (start-up, disk and
-network). Nothing here is a library's: no tool projects a Ray Tune study from its own trials' phases.
+network). With no record at all, each trial is priced by the FLOPs cost model instead
+(``clsr.study.plan.cost_model``), and the table's ``basis`` column says which figures are which.
+Nothing here is a library's: no tool projects a Ray Tune study from its own trials' phases.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import heapq
 import math
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +67,9 @@ class Measured:
     source: str  # where the costs were measured: "study 'name'", or a probe's description
     overall: UnitCosts
     by_ablation: dict[str, UnitCosts] = field(default_factory=dict)
+    # each measured trial's ablation and MLflow params (its configuration, flattened): what
+    # ``clsr.study.plan.record_match`` compares with the planned study's
+    configs: list[tuple[str | None, dict[str, str]]] = field(default_factory=list)
 
     def for_ablation(self, name: str) -> UnitCosts:
         return self.by_ablation.get(name, self.overall)
@@ -142,7 +148,12 @@ def measure(runs: list[Any], study_name: str) -> Measured:
         costs = unit_costs([r for r in runs if r.data.tags.get("clsr.ablation") == name])
         if costs is not None:
             by_ablation[name] = costs
-    return Measured(f"study {study_name!r}", overall, by_ablation)
+    configs = [
+        (r.data.tags.get("clsr.ablation"), dict(r.data.params))
+        for r in runs
+        if r.data.tags.get("clsr.status") == "finished"
+    ]
+    return Measured(f"study {study_name!r}", overall, by_ablation, configs)
 
 
 @dataclass(frozen=True)
@@ -156,10 +167,13 @@ class Work:
 
 def trial_work(trial: TrialConfig, rows: int) -> Work:
     """The loop's own plan for a trial of ``rows`` training rows (one device per rank)."""
-    from clsr.config.steps import eval_interval
+    from clsr.config.steps import eval_interval, plan_steps
     from clsr.methods import build_method
 
-    steps_per_epoch, total = build_method(trial).plan_steps(rows, trial, 1)
+    try:
+        steps_per_epoch, total = build_method(trial).plan_steps(rows, trial, 1)
+    except RuntimeError:  # a method that plans from its prepared rows (SelfCCL's pacing): epochs of rows
+        steps_per_epoch, total = plan_steps(rows, trial, 1)
     if total == 0:  # an evaluation-only point scores its starting model once
         return Work(0, 1, 0)
     evaluations = math.ceil(total / eval_interval(trial, steps_per_epoch))  # the last step evaluates too
@@ -174,6 +188,7 @@ class TrialPlan:
     work: Work | None  # None: its training rows could not be counted here
     seconds: float
     gpus: float
+    basis: str = "measured"  # measured, measured (others), model (the cost model), ? (no work known)
 
 
 @dataclass
@@ -197,7 +212,7 @@ def count_rows(trial: TrialConfig, cache: dict[str, int | str]) -> int | str:
     if key not in cache:
         try:  # the rows the loop trains on (a method may pair the data set's rows into fewer)
             cache[key] = len(build_method(trial).rows_for_training(training_rows(trial), trial))
-        except (OSError, ValueError, LookupError) as err:
+        except Exception as err:  # noqa: BLE001 - any loader's failure: priced without rows, and said why
             cache[key] = f"{type(err).__name__}: {err}"
     return cache[key]
 
@@ -227,9 +242,12 @@ def pack(durations: list[float], slots: int) -> float:
     return max(ends)
 
 
+Price = Callable[[str, TrialConfig, Work], tuple[float, str]]  # (ablation, trial, work) -> (s, basis)
+
+
 def project(
     study: Study,
-    measured: Measured,
+    measured: Measured | None,
     gpus: int,
     gpu: str,
     speedup: float | None = None,
@@ -238,62 +256,59 @@ def project(
     grids: dict[str, list[GridPoint]] | None = None,
     resolve: Resolve | None = None,
 ) -> Projection:
-    """Price every distinct trial of ``study`` and pack each stage onto ``gpus`` GPUs of kind ``gpu``.
+    """Price every distinct trial of ``study`` and pack each stage onto ``gpus`` GPUs of kind ``gpu``:
+    by ``measured`` unit costs, or (None) by the FLOPs cost model (``clsr.study.plan.cost_model``).
     ``grids`` (ablation -> its ``grid_points``) and ``resolve`` (``resolve_trial`` of an ablation,
     overrides and seed): the study's documents (``clsr.study.plan.resolve.StudyDocuments``), each trial
     resolved once; by default resolved here."""
     resolve = resolver(study, resolve)
-    target = GPUS[gpu]
-    measured_on_target = gpu.lower() in measured.overall.device.lower()
     per_trial_gpus = gpus_per_trial(study)
-    if per_trial_gpus == 0:  # the study's trials hold no GPU: they run where they were measured
-        speedup = 1.0
-    elif speedup is None:
-        speedup = 1.0 if measured_on_target else target["speedup"]
-    price = target["usd_per_gpu_hour"] if usd_per_gpu_hour is None else usd_per_gpu_hour
+    price = GPUS[gpu]["usd_per_gpu_hour"] if usd_per_gpu_hour is None else usd_per_gpu_hour
     slots = study.concurrency or 10**6
     if per_trial_gpus > 0:
         slots = min(slots, int(gpus / per_trial_gpus + 1e-9))
     if slots < 1:
         raise ValueError(f"--gpus {gpus}: a trial of this study needs {per_trial_gpus:g} GPUs")
-
+    pricer, assumptions = (
+        measured_pricer(study, measured, gpu, speedup) if measured else model_pricer(study, gpu)
+    )
     stage_of = {name: n for n, wave in enumerate(stages(study)) for name in wave}
-    grid, sampled = _trials(study, grids, resolve)
+    grid, sampled = priced_trials(study, grids, resolve)
     distinct = merge_identical(study, grid) + sampled
-    total = len(grid) + len(sampled)
-    progress(f"pricing {len(distinct)} distinct trials (of {total}); reading their training rows ...")
+    progress(
+        f"pricing {len(distinct)} distinct trials (of {len(grid) + len(sampled)}); reading their training rows ..."
+    )
     rows_cache: dict[str, int | str] = {}
+    read: dict[str, int] = {}  # training rows per data set, as read here
     plans = []
     for entry in distinct:
-        trial = entry.config
-        rows = count_rows(trial, rows_cache)
-        work = trial_work(trial, rows) if isinstance(rows, int) else None
-        costs = measured.for_ablation(entry.ablation)
-        seconds = trial_seconds(work, costs, speedup) if work else 0.0
+        rows = count_rows(entry.config, rows_cache)
+        try:
+            work = trial_work(entry.config, rows) if isinstance(rows, int) else None
+        except ValueError as err:  # fewer rows than a batch, here: priced without them, and said why
+            work, rows_cache[f"batch {entry.label}"] = None, str(err)
+        if isinstance(rows, int):
+            read[entry.config.data.train] = rows
+        seconds, basis = pricer(entry.ablation, entry.config, work) if work else (0.0, "?")
         plans.append(
-            TrialPlan(entry.ablation, entry.label, stage_of[entry.ablation], work, seconds, per_trial_gpus)
+            TrialPlan(
+                entry.ablation, entry.label, stage_of[entry.ablation], work, seconds, per_trial_gpus, basis
+            )
         )
     wall = sum(
         pack([p.seconds for p in plans if p.stage == n], slots) for n in sorted(set(stage_of.values()))
     )
     gpu_hours = sum(p.seconds * p.gpus for p in plans) / 3600
-    assumptions = [
-        f"unit costs: medians over {measured.overall.trials} finished trials of {measured.source} "
-        f"on {measured.overall.device} (per ablation where it ran one): outside the loop "
-        f"{measured.overall.overhead_s:.1f} s, set-up {measured.overall.setup_s:.1f} s, "
-        f"step {measured.overall.step_s:.3f} s, dev evaluation {measured.overall.dev_eval_s:.1f} s, "
-        f"checkpoint {measured.overall.checkpoint_s:.2f} s, test evaluation {measured.overall.test_eval_s:.1f} s",
-        "the study's trials hold no GPU: projected on the measured device"
-        if per_trial_gpus == 0
-        else f"steps and evaluations {speedup:g}x faster on {gpu} than where they were measured"
-        + (" (measured on it)" if measured_on_target else " (assumed; --gpu-speedup to change it)"),
-        "set-up, the time outside the loop and checkpoint writes as measured (start-up, disk and network "
-        "do not speed up); not counted: the study's own start (Ray, shared inputs, about a minute)",
+    assumptions += [
         f"{slots} trials at a time ({gpus} x {gpu}, {per_trial_gpus:g} GPU per trial, concurrency "
         f"{study.concurrency or 'unlimited'}); stages run one after another",
         f"USD {price:.2f} per GPU-hour"
         + ("" if usd_per_gpu_hour is not None else " (assumed; --price to change it)"),
     ]
+    assumptions.append(
+        "training rows as read here (a data folder's head or sample prices fewer steps than the full set): "
+        + (", ".join(f"{name} {rows:,}" for name, rows in sorted(read.items())) or "none")
+    )
     unknown = [p for p in plans if p.work is None]
     if unknown:
         assumptions.append(
@@ -306,7 +321,78 @@ def project(
     )
 
 
-def _trials(
+def measured_pricer(
+    study: Study, measured: Measured, gpu: str, speedup: float | None
+) -> tuple[Price, list[str]]:
+    """Each trial's work at its ablation's measured unit costs (or the study's overall ones), with the
+    steps and evaluations sped up from the measured device to ``gpu``."""
+    measured_on_target = gpu.lower() in measured.overall.device.lower()
+    if gpus_per_trial(study) == 0:  # the study's trials hold no GPU: they run where they were measured
+        speedup = 1.0
+    elif speedup is None:
+        speedup = 1.0 if measured_on_target else GPUS[gpu]["speedup"]
+
+    def price(ablation: str, trial: TrialConfig, work: Work) -> tuple[float, str]:
+        basis = "measured" if ablation in measured.by_ablation else "measured (others)"
+        return trial_seconds(work, measured.for_ablation(ablation), speedup), basis
+
+    o = measured.overall
+    return price, [
+        f"unit costs: medians over {o.trials} finished trials of {measured.source} on {o.device} (per "
+        f"ablation where it ran one; 'measured (others)': priced by the other ablations' medians): outside "
+        f"the loop {o.overhead_s:.1f} s, set-up {o.setup_s:.1f} s, step {o.step_s:.3f} s, dev evaluation "
+        f"{o.dev_eval_s:.1f} s, checkpoint {o.checkpoint_s:.2f} s, test evaluation {o.test_eval_s:.1f} s",
+        "the study's trials hold no GPU: projected on the measured device"
+        if gpus_per_trial(study) == 0
+        else f"steps and evaluations {speedup:g}x faster on {gpu} than where they were measured"
+        + (" (measured on it)" if measured_on_target else " (assumed; --gpu-speedup to change it)"),
+        "set-up, the time outside the loop and checkpoint writes as measured (start-up, disk and network "
+        "do not speed up); not counted: the study's own start (Ray, shared inputs, about a minute)",
+    ]
+
+
+def model_pricer(study: Study, gpu: str) -> tuple[Price, list[str]]:
+    """Each trial by the FLOPs cost model on ``gpu`` (or the CPUs, for trials that hold no GPU)."""
+    from clsr.study.plan import cost_model as cm
+
+    share = gpus_per_trial(study)
+    cpus = study.resources.cpus_per_worker * max(study.resources.workers_per_trial, 1)
+    flops = cm.device_flops(gpu, share, cpus)
+    sizes: dict[str, str] = {}
+
+    def price(ablation: str, trial: TrialConfig, work: Work) -> tuple[float, str]:
+        size = cm.model_size(trial)
+        sizes[getattr(trial.model, "name", None) or trial.model.vectors] = f"{size.dense:,} ({size.source})"
+        lines[2] = "parameters N: " + "; ".join(f"{k} {v}" for k, v in sorted(sizes.items()))
+        cost = cm.trial_cost(trial, work.steps, work.evaluations, work.checkpoints, flops, cpus)
+        return cost.total_s, "model"
+
+    device = f"{share:g} x {gpu}" if share > 0 else f"{cpus:g} CPU core(s)"
+    kind = "cpu" if share == 0 else gpu
+    measured = "measured" if cm.MEASURED_ON[kind] else "extrapolated, not measured"
+    lines = [
+        "no recorded trial: every trial priced by the cost model ('model'; clsr/study/plan/cost_model.py): "
+        "6 x N x training tokens + 2 x N x evaluation tokens (N: non-embedding parameters), divided by "
+        f"{flops:.3g} FLOP/s per trial ({device}; the device's figure {measured} by `platform bench train`"
+        + (
+            f", scaled from {cm.CPU_CORES_MEASURED} cores"
+            if share == 0 and cpus != cm.CPU_CORES_MEASURED
+            else ""
+        )
+        + ")",
+        f"extrapolated: {cm.TOKENS_PER_SENTENCE} tokens a sentence (measured on NLI at length 32) capped "
+        f"by max_seq_length; set-up {cm.SETUP_S} s and checkpoint writes at "
+        f"{cm.CHECKPOINT_BYTES_PER_S / 1e6:.0f} MB/s as measured on GPUs; TextCNN steps at "
+        f"{cm.EFFICIENCY['textcnn']:g} of the throughput (measured: the GCLSR probe); transfer tasks "
+        f"{cm.TRANSFER_S / 60:.0f} min on {cm.CPU_CORES_MEASURED} CPUs (measured); not priced: FAQ "
+        "retrieval, RCL's regulators, SelfCCL's scoring pass, the study's own start",
+        "parameters N: none priced",  # filled in as trials are priced
+        "a measured projection replaces all of this: --probe here, or --from a run of this configuration",
+    ]
+    return price, lines
+
+
+def priced_trials(
     study: Study, grids: dict[str, list[GridPoint]] | None, resolve: Resolve
 ) -> tuple[list[TrialSpec], list[TrialSpec]]:
     """The grid trials, each resolved, and the trials a search or a confirmation will run, each
@@ -333,14 +419,15 @@ def render(projection: Projection, gpu: str, gpus: int) -> str:
     by_ablation: dict[str, list[TrialPlan]] = {}
     for plan in projection.plans:
         by_ablation.setdefault(plan.ablation, []).append(plan)
-    header = f"{'ablation':<24} {'distinct':>8} {'steps/trial':>12} {'min/trial':>10} {'GPU-h':>8}"
+    header = f"{'ablation':<24} {'distinct':>8} {'steps/trial':>12} {'min/trial':>10} {'GPU-h':>8}  basis"
     lines = [header, "-" * len(header)]
     for name, plans in by_ablation.items():
         steps = [p.work.steps for p in plans if p.work]
         minutes = statistics.mean(p.seconds for p in plans) / 60
         gpu_h = sum(p.seconds * p.gpus for p in plans) / 3600
         shown = f"{statistics.median(steps):,.0f}" if steps else "?"
-        lines.append(f"{name:<24} {len(plans):>8} {shown:>12} {minutes:>10.1f} {gpu_h:>8.2f}")
+        basis = ", ".join(dict.fromkeys(p.basis for p in plans))
+        lines.append(f"{name:<24} {len(plans):>8} {shown:>12} {minutes:>10.1f} {gpu_h:>8.2f}  {basis}")
     cost = f", about USD {projection.usd:,.0f}" if projection.usd is not None else ""
     lines += [
         "",

@@ -411,6 +411,8 @@ def checkpoint_lines(
     all of it with ``keep_checkpoints: true``. Models whose size is unknown here are named instead.
     ``grids`` and ``resolve``: as ``count_trials`` takes them."""
 
+    from clsr.study.plan.cost_model import known_parameters
+
     resolve = resolver(study, resolve)
     counts: dict[str, int | None] = {}
     largest = (0, 0)  # bytes while training, after the study
@@ -430,7 +432,7 @@ def checkpoint_lines(
             trial = resolve(name, point.overrides, first_seed)
             model = trial.model.name if trial.model.type == "transformer" else None
             if model is not None and model not in counts:
-                counts[model] = trained_parameters(model, trial.model.pooling)
+                counts[model] = trained_parameters(model, trial.model.pooling) or known_parameters(model)
             params = counts.get(model) if model is not None else None
             if params is None:
                 unknown.add(model or trial.model.type)

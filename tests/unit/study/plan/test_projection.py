@@ -97,12 +97,20 @@ def test_longest_trials_first_onto_the_slot_that_frees_first():
     assert pack([], 4) == 0 and pack([7], 3) == 7
 
 
-def test_the_command_prints_the_projection_and_says_what_to_run_without_measurements(recorded, capsys):
+def test_the_command_prints_the_projection_and_falls_back_to_the_cost_model(recorded, capsys):
     assert main(["study", "plan", str(SMOKE), "--from", "probe", "--gpus", "2"]) == 0
     out = capsys.readouterr().out
     assert "2 trials, 2 distinct" in out and "min wall" in out and "hold no GPU" in out
-    assert main(["study", "plan", str(SMOKE)]) == 2  # no recorded 'smoke' study in this store
-    assert "no MLflow run of study 'smoke'" in capsys.readouterr().err
+    row = next(line for line in out.splitlines() if line.startswith("temperature"))
+    assert row.endswith("  measured")  # the basis column
+    # no recorded 'smoke' study in this store: the cost model prices it, and says so
+    assert main(["study", "plan", str(SMOKE)]) == 0
+    captured = capsys.readouterr()
+    assert "no finished trial of study 'smoke'" in captured.err
+    row = next(line for line in captured.out.splitlines() if line.startswith("temperature"))
+    assert row.endswith("  model") and "no recorded trial" in captured.out
+    assert main(["study", "plan", str(SMOKE), "--from", "nope"]) == 2  # named: its absence is an error
+    assert "no MLflow run of study 'nope'" in capsys.readouterr().err
 
 
 GCLSR = REPO_ROOT / "studies" / "gclsr_ablations.yaml"
@@ -116,13 +124,16 @@ def test_a_probe_runs_copies_of_one_trial_at_once_here_and_prices_the_study_with
     assert label == "components/GCLSR_base" and trial.trainer.max_steps == 2  # the smoke's own 2 steps
     assert probe_trial(study, "batch_size", steps=1)[1].trainer.max_steps == 1
     lines: list[str] = []
-    measured = probe(study, copies=2, ablations=["components", "batch_size"], progress=lines.append)
+    measured = probe(
+        study, copies=2, ablations=["components", "batch_size"], progress=lines.append, limit_s=900
+    )  # a limit it cannot reach on a loaded machine: both ablations measured in full
     costs = measured.overall
     assert measured.by_ablation["components"] == costs and "batch_size" in measured.by_ablation
     assert costs.trials == 2 and costs.device == "1 x cpu"
     assert costs.step_s > 0 and costs.dev_eval_s > 0 and costs.test_eval_s > 0 and costs.setup_s > 0
     assert "2 at once of components/GCLSR_base: 2 steps" in measured.source
-    assert sum("copy" in line for line in lines) == 4
+    assert sum(line.startswith("  copy") and "set-up" in line for line in lines) == 4
+    assert "  copy 0: step 1/2 after" in "\n".join(lines)  # progress while the copies train
     projection = project(study, measured, gpus=1, gpu="h100", progress=lambda _: None)
     assert projection.distinct == len(projection.plans) < projection.trials
     for plan in projection.plans:  # every smoke trial runs its 2 steps at its ablation's probed cost per step
