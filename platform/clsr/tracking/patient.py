@@ -71,3 +71,4 @@ class PatientClient(MlflowClient):
     log_artifacts = _patient(MlflowClient.log_artifacts)
     delete_run = _patient(MlflowClient.delete_run)
     restore_run = _patient(MlflowClient.restore_run)
+    set_experiment_tag = _patient(MlflowClient.set_experiment_tag)
