@@ -38,6 +38,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _remove_the_sessions_folders_once_all_passed(request, tmp_path_factory):
+    """The suite writes gigabytes under pytest's folder (models, checkpoints, MLflow stores): a session
+    whose every test passed removes its folder at its very end (this fixture is set up first, so torn down
+    last); a failed one keeps it to look into (``tmp_path_retention_count``: the last one only). Not with
+    ``--basetemp``: whoever names the folder removes it (``.ci/run`` does)."""
+    import shutil
+
+    yield
+    if request.config.option.basetemp is None and request.session.testsfailed == 0:
+        shutil.rmtree(tmp_path_factory.getbasetemp(), ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _mlflow_store_template(tmp_path_factory):
     """Where ``sqlite_uri`` keeps its migrated empty store (created on first use, once per test process)."""
     _TEMPLATE_FOLDER.append(tmp_path_factory.mktemp("mlflow-template"))

@@ -58,16 +58,36 @@ def runs_of(uri: str, experiment: str):
 
 
 @pytest.mark.xdist_group("smoke_study")
-def test_a_finished_smoke_studys_checkpoints_hold_at_most_twice_the_model(smoke_study):
-    """Once the study finished, each trial's kept checkpoint is its last and best weights only (before:
-    weights, AdamW's two moments and the best weights, about 4x; issue 35)."""
-    folders = {p.parent for p in (smoke_study.folder / "runs").rglob("checkpoint_*/state.pt")}
-    assert len(folders) == 2  # one per trial
-    for folder in folders:
-        weights = (folder / "best_model.pt").stat().st_size
+def test_a_finished_smoke_studys_trials_keep_their_weights_once_each_kind(smoke_study):
+    """Once the study finished, each trial's kept checkpoint is its last weights only (before: weights,
+    AdamW's two moments and the best weights, about 4x; issue 35), its best weights being its MLflow run's
+    model (issue 53: kept once, the manifest names it); the whole study about 4x the model on disk."""
+    import json
+
+    client, _, children = runs_of(smoke_study.uri, "smoke")
+    by_folder = {Path(run.data.tags["clsr.checkpoint"]).resolve(): run for run in children}
+    folders = {p.parent.resolve() for p in (smoke_study.folder / "runs").rglob("checkpoint_*/state.pt")}
+    assert folders == set(by_folder)  # one per trial
+    for folder, run in by_folder.items():
+        weights = (folder / "state.pt").stat().st_size
         assert weights > 80e6  # MiniLM's 22.6 M fp32 parameters
-        assert sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) <= 2 * weights + 64 * 1024
-    assert "checkpoints: " in smoke_study.output  # the line that says what was shrunk
+        assert sorted(f.name for f in folder.iterdir() if f.is_file()) == ["manifest.json", "state.pt"]
+        assert (
+            json.loads((folder / "manifest.json").read_text())["best_model"]
+            == f"runs:/{run.info.run_id}/model"
+        )
+        model = [
+            a for a in client.list_artifacts(run.info.run_id, "model") if a.path.endswith(".safetensors")
+        ]
+        assert model and model[0].file_size > 80e6  # the best weights, there
+    disk = sum(
+        f.stat().st_size
+        for name in ("runs", "mlruns")
+        for f in (smoke_study.folder / name).rglob("*")
+        if f.is_file()
+    )
+    assert disk <= 4 * weights + 16e6, disk  # two trials: last weights + the MLflow model each
+    assert "2 with their best weights kept once" in smoke_study.output  # the line that says so
 
 
 @pytest.mark.xdist_group("smoke_study")

@@ -31,6 +31,7 @@ from mlflow.tracking import MlflowClient
 from playwright.sync_api import expect, sync_playwright
 
 from clsr.cluster.ports import free_port
+from clsr.study.record.runs_view import trials_url
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "mlflow_ui"
@@ -233,6 +234,44 @@ def test_runs_table_shows_trials_and_metrics(mlflow_ui, study, page, tmp_path):
             expect(row.locator('[col-id="params.`method.temperature`"]')).to_have_text(
                 child.data.params["method.temperature"]
             )
+
+
+def test_the_studys_view_shows_the_trials_with_its_metric_and_params(
+    mlflow_ui, smoke_study, study, page, tmp_path
+):
+    """The README's URL (the study's shared view): both trials, best first, with the study's metric and the
+    parameter its ablation varies as columns, no click needed; neither the parent nor the lease run listed.
+    The default runs table does not list the lease run either (let go, it is deleted)."""
+    from mlflow.entities import ViewType
+
+    experiment, parent, children = study
+    leases = MlflowClient(smoke_study.uri).search_runs(
+        [experiment.experiment_id], "tags.`clsr.role` = 'lease'", ViewType.ALL
+    )
+    assert len(leases) == 1 and leases[0].info.lifecycle_stage == "deleted"
+    ranked = sorted(children, key=lambda c: -c.data.metrics["best_dev_stsb"])
+    with screenshot(page, "study_trials_view", tmp_path):
+        page.goto(trials_url(mlflow_ui, experiment.experiment_id))
+        rows = page.locator(".ag-center-cols-container [role='row']")
+        expect(rows).to_have_count(len(children))
+        for position, child in enumerate(ranked):
+            row = page.locator(f'.ag-center-cols-container [role="row"][row-id="{child.info.run_id}"]')
+            expect(row).to_have_attribute("row-index", str(position))
+            expect(row.locator('[col-id="metrics.`best_dev_stsb`"]')).to_have_text(
+                js_number(child.data.metrics["best_dev_stsb"])
+            )
+            expect(row.locator('[col-id="params.`method.temperature`"]')).to_have_text(
+                child.data.params["method.temperature"]
+            )
+        header = page.locator(".ag-header")
+        for column in ("best_dev_stsb", "method.temperature"):
+            expect(header.get_by_text(column, exact=True).first).to_be_visible()
+    page = page.context.new_page()  # a fresh page: the shared view's state stays with the one above
+    with screenshot(page, "experiment_runs_default", tmp_path):
+        page.goto(f"{mlflow_ui}/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning")
+        expect(page.locator(f'[role="row"][row-id="{parent.info.run_id}"]').first).to_be_visible()
+        expect(page.get_by_text(f"{1 + len(children)} matching runs")).to_be_visible()  # the lease not among them
+        expect(page.locator(f'[role="row"][row-id="{leases[0].info.run_id}"]')).to_have_count(0)
 
 
 def test_trial_run_pages_show_metrics(mlflow_ui, study, page, tmp_path):

@@ -19,6 +19,7 @@ elsewhere, and loads without one.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Literal
 from torch import nn
 
 from clsr.config.model import ModelConfig
-from clsr.encoders.checkpoint_files import load_tensors
+from clsr.encoders.checkpoint_files import MANIFEST, load_tensors
 from clsr.encoders.transformer import TransformerEncoder
 
 Weights = Literal["last", "best"]
@@ -87,6 +88,11 @@ def _read_weights(source: str, path: Path, weights: Weights) -> dict:
                 if weights == "best"
                 else "is it a checkpoint?"
             )
+            if weights == "best" and (moved := _best_model_uri(path)):
+                hint = (
+                    f"its finished study kept its best weights once, as the MLflow model {moved} (`platform "
+                    f"eval --model {moved}`); use weights: last, or keep_checkpoints: true in the study"
+                )
             raise FileNotFoundError(f"{source} has no {WEIGHT_FILES[weights]} (weights: {weights}); {hint}")
         path = path / WEIGHT_FILES[weights]
     # checked against the folder's manifest (the trainer's files must have one); tensors and plain data only
@@ -94,3 +100,12 @@ def _read_weights(source: str, path: Path, weights: Weights) -> dict:
     if isinstance(state, dict) and isinstance(state.get("model"), dict):  # state.pt: weights + optimiser
         state = state["model"]
     return state
+
+
+def _best_model_uri(folder: Path) -> str | None:
+    """Where a finished study's retention moved the checkpoint's best weights (the manifest's note)."""
+    try:
+        note = json.loads((folder / MANIFEST).read_text()).get("best_model")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return note if isinstance(note, str) else None

@@ -70,3 +70,5 @@ class PatientClient(MlflowClient):
     log_artifact = _patient(MlflowClient.log_artifact)
     log_artifacts = _patient(MlflowClient.log_artifacts)
     delete_run = _patient(MlflowClient.delete_run)
+    restore_run = _patient(MlflowClient.restore_run)
+    set_experiment_tag = _patient(MlflowClient.set_experiment_tag)

@@ -10,6 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
 from clsr.study.plan.load import load_study
+from clsr.study.plan.resolve import grid_points
 from clsr.study.run.experiment import build_tuner, param_space
 from clsr.study.run.trial import StudyContext
 from tests.support.stores import sqlite_uri
@@ -187,6 +188,46 @@ def test_summary_rows_show_the_averages_a_trial_has():
     table = format_rows(summary_rows([smoke, *twice], study)).splitlines()
     assert [line.split(" | ")[-1].strip() for line in table[3:5]] == ["[1]", "[1]"]
     assert table[-1] == f"[1] {long}" and sum(hint in line for line in table) == 1
+
+
+def test_summary_rows_follow_the_study_files_order():
+    """Issue 53: the end-of-study table lists ablations and their points in the study file's order, then
+    seeds, whatever order the trials started in; a label the file does not have goes after its ablation's."""
+    from types import SimpleNamespace
+
+    from clsr.study.record.summary import summary_rows
+
+    study = load_study(REPO_ROOT / "studies" / "simcse_ablations.yaml", smoke=True)
+    first, second = list(study.ablations)[:2]
+    labels = [p.label for p in grid_points(study.ablations[first])]
+    assert len(labels) >= 2
+
+    def run(start: int, ablation: str, point: str, seed: int) -> SimpleNamespace:
+        tags = {
+            "clsr.ablation": ablation,
+            "clsr.point": point,
+            "clsr.seed": str(seed),
+            "clsr.status": "finished",
+        }
+        return SimpleNamespace(
+            info=SimpleNamespace(start_time=start), data=SimpleNamespace(tags=tags, metrics={})
+        )
+
+    started = [  # the order Tune happened to start them in
+        run(0, second, "whatever", 1),
+        run(1, first, "gone from the file", 1),
+        run(2, first, labels[1], 2),
+        run(3, first, labels[1], 1),
+        run(4, first, labels[0], 1),
+    ]
+    rows = summary_rows(started, study)
+    assert [(r["ablation"], r["point"], r["seed"]) for r in rows] == [
+        (first, labels[0], "1"),
+        (first, labels[1], "1"),
+        (first, labels[1], "2"),
+        (first, "gone from the file", "1"),
+        (second, "whatever", "1"),
+    ]
 
 
 def test_failures_that_come_back_on_every_retry_are_final():

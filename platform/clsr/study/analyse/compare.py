@@ -7,7 +7,8 @@ the two share: the same resolved configuration, as each child run logged it in i
 machines), and the same seed. Per point it reports the paired differences B - A of the metric: their
 mean, SciPy's Student-t 95 % CI and paired t-test (``scipy.stats.ttest_rel``), and the p-values adjusted
 across points with Holm's method, the report's own (``clsr.study.stats.seeds.holm``).
-Points only one record holds are listed apart. Only values are compared: nothing here takes a path or
+Points only one record holds are listed apart; a label both hold with another configuration is listed
+with the parameters that differ (why it was not paired). Only values are compared: nothing here takes a path or
 a location from a run's tags. The pairing and the table are the only hand-written parts.
 """
 
@@ -33,6 +34,7 @@ from clsr.tracking.study_runs import resolve_tracking_uri
 CONFIDENCE = 0.95
 DEFAULT_METRIC = "test_sts_avg"
 NOT_CONFIG = ("study.", "trainer.seed")  # labels and the seed: the seed pairs trials, it is no point
+MAX_DIFFERENCES = 4  # parameters named per label whose configuration differs
 COLUMNS = ("point", "seeds", "n", "mean_a", "mean_b", "diff", "ci_low", "ci_high", "p", "p_holm")
 
 
@@ -67,6 +69,8 @@ class Comparison:
     metric: str = DEFAULT_METRIC
     params_only_a: list[str] = field(default_factory=list)  # logged by A's runs only: not compared
     params_only_b: list[str] = field(default_factory=list)
+    # a label both records hold with another configuration: the parameters that differ (A's, B's value)
+    differs: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)
 
 
 def previous_record(study_name: str, uri: str) -> str:
@@ -148,7 +152,25 @@ def compare(a: Record, b: Record, metric: str = DEFAULT_METRIC, ignore: tuple[st
     table["p_holm"] = holm(table["p"].tolist())  # the report's Holm: nan (no test) is no comparison
     only_a = sorted({label for cfg, label in labels.items() if cfg not in shared})
     only_b = sorted({label for cfg, label in labels_b.items() if cfg not in shared})
-    return Comparison(table, only_a, only_b, metric, sorted(names_a - names), sorted(names_b - names))
+    differs = {
+        label: differing(configuration(a, label, names), configuration(b, label, names))
+        for label in sorted(set(only_a) & set(only_b))
+    }
+    only_a, only_b = [x for x in only_a if x not in differs], [x for x in only_b if x not in differs]
+    return Comparison(
+        table, only_a, only_b, metric, sorted(names_a - names), sorted(names_b - names), differs
+    )
+
+
+def configuration(record: Record, label: str, names: frozenset[str]) -> dict[str, str]:
+    """The compared parameters of the first trial of ``record`` whose label is ``label``."""
+    trial = next(t for t in record.trials if f"{t.ablation}[{t.point}]" == label)
+    return {k: v for k, v in trial.params.items() if k in names}
+
+
+def differing(a: dict[str, str], b: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(parameter, A's value, B's value) of each parameter whose value differs ('-': not logged)."""
+    return [(k, a.get(k, "-"), b.get(k, "-")) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
 
 
 def render(comparison: Comparison, a: Record, b: Record) -> str:
@@ -169,6 +191,15 @@ def render(comparison: Comparison, a: Record, b: Record) -> str:
     for side, points in (("A", comparison.only_a), ("B", comparison.only_b)):
         if points:
             lines.append(f"\nonly in {side} ({len(points)}): " + ", ".join(points))
+    if comparison.differs:
+        lines.append(
+            f"\nin both, not paired ({len(comparison.differs)}): another configuration (--ignore <prefix> "
+            f"pairs them where a difference does not matter), or no seed both finished:"
+        )
+        for label, changes in comparison.differs.items():
+            shown = "; ".join(f"{k} {va} (A) / {vb} (B)" for k, va, vb in changes[:MAX_DIFFERENCES])
+            more = f"; and {len(changes) - MAX_DIFFERENCES} more" if len(changes) > MAX_DIFFERENCES else ""
+            lines.append(f"  {label}: {shown or 'the same configuration, no seed both finished'}{more}")
     for side, names in (("A", comparison.params_only_a), ("B", comparison.params_only_b)):
         if names:
             lines.append(f"\nparameters only {side}'s runs logged (not used to pair): " + ", ".join(names))

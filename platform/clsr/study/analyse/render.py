@@ -136,7 +136,8 @@ th{background:#f0f0f0} td.col0,th.col0{text-align:left}
 td.paper-choice{background:#fff8dc} td.reference.col0{font-weight:bold}
 td.significant{color:#a00000} td.incomplete.col2{background:#fde2e2}
 td.total{font-weight:bold} .notes{color:#555;font-size:13px} img{max-width:100%;margin:.5em 0}
-"""
+.wide{max-width:100%;overflow-x:auto} .wide table{margin-top:0}
+"""  # .wide: a table wider than the window scrolls inside its box, not the page
 
 
 def html_table(table: Table) -> str:
@@ -148,11 +149,12 @@ def html_table(table: Table) -> str:
     per_cell = pd.DataFrame([[c] * len(cells.columns) for c in classes], columns=cells.columns)
     styled = cells.style.hide(axis="index").format(escape="html").format_index(escape="html", axis=1)
     styled = styled.set_td_classes(per_cell)
-    return styled.to_html()
+    return f'<div class="wide">{styled.to_html()}</div>'
 
 
 def render_html(report: StudyReport, images: dict[str, list[Path]]) -> str:
-    """One page, no outside files: inline CSS, PNGs embedded as base64."""
+    """One page, no outside files: inline CSS, PNGs embedded as base64. Each ablation opens on its table
+    (after the one line naming the paper table), its statistics and notes under a heading below."""
     esc = escape.html_text
     parts = [
         f"<h1>Study report: {esc(report.study.name)}</h1>",
@@ -161,8 +163,12 @@ def render_html(report: StudyReport, images: dict[str, list[Path]]) -> str:
         *(f'<p class="notes">{esc(n)}</p>' for n in report.notes),
     ]
     for ab in report.ablations:
-        parts += [f"<h2>{esc(ab.name)}</h2>", *(f'<p class="notes">{esc(n)}</p>' for n in ablation_notes(ab))]
-        parts.append(html_table(summary_table(ab)))
+        lead, *reading = ablation_notes(ab)  # the paper table it is; then how to read it: below the answer
+        parts += [
+            f"<h2>{esc(ab.name)}</h2>",
+            f'<p class="notes">{esc(lead)}</p>',
+            html_table(summary_table(ab)),
+        ]
         for table in detail_tables(ab):
             parts += [f"<h3>{esc(table.title)}</h3>", html_table(table)]
         if note := effects_note(ab):
@@ -176,6 +182,9 @@ def render_html(report: StudyReport, images: dict[str, list[Path]]) -> str:
         for png in images.get(ab.name, []):
             data = base64.b64encode(png.read_bytes()).decode()
             parts.append(f'<img alt="{esc(png.stem)}" src="data:image/png;base64,{data}">')
+        if reading:
+            parts += [f"<h3>{esc(ab.name)}: how to read the table</h3>"]
+            parts += [f'<p class="notes">{esc(n)}</p>' for n in reading]
     parts += ["<h2>Cost</h2>", html_table(cost_table(report))]
     title = esc(f"Study report: {report.study.name}")
     return (

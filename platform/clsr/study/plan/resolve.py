@@ -444,7 +444,11 @@ def checkpoint_lines(
     if largest == (0, 0):
         return [f"checkpoints: size unknown ({', '.join(sorted(unknown))}: no parameter count here)"]
     training, after = largest
-    kept = "kept whole (keep_checkpoints: true)" if study.keep_checkpoints else "weights + best weights"
+    kept = (  # the best weights of a trial no later stage needs: its MLflow model (retention)
+        "kept whole (keep_checkpoints: true)"
+        if study.keep_checkpoints
+        else "weights + best weights, the best as the trial's MLflow model where no later stage needs them"
+    )
     lines = [
         f"checkpoint per trial: ~{human_bytes(training)} while it trains (fp32 weights, optimizer moments, "
         f"best weights), ~{human_bytes(training if study.keep_checkpoints else after)} once the study "

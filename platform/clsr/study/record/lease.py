@@ -16,6 +16,14 @@ generations they win, so its creator, should it make its lease run after all, fi
 Two lease runs for one parent are refused as ambiguous (only the parent's creator makes one: a second
 was written by someone else).
 
+Out of sight while no driver holds it: a driver that lets go deletes the lease run (MLflow's runs table
+shows active runs only by default), and the next driver restores it before taking its generation.
+Deleted runs keep their params and tags, and the lookups here read deleted runs too, so the
+compare-and-set is unchanged. Where MLflow refuses the restore (deleting and restoring a run needs the
+experiment's MANAGE permission, a colleague may hold EDIT only) the generation goes in the parent's
+params, which win; a heartbeat that finds its lease run deleted under it (a releasing driver's late
+delete) restores it and beats on.
+
 The holder renews the tag ``clsr.lease`` (``token host pid count``) every ``HEARTBEAT_S``. Whether a
 holder is gone is judged on the observer's own monotonic clock: the lease is stale when the observer
 has watched it unchanged for ``STALE_S`` (timestamps written by two machines are never compared, so a
@@ -41,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlflow.entities import ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -164,7 +173,7 @@ def generations(params: dict[str, str]) -> dict[int, str]:
 def lease_runs(client: MlflowClient, parent) -> list:
     """The lease runs that name ``parent`` (a Run): one, or none while its creator has not made it."""
     query = f"tags.`{ROLE_TAG}` = 'lease' and tags.`{LEASE_OF_TAG}` = {quoted(parent.info.run_id)}"
-    return client.search_runs([parent.info.experiment_id], query, max_results=3)
+    return client.search_runs([parent.info.experiment_id], query, ViewType.ALL, max_results=3)  # deleted too
 
 
 def lease_record(client: MlflowClient, parent, known_id: str | None = None):
@@ -207,7 +216,7 @@ def leased(client: MlflowClient, parents: list) -> set[str]:
         by_experiment.setdefault(parent.info.experiment_id, []).append(parent.info.run_id)
     for experiment, wanted in by_experiment.items():
         query = f"tags.`{ROLE_TAG}` = 'lease'"
-        for run in client.search_runs([experiment], query, max_results=50_000):
+        for run in client.search_runs([experiment], query, ViewType.ALL, max_results=50_000):
             if run.data.tags.get(LEASE_OF_TAG) in wanted and GENERATION_PARAM.format(1) in run.data.params:
                 ids.add(run.data.tags[LEASE_OF_TAG])
     return ids
@@ -298,6 +307,7 @@ class Lease:
         return taken
 
     def _take(self, client: MlflowClient, wanted: int, record_id: str) -> int:
+        record_id = self._writable(client, record_id)
         try:
             client.log_param(record_id, GENERATION_PARAM.format(wanted), self.token)
         except MlflowException as err:  # refused: another driver took this generation first
@@ -308,6 +318,19 @@ class Lease:
         self._beat(client)
         self.start()  # beating from the moment it holds the lease: taking over a study may take minutes
         return wanted
+
+    def _writable(self, client: MlflowClient, record_id: str) -> str:
+        """The run to log a generation on: a lease run its last holder deleted when it let go, restored;
+        the parent itself where MLflow refuses the restore (no MANAGE permission: see the module doc)."""
+        if record_id == self.run_id or client.get_run(record_id).info.lifecycle_stage != "deleted":
+            return record_id
+        try:
+            client.restore_run(record_id)
+        except MlflowException as err:
+            if is_transient(err):
+                raise
+            return self.run_id
+        return record_id
 
     def discard(self, client: MlflowClient) -> None:
         """Beat no more and delete the lease run this driver made (its parent run is being deleted)."""
@@ -325,7 +348,16 @@ class Lease:
     def _beat(self, client: MlflowClient) -> None:
         self._beats += 1
         text = f"{self.token} {socket.gethostname()} {pid_namespace()} {self.command_pid()} {self._beats}"
-        client.set_tag(self.record_id, LEASE_TAG, text)
+        try:
+            client.set_tag(self.record_id, LEASE_TAG, text)
+        except MlflowException as err:  # a driver that let go deleted the lease run after this one took it
+            # (this one's own release and discard stop the beats before they delete it: not restored then)
+            if is_transient(err) or self._stop.is_set():
+                raise
+            if client.get_run(self.record_id).info.lifecycle_stage != "deleted":
+                raise
+            client.restore_run(self.record_id)
+            client.set_tag(self.record_id, LEASE_TAG, text)
 
     def start(self) -> Lease:
         """Beat every ``HEARTBEAT_S`` (once: a lease that beats already goes on)."""
@@ -380,13 +412,21 @@ class Lease:
         self._stop.set()
 
     def release(self) -> None:
-        """Stop the heartbeat and let go (best effort: a lease not renewed goes stale by itself)."""
+        """Stop the heartbeat, let go and delete the lease run (best effort: a lease not renewed goes
+        stale by itself; a lease run not deleted only stays in view)."""
         self._stop.set()
         if self.lost is not None or not self.generation:
             return
         try:
             client = MlflowClient(self.uri)
-            if not self._taken_over(client):
-                client.set_tag(self.record_id, LEASE_TAG, f"{RELEASED} {self.token}")
+            if self._taken_over(client):
+                return
+            client.set_tag(self.record_id, LEASE_TAG, f"{RELEASED} {self.token}")
         except Exception as err:  # unreachable: the lease goes stale by itself
             print(f"could not release the study's lease ({type(err).__name__})", file=sys.stderr)
+            return
+        if self.record_id != self.run_id:  # out of the runs table's default view until a driver takes it
+            try:
+                client.delete_run(self.record_id)
+            except Exception as err:  # no MANAGE permission, or unreachable: it stays in view, released
+                print(f"note: the study's lease run stays in view ({type(err).__name__})", file=sys.stderr)

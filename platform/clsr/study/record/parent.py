@@ -31,6 +31,7 @@ from clsr.study.record import reader
 from clsr.study.record.attempts import record_edit, recorded_fingerprint, recorded_study_file, search_versions
 from clsr.study.record.lease import HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, leased, watch
 from clsr.study.record.parent_summary import log_parent_summary
+from clsr.study.record.runs_view import log_trials_view
 from clsr.study.record.summary import resolved_summary, summary_rows
 from clsr.study.spec.schema import Study
 from clsr.tracking.patient import PatientClient
@@ -159,6 +160,7 @@ def start_record(
             f"{rivals[0]}); this one stopped before running anything: wait for it, or stop it and resume"
         )
     client.log_text(parent_run_id, mask_uri(study_text), "study.yaml")
+    log_trials_view(client, client.get_run(parent_run_id).info.experiment_id, study, parent_run_id)
     summary = yaml.safe_dump(resolved_summary(study), sort_keys=False)
     client.log_text(parent_run_id, mask_uri(summary), "resolved.yaml")
     client.log_dict(parent_run_id, current, "fingerprint.json")
@@ -268,6 +270,7 @@ def take_over(
     client.update_run(parent_run_id, status="RUNNING")
     lease.check(client)  # another driver could take a closed run's lease until it was RUNNING again
     client.set_tag(parent_run_id, "clsr.status", "running")
+    log_trials_view(client, parent.info.experiment_id, study, parent_run_id)  # the parent resumed now
     # an earlier attempt's writes (a run's end among them) go first: sent later, they would overwrite
     # what this attempt records
     pending = wait_for_tracking(uri, storage, study.tracking_wait_s)

@@ -10,6 +10,12 @@ the weights and counters alone (about 2x the trained weights with ``best_model.p
 ``keep_checkpoints: true`` keeps every checkpoint whole; failed, interrupted, timed-out and early-stopped
 trials always keep theirs (a resume may continue them; an early-stopped one carries no checkpoint tag).
 
+The best weights are kept once: a finished trial's MLflow run holds them as its ``model/`` artifact (what
+``platform eval --model runs:/<id>/model`` and users load), so its ``best_model.pt`` is removed too, unless
+an ablation of the study ``needs:`` the trial's ablation (a later stage loads the checkpoint's weights,
+heads included) or the model was not logged. The manifest names the MLflow model instead
+(``best_model``), and ``clsr.encoders.trained`` points a reader of the removed file there.
+
 The swap is safe for a reader at any moment, and for a shrink stopped at any point (the manifest
 accepts a list of hashes: ``clsr.encoders.checkpoint_files``):
 
@@ -40,6 +46,7 @@ from clsr.encoders.checkpoint_files import MANIFEST, accepts, read_all, sha256_o
 from clsr.study.plan.resolve import human_bytes
 
 STATE = "state.pt"
+BEST = "best_model.pt"
 # what only a resume needs: the optimizer's moments, the learning-rate schedule, the random generators
 RESUME_ONLY = ("optimizer", "scheduler", "rng", "grad_scaler")
 SHRUNK = "shrunk"  # the manifest's list of files rewritten to weights and counters
@@ -62,28 +69,31 @@ def shrink_finished_checkpoints(study, client, parent_run_id: str, storage: str)
         return "checkpoints: kept whole (keep_checkpoints: true)"
     if client.get_run(parent_run_id).data.tags.get("clsr.status") != "finished":
         return "checkpoints: kept whole, the study did not finish (a resume continues its trials)"
-    locations = sorted(
-        {
-            run.data.tags[CHECKPOINT_TAG]
-            for run in children(client, parent_run_id)
-            if run.data.tags.get("clsr.status") == "finished"
-            and CHECKPOINT_TAG in run.data.tags
-            and under_root(run.data.tags[CHECKPOINT_TAG], storage)
-        }
-    )
-    before = after = shrunk = 0
+    needed = {need.ablation for ablation in study.ablations.values() for need in ablation.needs.values()}
+    runs = {
+        run.data.tags[CHECKPOINT_TAG]: run
+        for run in children(client, parent_run_id)
+        if run.data.tags.get("clsr.status") == "finished"
+        and CHECKPOINT_TAG in run.data.tags
+        and under_root(run.data.tags[CHECKPOINT_TAG], storage)
+    }
+    before = after = shrunk = once = 0
     kept: list[str] = []
-    for location in locations:
+    for location in sorted(runs):
+        run = runs[location]
         try:
             was, now = shrink_checkpoint(location)
+            if run.data.tags.get("clsr.ablation") not in needed and _model_logged(client, run):
+                freed = drop_best(location, f"runs:/{run.info.run_id}/model")
+                now, once = now - freed, once + (freed > 0)
         except Exception as err:  # storage not answering, a folder changed by hand: kept as it is
             kept.append(f"{location}: {type(err).__name__}: {str(err)[:200]}")
             continue
         before, after, shrunk = before + was, after + now, shrunk + (now < was)
     line = (
-        f"checkpoints of {len(locations) - len(kept)} finished trial(s): {human_bytes(before)} -> "
-        f"{human_bytes(after)} ({shrunk} shrunk to their last and best weights; keep_checkpoints: true "
-        f"keeps them whole)"
+        f"checkpoints of {len(runs) - len(kept)} finished trial(s): {human_bytes(before)} -> "
+        f"{human_bytes(after)} ({shrunk} shrunk to their last and best weights, {once} with their best "
+        f"weights kept once, as the run's MLflow model; keep_checkpoints: true keeps them whole)"
     )
     if kept:
         line += f"; {len(kept)} kept whole, could not be shrunk: " + "; ".join(kept[:3])
@@ -138,6 +148,26 @@ def shrink_checkpoint(location: str, filesystem=None) -> tuple[int, int]:
             new_hash = old_hash
     _write_manifest(fs, folder, content, {STATE: new_hash}, shrunk=True)  # 4
     return before, _folder_bytes(fs, folder)
+
+
+def _model_logged(client, run) -> bool:
+    """Whether the trial's MLflow run holds its model (``model/``; no export error)."""
+    return "clsr.model_error" not in run.data.tags and bool(client.list_artifacts(run.info.run_id, "model"))
+
+
+def drop_best(location: str, model_uri: str, filesystem=None) -> int:
+    """Remove a shrunk checkpoint's ``best_model.pt``, its weights being ``model_uri`` (the manifest names
+    it first, so the folder never lists a file that is gone without saying where it went). Returns the
+    bytes freed (0: removed already)."""
+    fs, folder = _reach(location, filesystem)
+    content = json.loads(read_all(fs, f"{folder}/{MANIFEST}"))
+    if BEST not in content.get("sha256", {}):
+        return 0
+    size = fs.get_file_info(f"{folder}/{BEST}").size or 0
+    hashes = {name: h for name, h in content["sha256"].items() if name != BEST}
+    _write_manifest(fs, folder, {**content, "sha256": hashes, "best_model": model_uri}, {})
+    _remove(fs, f"{folder}/{BEST}")
+    return size
 
 
 def _reach(location: str, filesystem) -> tuple[Any, str]:

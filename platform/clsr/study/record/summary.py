@@ -47,7 +47,7 @@ def summary_rows(runs, study: Study) -> list[dict[str, Any]]:
     from clsr.data.sts import STS_TASKS
 
     rows = []
-    for run in sorted(runs, key=lambda r: r.info.start_time):
+    for run in sorted(runs, key=study_order(study)):
         tags, metrics = run.data.tags, run.data.metrics
         if SUPERSEDED_TAG in tags:
             continue
@@ -72,6 +72,26 @@ def summary_rows(runs, study: Study) -> list[dict[str, Any]]:
     return rows
 
 
+def study_order(study: Study):
+    """A sort key for trial runs in the study file's order: its ablations, each one's points as listed
+    (a sampled ablation's, and a label the file no longer has, after them as they started), then seeds."""
+    ablations = {name: i for i, name in enumerate(study.ablations)}
+    points = {
+        name: {p.label: i for i, p in enumerate(grid_points(a))} if not a.space else {}
+        for name, a in study.ablations.items()
+    }
+
+    def key(run) -> tuple:
+        tags = run.data.tags
+        ablation, point, seed = tags.get("clsr.ablation"), tags.get("clsr.point"), tags.get("clsr.seed", "")
+        order, started = points.get(ablation, {}), run.info.start_time or 0
+        seed_key = int(seed) if seed.isdigit() else -1
+        listed = (seed_key, started) if point in order else (started, seed_key)
+        return (ablations.get(ablation, len(ablations)), order.get(point, len(order)), *listed)
+
+    return key
+
+
 def _reason(tags: dict[str, str]) -> str:
     """Why a trial did not finish, in one line: the last line of its error (the exception)."""
     if tags.get("clsr.status") == "finished":
@@ -92,7 +112,9 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         if len(reason := row.get("reason") or "") > INLINE_REASON:
             notes.setdefault(reason, len(notes) + 1)
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    cells = [[_cell(r.get(k)) if k != "reason" else _reason_cell(r.get(k), notes) for k in keys] for r in rows]
+    cells = [
+        [_cell(r.get(k)) if k != "reason" else _reason_cell(r.get(k), notes) for k in keys] for r in rows
+    ]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
     line = " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))
     body = "\n".join(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells)

@@ -126,7 +126,8 @@ class Study(Strict):
         False,
         description="keep every finished trial's whole checkpoint (optimizer, scheduler and random "
         "states) once the study has finished; false: each finished trial keeps only what a later study "
-        "loads, its last and best weights (about 2x the trained weights instead of 4x)",
+        "loads, its last and best weights (about 2x the trained weights instead of 4x; the best only as "
+        "its MLflow model where no ablation needs: it)",
     )
     tracking_wait_s: float = Field(
         900.0,

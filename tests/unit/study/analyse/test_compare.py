@@ -105,10 +105,20 @@ def test_pairs_by_configuration_and_seed_with_holm_across_points(stores):
     assert comparison.params_only_a == [] and comparison.params_only_b == ["eval.new_field"]
 
 
-def test_a_parameter_that_differs_pairs_nothing_unless_ignored(stores):
-    comparison, _, _ = compare_records(NAME, NAME, stores["a"], stores["b"])
+def test_a_parameter_that_differs_pairs_nothing_unless_ignored_and_is_named(stores):
+    """Issue 53: a label both records hold is not listed as "only in A" and "only in B" with no reason:
+    it is listed once, with the parameter that differs and both values."""
+    from clsr.study.analyse.compare import render
+
+    comparison, a, b = compare_records(NAME, NAME, stores["a"], stores["b"])
     assert comparison.table.empty
-    assert len(comparison.only_a) == 3 and len(comparison.only_b) == 3
+    assert comparison.only_a == ["pooling[avg]"] and comparison.only_b == ["pooling[cls_before_pooler]"]
+    why = [("data.data_dir", "/data/cpu", "/scratch/h100")]
+    assert comparison.differs == {"temperature[0.05]": why, "temperature[0.1]": why}
+    text = render(comparison, a, b)
+    assert "\nonly in A (1): pooling[avg]\n" in text
+    assert "in both, not paired (2): another configuration (--ignore <prefix> pairs them" in text
+    assert "  temperature[0.1]: data.data_dir /data/cpu (A) / /scratch/h100 (B)" in text
 
 
 def test_one_study_compares_its_two_newest_records(tmp_path, monkeypatch, capsys):

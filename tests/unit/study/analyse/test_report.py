@@ -343,6 +343,15 @@ def test_report_files_and_parent_run_artifacts(store, tmp_path, monkeypatch):
     assert "| point | row | trials | test_sts_avg mean ± std |" in md and "![temperature_main]" in md
     assert "| p (paired t) | p (Holm) | sig. |" in md and CORRECTION in md
     assert ">p (Holm)</th>" in page and html.escape(CORRECTION) in page
+    # issue 53: each ablation opens on its table (inside a box that scrolls sideways, not the page), its
+    # statistics paragraphs below under a heading of their own
+    assert ".wide{max-width:100%;overflow-x:auto}" in page
+    boxed = re.findall(r'<div class="wide">\s*(?:<style[^>]*>.*?</style>\s*)?<table', page, re.S)
+    assert len(boxed) == page.count("<table") == 6
+    section = page[page.index("<h2>temperature</h2>") : page.index("<h2>pooling</h2>")]
+    statistics = section.index("main metric test_sts_avg; reference row")
+    assert section.index("<table") < section.index("<h3>temperature: how to read the table</h3>") < statistics
+    assert section.count('<p class="notes">', 0, section.index("<table")) == 1  # the paper table's name only
     rows = list(csv.DictReader((out / "report.csv").open()))
     assert len(rows) == 4 * 5 + 2 * 3  # ablation x point x metric
     cell = next(r for r in rows if r["point"] == T01 and r["metric"] == "test_sts_avg")

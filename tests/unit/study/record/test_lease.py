@@ -116,6 +116,75 @@ def test_the_lease_is_kept_out_of_the_parents_params_and_tags(store):
     assert leased(client, [parent]) == {run_id}
 
 
+def test_a_let_go_lease_run_is_out_of_the_default_view_and_comes_back_for_its_next_holder(store):
+    """Issue 53: the lease run is not among the runs MLflow's runs table lists by default (active runs):
+    the driver that lets go deletes it; the next driver restores it and takes the next generation on it,
+    so the compare-and-set stays on one run; let go again, it is deleted again."""
+    uri, client, run_id = store
+    experiment = client.get_run(run_id).info.experiment_id
+    first = Lease(uri, run_id, "record")
+    first.take_first()
+    listed = [r.info.run_id for r in client.search_runs([experiment])]
+    assert listed == [first.record_id, run_id]  # held: in view
+    first.release()
+    assert client.get_run(first.record_id).info.lifecycle_stage == "deleted"
+    assert [r.info.run_id for r in client.search_runs([experiment])] == [run_id]  # what the UI lists
+    assert leased(client, [client.get_run(run_id)]) == {run_id}  # the reader still sees who leased it
+    second = Lease(uri, run_id, "record")
+    assert second.acquire(watch_s=5) == 2 and second.record_id == first.record_id
+    lease_run = client.get_run(first.record_id)
+    assert lease_run.info.lifecycle_stage == "active"
+    assert lease_run.data.params == {"clsr.lease.1": first.token, "clsr.lease.2": second.token}
+    assert not [k for k in client.get_run(run_id).data.params if k.startswith("clsr.lease")]
+    second.release()
+    assert client.get_run(first.record_id).info.lifecycle_stage == "deleted"
+    assert read_state(client, run_id).released
+
+
+def test_a_driver_refused_the_restore_takes_the_lease_in_the_parents_params(store, monkeypatch):
+    """Restoring a deleted run needs MANAGE on the experiment: a colleague with EDIT is refused, and
+    takes the next generation in the parent's params (they win over the lease run), not "held"."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import PERMISSION_DENIED
+
+    uri, client, run_id = store
+    first = Lease(uri, run_id, "record")
+    first.take_first()
+    first.release()
+
+    def refused(self, run_id):
+        raise MlflowException("Permission denied", PERMISSION_DENIED)
+
+    from clsr.tracking.patient import PatientClient
+
+    monkeypatch.setattr(MlflowClient, "restore_run", refused)
+    monkeypatch.setattr(PatientClient, "restore_run", refused)
+    second = Lease(uri, run_id, "record")
+    assert second.acquire(watch_s=5) == 2 and second.record_id == run_id
+    assert client.get_run(run_id).data.params["clsr.lease.2"] == second.token
+    assert read_state(client, run_id).holder == second.token
+    second.release()
+    assert client.get_run(first.record_id).info.lifecycle_stage == "deleted"  # untouched
+
+
+def test_a_heartbeat_restores_its_lease_run_deleted_under_it(store):
+    """A driver letting go deletes the lease run a moment after the next driver restored and took it:
+    the holder's next beat restores it and beats on (it would otherwise go stale while alive)."""
+    uri, client, run_id = store
+    lease = Lease(uri, run_id, "record")
+    lease.take_first()
+    client.delete_run(lease.record_id)  # the late delete
+    deadline = time.monotonic() + 10
+    while client.get_run(lease.record_id).info.lifecycle_stage == "deleted" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    beats = read_state(client, run_id).beat.count
+    time.sleep(0.3)
+    assert client.get_run(lease.record_id).info.lifecycle_stage == "active"
+    assert read_state(client, run_id).beat.count != beats  # beating on
+    lease.check(client)  # still the holder
+    lease.release()
+
+
 def test_a_parent_taken_over_in_its_own_params_stays_there(store):
     """A parent whose first driver stopped before making its lease run was taken over in its own params
     (generation 1 there); the next driver takes generation 2 there, and no lease run is made."""

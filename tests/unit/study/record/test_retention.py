@@ -225,6 +225,56 @@ def test_a_finished_study_shrinks_its_finished_trials_only(trained, tmp_path):
     assert snapshot(folder) == files
 
 
+def _finished_run(client, parent: str) -> str:
+    from clsr.tracking.study_runs import children
+
+    return next(r.info.run_id for r in children(client, parent) if r.data.tags["clsr.point"] == "finished")
+
+
+def test_the_best_weights_are_kept_once_when_the_trials_run_holds_its_model(trained, tmp_path):
+    """Issue 53 (disk): a finished trial whose MLflow run holds its model (``model/``, what ``platform eval``
+    and users load) keeps no ``best_model.pt``; its manifest names the model, ``last`` still loads, and a
+    reader of ``best`` is pointed at the model. Once more changes nothing."""
+    folder, cfg, last, _ = trained
+    client, parent, storage, _ = recorded_study(tmp_path, folder, "finished")
+    run = _finished_run(client, parent)
+    client.log_text(run, "weights", "model/model.safetensors")  # the model the trial logged
+    best_size = (folder / "best_model.pt").stat().st_size
+
+    line = shrink_finished_checkpoints(smoke_study(), client, parent, storage)
+
+    assert "1 with their best weights kept once, as the run's MLflow model" in line
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == [MANIFEST, "state.pt"]
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["sha256"] == {"state.pt": checkpoint_files.sha256(folder / "state.pt")}
+    assert manifest["best_model"] == f"runs:/{run}/model"
+    assert best_size > weight_bytes(last)  # what was freed: a whole copy of the weights
+    assert_same(load_trained_encoder(str(folder), cfg, "last").state_dict(), last)
+    with pytest.raises(FileNotFoundError, match=rf"as the MLflow model runs:/{run}/model \(`platform eval"):
+        load_trained_encoder(str(folder), cfg, "best")
+    files = snapshot(folder)
+    assert "0 with their best weights kept once" in shrink_finished_checkpoints(
+        smoke_study(), client, parent, storage
+    )
+    assert snapshot(folder) == files
+
+
+def test_a_trial_a_later_stage_needs_keeps_its_best_weights(trained, tmp_path):
+    """An ablation of the study ``needs:`` the trial's ablation: its checkpoint keeps ``best_model.pt`` (a
+    later stage loads the weights, heads included), and so does a trial whose run holds no model."""
+    from clsr.study.spec.ablation import Need
+
+    folder, cfg, last, best = trained
+    client, parent, storage, _ = recorded_study(tmp_path, folder, "finished")
+    client.log_text(_finished_run(client, parent), "weights", "model/model.safetensors")
+    study = smoke_study()
+    downstream = study.ablations["temperature"].model_copy(update={"needs": {"model.name": Need(ablation="a")}})
+    study = study.model_copy(update={"ablations": {"temperature": downstream}})
+    line = shrink_finished_checkpoints(study, client, parent, storage)
+    assert "0 with their best weights kept once" in line
+    assert_shrunk(folder, cfg, last, best)
+
+
 @pytest.mark.parametrize(("keep", "study_status"), [(True, "finished"), (False, "interrupted")])
 def test_nothing_is_touched_with_keep_checkpoints_or_before_the_study_finished(
     trained, tmp_path, keep, study_status
