@@ -45,18 +45,44 @@ def absolute_in_dotted(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def absolute_method_files(raw: dict[str, Any], study_dir: Path) -> dict[str, Any]:
-    """A study's ``method: ./file.py:Class`` references (top level and per ablation) made absolute: relative
-    to the study file's folder, else to the working folder (as ``from:`` files are found)."""
+    """A study's ``./file.py:Class`` method references made absolute: relative to the study file's folder,
+    else to the working folder (as ``from:`` files are found), wherever a study names a method (top
+    level, an ablation's ``method``, ``base.method.name``, a point's or a grid's ``method.name``)."""
     out = dict(raw)
     out["method"] = absolute_method(raw.get("method"), study_dir)
     if isinstance(raw.get("ablations"), dict):
         out["ablations"] = {
-            name: dict(body, method=absolute_method(body["method"], study_dir))
-            if isinstance(body, dict) and "method" in body
-            else body
+            name: _ablation_methods(body, study_dir) if isinstance(body, dict) else body
             for name, body in raw["ablations"].items()
         }
     return out if "method" in raw else {k: v for k, v in out.items() if k != "method"}
+
+
+def _ablation_methods(body: dict[str, Any], study_dir: Path) -> dict[str, Any]:
+    out = dict(body)
+    if "method" in body:
+        out["method"] = absolute_method(body["method"], study_dir)
+    if isinstance(body.get("base"), dict) and isinstance(body["base"].get("method"), dict):
+        section = body["base"]["method"]
+        out["base"] = {
+            **body["base"],
+            "method": {**section, "name": absolute_method(section.get("name"), study_dir)},
+        }
+    if isinstance(body.get("grid"), dict) and isinstance(body["grid"].get("method.name"), list):
+        names = [absolute_method(n, study_dir) for n in body["grid"]["method.name"]]
+        out["grid"] = {**body["grid"], "method.name": names}
+    if isinstance(body.get("points"), list):
+        out["points"] = [_point_method(point, study_dir) for point in body["points"]]
+    return out
+
+
+def _point_method(point: Any, study_dir: Path) -> Any:
+    if not (isinstance(point, dict) and isinstance(point.get("set"), dict) and "method.name" in point["set"]):
+        return point
+    return {
+        **point,
+        "set": {**point["set"], "method.name": absolute_method(point["set"]["method.name"], study_dir)},
+    }
 
 
 def absolute_method(reference: Any, study_dir: Path) -> Any:
