@@ -87,12 +87,15 @@ def load_file(path: Path) -> ModuleType:
     if not path.is_file():
         raise MethodError(f"file not found: {path}")
     spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
     module = importlib.util.module_from_spec(spec)
-    module.__clsr_sha256__ = sha256_of(path)  # type: ignore[attr-defined]
+    # The bytes hashed are the bytes run: no bytecode cache (keyed by mtime and size, it serves a stale
+    # module after an edit within the same second) and no __pycache__ written beside the user's file.
+    source = path.read_bytes()
+    module.__clsr_sha256__ = hashlib.sha256(source).hexdigest()  # type: ignore[attr-defined]
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(compile(source, str(path), "exec"), module.__dict__)
     except Exception as err:
         del sys.modules[name]
         raise MethodError(f"importing {path} failed:\n{their_traceback(err)}") from None

@@ -151,7 +151,9 @@ def _stub_run(monkeypatch, calls: list):
 
     monkeypatch.setattr(runner, "resolve_tracking_uri", lambda uri: "sqlite:///nowhere.db")
     monkeypatch.setattr(runner, "check_reachable", lambda uri: None)
-    monkeypatch.setattr(runner, "check_storage", lambda study, console=None: calls.append("check_storage"))
+    monkeypatch.setattr(
+        runner, "check_storage", lambda study, console=None, py_modules=(): calls.append("check_storage")
+    )
     monkeypatch.setattr(runner, "PatientClient", lambda uri: object())
     monkeypatch.setattr(runner, "Interrupts", Interrupts)
     monkeypatch.setattr(runner, "start_record", start_record)
@@ -223,7 +225,9 @@ def test_skipped_points_are_said_before_storage_is_checked(tmp_path, monkeypatch
     calls: list = []
     _stub_run(monkeypatch, calls)
     monkeypatch.setattr(
-        runner, "check_storage", lambda study, console=None: calls.append(capsys.readouterr().out)
+        runner,
+        "check_storage",
+        lambda study, console=None, py_modules=(): calls.append(capsys.readouterr().out),
     )
     with pytest.raises(_Stop):
         runner._run_study(study, "", resume=False, allow_changes=False, new=False)
