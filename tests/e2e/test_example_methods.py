@@ -3,7 +3,7 @@ method's ``.py`` copied to a folder outside the repository, ``platform study run
 through Ray Tune and MLflow, the new method beside the paper it extends.
 
 Each study: 2 trials, about 2 minutes on 2 cores (measured with the examples registered by hand, before
-the loader landed). Skipped until the study loader takes ``method: ./file.py:Class`` (issue 54, item 1)."""
+the loader landed)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from tests.e2e.test_e2e import REPO_ROOT, run_smoke_study, runs_of
-from tests.unit.examples.example_modules import skip_unless_file_methods
+from tests.unit.examples.example_modules import assert_validates
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parallel, pytest.mark.minutes(2.5)]
 EXAMPLES = REPO_ROOT / "examples" / "methods"
@@ -23,7 +23,7 @@ def finished_children(stem: str, tmp_path, capsys) -> list:
     for suffix in (".py", ".yaml"):
         shutil.copy(EXAMPLES / f"{stem}{suffix}", tmp_path / f"{stem}{suffix}")
     study = tmp_path / f"{stem}.yaml"
-    skip_unless_file_methods(study, capsys)
+    assert_validates(study, capsys, "--smoke")
     uri, _ = run_smoke_study(study, tmp_path)
     _, parents, children = runs_of(uri, f"{stem}-smoke")
     assert len(parents) == 1 and len(children) == 2

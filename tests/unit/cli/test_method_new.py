@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from clsr.cli import main
-from tests.unit.examples.example_modules import load_module, skip_unless_file_methods
+from tests.unit.examples.example_modules import assert_validates, load_module
 
 
 def np_infonce(views: np.ndarray, tau: float) -> float:
@@ -41,7 +41,7 @@ def test_the_scaffold_study_compares_it_with_simcse_over_two_seeds(tmp_path, cap
     ]
     assert study["ablations"]["my_loss"]["reference"] == "simcse_unsup" and study["seeds"] == [1, 2]
     capsys.readouterr()
-    skip_unless_file_methods(tmp_path / "my_loss.yaml", capsys)
+    assert_validates(tmp_path / "my_loss.yaml", capsys)
 
 
 def test_the_scaffold_overwrites_nothing_and_refuses_a_bad_name(tmp_path, capsys):

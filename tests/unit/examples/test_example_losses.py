@@ -10,7 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tests.unit.examples.example_modules import EXAMPLES, example, skip_unless_file_methods
+from tests.unit.examples.example_modules import EXAMPLES, example, assert_validates
 
 RNG = np.random.default_rng(54)
 dcl = example("dcl")
@@ -128,4 +128,4 @@ def test_the_examples_import_only_the_public_contract(stem):
 
 @pytest.mark.parametrize("stem", ["dcl", "matryoshka"])
 def test_the_example_studies_validate_smoke_sized(stem, capsys):
-    skip_unless_file_methods(EXAMPLES / f"{stem}.yaml", capsys, "--smoke")
+    assert_validates(EXAMPLES / f"{stem}.yaml", capsys, "--smoke")
