@@ -88,6 +88,7 @@ def test_a_method_in_a_file_beside_the_study_runs_is_recorded_and_resumed_after_
     refused = platform_cmd("study", "resume", study, cwd=work, uri=uri)
     output, _ = refused.communicate(timeout=900)
     assert refused.returncode != 0 and "1 changed: mine[method.temperature=0.05] seed=1" in output, output
+    assert f"the method {method}:MyLoss changed" in output  # the file, not only the study, is named
     platform(work, uri, "study", "resume", study, "--allow-changes")
     _, _, children = runs_of(uri, "own-method")
     assert len(children) == 2

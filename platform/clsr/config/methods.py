@@ -115,11 +115,11 @@ def check_contract(cls: Any, target: str) -> None:
     base = importlib.import_module("clsr.methods.base")
     where, _, attribute = target.rpartition(":")
     if not (inspect.isclass(cls) and issubclass(cls, base.Method)):
-        raise MethodError(f"{attribute} ({where}) is not a method: make it subclass clsr.methods.base.Method")
+        raise MethodError(f"{attribute} ({where}) is not a method: make it subclass clsr.Method")
     config = getattr(cls, "Config", None)
     if not (inspect.isclass(config) and issubclass(config, base.MethodConfig)):
         raise MethodError(
-            f"{attribute}.Config ({where}) must be a class that subclasses clsr.methods.base.MethodConfig"
+            f"{attribute}.Config ({where}) must be a class that subclasses clsr.MethodConfig"
         )
     if missing := sorted(getattr(cls, "__abstractmethods__", ())):
         raise MethodError(f"{attribute} ({where}) does not implement {', '.join(missing)}")

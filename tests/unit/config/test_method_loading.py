@@ -199,10 +199,16 @@ def test_an_edited_method_file_changes_exactly_its_trials_fingerprints(tmp_path)
     write(path, MY_LOSS + "\n# the loss, reweighted\n")
     changes = compare(before, fingerprint(load_study(tmp_path / "study.yaml")))
     assert changes.changed == [
+        f"(method) {path}:MyLoss",
         "t[method.temperature=0.05] seed=42",
         "t[method.temperature=0.1] seed=42",
     ]  # the built-in ablation's trial: unchanged
     assert not changes.added and not changes.removed
+    assert changes.describe() == [
+        f"the method {path}:MyLoss changed (its file's SHA-256, or its distribution's version): its trials "
+        "below run again",
+        "2 changed: t[method.temperature=0.05] seed=42, t[method.temperature=0.1] seed=42",
+    ]
 
 
 def test_a_built_in_methods_trial_hashes_as_before(tmp_path):

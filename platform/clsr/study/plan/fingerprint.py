@@ -3,7 +3,8 @@
 Each trial is keyed by ``<ablation>[<point>] seed=<n>`` (a sampled ablation by its base and space) and
 hashed over its fully resolved configuration, plus one entry for what decides which trials stop early
 or how they are chosen (metric, mode, scheduler, search). A method from outside the package adds its
-source's identity to each of its trials (``with_method``). A confirm ablation is keyed by its spec and
+source's identity to each of its trials (``with_method``) and an entry of its own, which names the
+file or distribution when a resume finds it changed. A confirm ablation is keyed by its spec and
 base per seed, and by its explicit points: the configurations it confirms are known only once its
 upstream ran, so they are not in the fingerprint (a resume picks the same ones from the same runs). An
 adaptive-seeds ablation is keyed by its first ``min`` seeds, each entry hashed with its adaptive rule. Settings that do not change a trial's result
@@ -24,6 +25,7 @@ from clsr.study.plan.resolve import StudyDocuments
 from clsr.study.spec.schema import Study
 
 STUDY_ENTRY = "(study) metric, mode, scheduler, search"
+METHOD_ENTRY = "(method) "  # + a method's reference: its source's identity, so a resume can name it
 
 
 def digest(value: Any) -> str:
@@ -77,7 +79,23 @@ def fingerprint(
                 adaptive = study.adaptive_of(name)  # its rule decides which seeds run beyond the first min
                 value = {"doc": doc, "adaptive": adaptive.model_dump()} if adaptive else doc
                 entries[trial_key(name, point.label, seed)] = digest(with_method(doc, value))
-    return entries
+    return entries | method_entries(grids, study, document)
+
+
+def method_entries(
+    grids: dict[str, list[GridPoint]],
+    study: Study,
+    document: Callable[[str, dict[str, Any], int], dict[str, Any]],
+) -> dict[str, str]:
+    """``(method) <reference>`` -> its source's identity, for each method from outside the package the
+    study's trials use (a built-in has none: the package's version decides it)."""
+    references = set()
+    for name in study.ablations:
+        seed = study.seeds_of(name)[0]
+        overrides = [point.overrides for point in grids[name]] or [{}]  # a search's or confirm's base
+        references |= {document(name, each, seed)["method"]["name"] for each in overrides}
+    identities = {ref: method_source(ref).identity() for ref in sorted(references)}
+    return {METHOD_ENTRY + ref: digest(i) for ref, i in identities.items() if i is not None}
 
 
 def with_method(doc: dict[str, Any], value: Any) -> Any:
@@ -102,8 +120,13 @@ class Changes:
         return bool(self.added or self.removed or self.changed)
 
     def describe(self, limit: int = 20) -> list[str]:
-        lines = []
-        for what, keys in (("added", self.added), ("removed", self.removed), ("changed", self.changed)):
+        lines = [
+            f"the method {key.removeprefix(METHOD_ENTRY)} changed (its file's SHA-256, or its distribution's "
+            "version): its trials below run again"
+            for key in self.changed if key.startswith(METHOD_ENTRY)
+        ]  # fmt: skip
+        trials = (self.added, self.removed, [k for k in self.changed if not k.startswith(METHOD_ENTRY)])
+        for what, keys in zip(("added", "removed", "changed"), trials, strict=True):
             shown = ", ".join(keys[:limit]) + (
                 f", ... ({len(keys) - limit} more)" if len(keys) > limit else ""
             )
