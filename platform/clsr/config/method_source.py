@@ -33,7 +33,8 @@ class MethodSource:
     """Where a method's class comes from: ``kind`` builtin, file, module (not in any installed
     distribution) or distribution (an installed package, also an entry point's); ``file``: the module's
     source file (None for a built-in); ``sha256``: its hash (file and module); ``distribution``:
-    ``name==version``; ``ship``: the folder Ray's ``py_modules`` sends to workers (None: installed there)."""
+    ``name==version``; ``ship``: what Ray's ``py_modules`` sends to workers, a package's folder or a
+    single-file module's ``.py`` (None: installed there)."""
 
     kind: str
     file: Path | None = None
@@ -142,8 +143,9 @@ def source_of(module: ModuleType, builtin: bool) -> MethodSource:
     if dist := distribution_of(top):
         return MethodSource("distribution", file, sha, dist)
     package = sys.modules[top]
-    folder = Path(package.__file__).resolve().parent if getattr(package, "__path__", None) else None
-    return MethodSource("module", file, sha, ship=folder)
+    is_package = getattr(package, "__path__", None) is not None
+    ship = Path(package.__file__).resolve().parent if is_package and package.__file__ else file
+    return MethodSource("module", file, sha, ship=ship)
 
 
 @functools.lru_cache(maxsize=64)  # scanning every installed distribution takes a while; asked per trial
@@ -154,11 +156,11 @@ def distribution_of(top: str) -> str | None:
     return f"{dist.metadata['Name']}=={dist.version}" if dist else None
 
 
-def staged(module: ModuleType, root: Path) -> Path:
-    """A file method's module as a one-module package under ``root`` (private), named as the driver
-    names it, content-addressed: the folder Ray's ``py_modules`` sends to every worker."""
-    file = Path(module.__file__)  # type: ignore[arg-type]
-    folder = root / sha256_of(file)[:16] / module.__name__
+def staged(file: Path, name: str, root: Path) -> Path:
+    """The single-file module ``file`` as a one-module package ``name`` (as the driver imports it) under
+    ``root`` (private), content-addressed: the folder Ray's ``py_modules`` sends to every worker (Ray
+    ships folders and wheels; a lone ``.py`` would arrive under a name of Ray's)."""
+    folder = root / sha256_of(file)[:16] / name
     if not (folder / "__init__.py").is_file():
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         shutil.copyfile(file, folder / ".__init__.py.part")

@@ -75,6 +75,19 @@ def test_a_module_on_the_path_is_recorded_by_its_hash_and_shipped_as_its_package
     assert source.identity() == {"sha256": sha256_of(module)}
 
 
+def test_a_single_file_module_on_the_path_is_shipped_as_a_package_of_its_name(on_path, tmp_path, monkeypatch):
+    from clsr.study.control.ray_session import shipped_methods
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "no-such-folder"))  # the scratch folder instead
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    module = write(on_path / "my_lab_losses.py", MY_LOSS)
+    source = method_source("my_lab_losses:MyLoss")
+    assert (source.kind, source.sha256, source.ship) == ("module", sha256_of(module), module)
+    (folder,) = shipped_methods(["my_lab_losses:MyLoss"])
+    assert Path(folder).name == "my_lab_losses"  # what a worker imports, as the driver did
+    assert (Path(folder) / "__init__.py").read_text() == module.read_text()
+
+
 def test_an_entry_point_names_an_installed_distributions_class(on_path):
     write(on_path / "mylab_dist" / "__init__.py", MY_LOSS)
     info = on_path / "mylab_dist-1.2.3.dist-info"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tests.unit.examples.example_modules import EXAMPLES, example, assert_validates
+from tests.unit.examples.example_modules import EXAMPLES, assert_validates, example
 
 RNG = np.random.default_rng(54)
 dcl = example("dcl")

@@ -124,8 +124,8 @@ def _forwarded_env() -> dict[str, str]:
 
 def shipped_methods(references: list[str]) -> list[str]:
     """The folders Ray's ``py_modules`` sends to every worker so that it imports the methods the study names
-    from outside the package: a file's module staged as a one-module package in the private runtime folder,
-    a module's top-level package folder; nothing for a built-in or an installed distribution's (installed
+    from outside the package: a file's module, or a single-file top-level module's, staged as a one-module
+    package in the private runtime folder; a module's top-level package folder; nothing for a built-in or an installed distribution's (installed
     on the workers as on the driver)."""
     import sys
 
@@ -138,7 +138,10 @@ def shipped_methods(references: list[str]) -> list[str]:
         source = method_source(reference)
         if source.kind == "file":
             module = sys.modules[get_method(reference).__module__]
-            folders.append(str(staged(module, subfolder(root(), "methods"))))
+            folders.append(staged(Path(module.__file__), module.__name__, subfolder(root(), "methods")))
+        elif source.kind == "module" and source.ship is not None and source.ship.is_file():
+            name = reference.partition(":")[0]  # a single-file module is top-level: no dots
+            folders.append(staged(source.ship, name, subfolder(root(), "methods")))
         elif source.kind == "module" and source.ship is not None:
-            folders.append(str(source.ship))
-    return sorted(set(folders))
+            folders.append(source.ship)
+    return sorted({str(folder) for folder in folders})
