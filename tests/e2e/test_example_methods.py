@@ -11,7 +11,8 @@ import shutil
 
 import pytest
 
-from tests.e2e.test_e2e import REPO_ROOT, run_smoke_study, runs_of
+from tests.e2e.test_e2e import REPO_ROOT, platform_cmd, run_smoke_study, runs_of
+from tests.support.stores import sqlite_uri
 from tests.unit.examples.example_modules import assert_validates
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parallel, pytest.mark.minutes(2.5)]
@@ -51,3 +52,24 @@ def test_matryoshka_runs_beside_its_inner_method_and_is_scored_truncated(tmp_pat
         assert metrics["test_stsb_dim64"] != metrics["test_stsb"]  # a prefix, not the whole embedding
     labels = {r.data.tags["clsr.point"] for r in children}
     assert labels == {"SimCSE-unsup", "Matryoshka"}
+
+
+def test_the_scaffolds_study_runs_unchanged(tmp_path):
+    """``platform method new my_loss`` and then ``platform study run my_loss.yaml`` as written: its method
+    beside simcse_unsup over its 2 seeds (4 in-process trials, about 3 minutes)."""
+    from clsr.cli import main
+
+    assert main(["method", "new", "my_loss", "--dir", str(tmp_path)]) == 0
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    proc = platform_cmd("study", "run", "my_loss.yaml", cwd=tmp_path, uri=uri)
+    output, _ = proc.communicate(timeout=1800)
+    assert proc.returncode == 0, output[-3000:]
+    _, parents, children = runs_of(uri, "my_loss")
+    assert len(parents) == 1 and len(children) == 4
+    assert {(r.data.tags["clsr.point"], r.data.tags["clsr.seed"]) for r in children} == {
+        (point, seed) for point in ("simcse_unsup", "my_loss") for seed in ("1", "2")
+    }
+    for run in children:
+        assert run.data.tags["clsr.status"] == "finished" and 0 < run.data.metrics["test_stsb"] < 100
+    mine = [r for r in children if r.data.tags["clsr.point"] == "my_loss"]
+    assert {r.data.params["method.source"] for r in mine} == {"file"}

@@ -56,8 +56,8 @@ class {cls}(Method):
 '''
 
 STUDY_TEMPLATE = """# {name} beside unsupervised SimCSE, 2 seeds each: `platform study run {name}.yaml`, then
-# `platform study report {name}.yaml`. Smoke-sized (MiniLM, 512 sentences, 8 steps, a few minutes on a
-# laptop's CPU): for a real run drop base.model, data.max_rows and trainer.max_steps (SimCSE's paper
+# `platform study report {name}.yaml`. Smoke-sized (MiniLM, 512 sentences, 8 steps, about 3 minutes on
+# a laptop's CPU): for a real run drop base.model, data.max_rows and trainer.max_steps (SimCSE's paper
 # settings then apply) and add seeds.
 name: {name}
 description: {name} vs unsupervised SimCSE on the same data and seeds.
@@ -77,7 +77,9 @@ ablations:
 seeds: [1, 2]
 metric: best_dev_stsb
 mode: max
-resources: {{workers_per_trial: 1, cpus_per_worker: 1}}
+# trials in the driver's Ray workers, two at once: about 3 minutes on a 2-core laptop; on a GPU
+# cluster, one Ray Train worker with a GPU per trial: {{workers_per_trial: 1, gpus_per_worker: 1}}
+resources: {{workers_per_trial: 0, cpus_per_worker: 1}}
 concurrency: 2
 storage_path: runs
 """

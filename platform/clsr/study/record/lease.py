@@ -64,6 +64,7 @@ LEASE_OF_TAG = "clsr.lease_of"  # the parent run a lease run belongs to
 RELEASED = "released"
 HEARTBEAT_S = 5.0
 STALE_S = 60.0
+BEAT_JOIN_S = 30.0  # a beat is one tag write; past this the store is down and the lease goes stale anyway
 
 
 class LeaseHeld(RuntimeError):
@@ -408,13 +409,17 @@ class Lease:
             raise LeaseLost(self.lost)
 
     def stop_beating(self) -> None:
-        """Beat no more (the run is being deleted: nothing to let go of)."""
+        """Beat no more (the run is being deleted: nothing to let go of), a beat under way finished first:
+        written after the release's, it would take the released lease back."""
         self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=BEAT_JOIN_S)
 
     def release(self) -> None:
         """Stop the heartbeat, let go and delete the lease run (best effort: a lease not renewed goes
         stale by itself; a lease run not deleted only stays in view)."""
-        self._stop.set()
+        self.stop_beating()
         if self.lost is not None or not self.generation:
             return
         try:
