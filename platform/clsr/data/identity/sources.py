@@ -90,11 +90,11 @@ def transfer_identity(
 
 def train_source(data: Any) -> Source:
     """Where ``data`` (a ``DataConfig``) reads its training rows."""
-    if data.faq_set() is not None or not data.external():
+    if data.faq_set() is not None or not data.external():  # a catalogue or FAQ set: by name
         root = _data_dir(data.data_dir)
-        if root is not None:
+        if root is not None or data.faq_set() is not None:  # FAQ sets are read from the data folder only
             return "local", f"{root} ({data.train})", None
-        if data.faq_set() is None and data.train in embedded.TRAIN_SETS and embedded.serves_wiki():
+        if data.train in embedded.TRAIN_SETS and embedded.serves_wiki():
             return "embedded", EMBEDDED_WHERE + embedded.WIKI_FILE, None
         return hub_source(CATALOGUE_HUB_IDS.get(data.train, _NLI_HUB))
     from clsr.data.external import source_kind
