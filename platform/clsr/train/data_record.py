@@ -12,6 +12,7 @@ from clsr.data.sources import resolve_data_dir
 from clsr.data.sts import load_sts, subsample
 from clsr.data.tasks import split_eval_tasks
 from clsr.data.transfer import load_transfer
+from clsr.eval.custom import identities as custom_identities
 from clsr.eval.transfer import capped_splits
 
 DEV_SPLIT = "dev"
@@ -19,7 +20,8 @@ DEV_SPLIT = "dev"
 
 def eval_identities(trial: TrialConfig) -> list[DataIdentity]:
     """The built-in evaluation sets the trial scores: STS dev (``<task>_dev``) and test (``<task>``)
-    pairs after ``eval.sts_max_pairs``, transfer tasks (``<task>``) after ``eval.transfer_max_examples``."""
+    pairs after ``eval.sts_max_pairs``, transfer tasks (``<task>``) after ``eval.transfer_max_examples``, and
+    the user's ``eval.custom`` sets (``custom.<name>``)."""
     cfg, data_dir = trial.eval, trial.data.data_dir
     folder = resolve_data_dir(data_dir)
     dev = split_eval_tasks([t for t in cfg.dev_tasks if t != "faq"])[0]
@@ -34,6 +36,8 @@ def eval_identities(trial: TrialConfig) -> list[DataIdentity]:
     for task in transfer:
         splits = capped_splits(load_transfer(task, folder), cfg.transfer_max_examples)
         found.append(transfer_identity(task, splits, data_dir))
+    for name, task in cfg.custom_tasks().items():  # the user's own sets (eval.custom)
+        found += custom_identities(name, task)
     return found
 
 

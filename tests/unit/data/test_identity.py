@@ -146,3 +146,29 @@ def test_a_hub_sets_resolved_commit_is_read_from_the_caches(tmp_path, monkeypatc
     (refs / "v1").write_text("cd" * 20)
     assert resolved_revision("me/pairs", "v1") == "cd" * 20  # huggingface_hub's ref of that branch
     assert resolved_revision("me/pairs", "ef" * 20) == "ef" * 20
+
+
+def test_a_custom_evaluation_set_is_the_hash_of_its_rows_as_scored(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    pairs = [{"sentence1": f"one {i} .", "sentence2": f"two {i} .", "score": i + 0.5} for i in range(5)]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    config = TrialConfig.model_validate(
+        {
+            "method": {"name": "simcse_unsup"},
+            "model": {"name": "minilm"},
+            "eval": {
+                "tasks": ["mine"],
+                "dev_tasks": [],
+                "alignment_uniformity": False,
+                "custom": {"mine": {"type": "sts", "path": str(path)}},
+            },
+        }
+    )
+    params = data_params(config, None)
+    assert params == {
+        "data.custom.mine.source": f"local:{path.resolve()}",
+        "data.custom.mine.revision": "none",
+        "data.custom.mine.sha256": golden(pairs),
+        "data.custom.mine.rows": "5",
+    }

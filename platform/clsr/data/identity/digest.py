@@ -52,7 +52,8 @@ class DataIdentity:
 
 def canonical_line(row: Any) -> bytes:
     """A row as its canonical line: JSON (sorted keys, no spaces, non-ASCII kept), UTF-8, newline."""
-    return (json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    text = json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return (text + "\n").encode()
 
 
 def rows_digest(rows: Iterable[Any]) -> tuple[str, int]:

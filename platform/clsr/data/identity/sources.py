@@ -97,6 +97,12 @@ def train_source(data: Any) -> Source:
         if data.train in embedded.TRAIN_SETS and embedded.serves_wiki():
             return "embedded", EMBEDDED_WHERE + embedded.WIKI_FILE, None
         return hub_source(CATALOGUE_HUB_IDS.get(data.train, _NLI_HUB))
+    return external_source(data)
+
+
+def external_source(data: Any) -> Source:
+    """Where a user's file, folder or hub set is read (``data``: ``train``, ``config``, ``split``,
+    ``revision``, as ``clsr.data.external`` reads them)."""
     from clsr.data.external import source_kind
 
     if source_kind(data.train) != "hub":
