@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from clsr.data import embedded
+from clsr.data.faq import FAQData
 from clsr.data.hub.manifest import SIMCSE_HUB_ID, STS_HUB_IDS, pinned_revision
 from clsr.data.identity.digest import DataIdentity, Kind, identity, resolved_revision
 from clsr.data.sources import resolve_data_dir
@@ -116,3 +117,17 @@ def train_identity(data: Any, rows: Iterable[dict[str, str]]) -> DataIdentity:
     """The training rows a trial read (after ``data.filter``, ``max_rows`` and the FAQ fold), as
     ``{column: text}`` objects."""
     return identity("train", *train_source(data), rows)
+
+
+def faq_rows(data: FAQData) -> Iterator[list[Any]]:
+    """An FAQ set's canonical rows: ``["query", id, text, [relevant item ids]]`` per query, then
+    ``["item", id, question, answer]`` per FAQ item."""
+    for query_id, text, relevant in zip(data.query_ids, data.queries, data.relevant, strict=True):
+        yield ["query", query_id, text, [data.item_ids[i] for i in relevant]]
+    for row in zip(data.item_ids, data.questions, data.answers, strict=True):
+        yield ["item", *row]
+
+
+def faq_identity(name: str, data: FAQData, data_dir: str | os.PathLike[str] | None) -> DataIdentity:
+    """FAQ sets are read from the data folder only."""
+    return identity(name, "local", f"{_data_dir(data_dir)} (faq:{data.name})", None, faq_rows(data))
