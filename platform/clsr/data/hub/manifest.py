@@ -31,6 +31,8 @@ STS_HUB_IDS = {
     "sickr": "mteb/sickr-sts",
 }
 
+UNPINNED = None  # an entry read at the hub's default branch (module docstring)
+
 
 @dataclass(frozen=True)
 class HubDataset:
@@ -41,10 +43,9 @@ class HubDataset:
     missing: str = ""  # what the hub does not have that a user might expect
     unusable: str = ""  # why the loaders cannot read it at all (then the local files are needed)
     checked: str = ""
-    revision: str | None = None  # the pinned hub commit; None: UNPINNED (the default branch, see above)
+    revision: str | None = UNPINNED  # the pinned hub commit, or UNPINNED (the default branch, see above)
 
 
-UNPINNED = None  # an entry read at the hub's default branch (module docstring)
 # MTEB's pins (mteb/tasks/STS/eng: STS12STS.py … SickrSTS.py, STSBenchmarkSTS.py)
 STS_REVISIONS = {
     "mteb/sts12-sts": "a0d554a64d88156834ff5ae9920b964011b16384",
