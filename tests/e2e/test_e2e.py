@@ -120,6 +120,26 @@ def test_smoke_study_end_to_end(smoke_study):
         assert sorted(m.step for m in losses) == list(range(1, 9))  # one training loss per step
     paper = {c.data.params["method.temperature"]: c.data.tags.get("clsr.paper.dev_stsb") for c in children}
     assert paper == {"0.05": "82.5", "0.1": "80.9"}
+    assert_data_identities(children)
+
+
+def assert_data_identities(children) -> None:
+    """Each trial's process logged the identity of every data set it read (issue 55): the same as the
+    rows read here, from the same folder, give (the unit tests check the hashes against golden values)."""
+    from clsr.data.training import training_rows
+    from clsr.study.plan.load import load_study
+    from clsr.study.plan.resolve import resolve_trial
+    from clsr.train.data_record import data_params
+
+    study = load_study(REPO_ROOT / "studies" / "smoke.yaml", [("eval.sts_max_pairs", SMOKE_STS_PAIRS)])
+    trial = resolve_trial(study, "temperature", {"method.temperature": 0.05}, 1)
+    expected = data_params(trial, training_rows(trial))
+    names = {key.split(".")[1] for key in expected}
+    assert names == {"train", "stsb_dev", "sts16", "stsb"}  # the rows, the dev pairs, the test sets
+    assert expected["data.train.rows"] == "512" and expected["data.stsb_dev.rows"] == str(SMOKE_STS_PAIRS)
+    assert expected["data.train.source"] == f"local:{os.environ['CLSR_DATA_DIR']} (wiki1m)"
+    for child in children:  # both temperatures read the same data
+        assert {k: child.data.params.get(k) for k in expected} == expected
 
 
 def test_the_smoke_study_runs_with_neither_a_data_folder_nor_the_hub(tmp_path, monkeypatch):
@@ -147,6 +167,9 @@ def test_the_smoke_study_runs_with_neither_a_data_folder_nor_the_hub(tmp_path, m
     for child in children:
         assert child.data.tags["clsr.status"] == "finished"
         assert child.data.params["data.source"] == "embedded"
+        assert child.data.params["data.train.source"] == "embedded:clsr/data/embedded/wiki1m_sample.txt.gz"
+        assert child.data.params["data.stsb.source"] == "embedded:clsr/data/embedded/sts_sample.tsv.gz"
+        assert child.data.params["data.stsb.rows"] == "300"  # the sample's STS-B test pairs
         assert {"test_sts16", "test_stsb", "best_dev_stsb"} <= set(child.data.metrics)
 
 

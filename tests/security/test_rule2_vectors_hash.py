@@ -63,6 +63,9 @@ def test_a_publishers_file_is_hashed_once_and_recorded_in_the_trials_params(tmp_
     expected = hashlib.sha256(glove.read_bytes()).hexdigest()
     params = flatten(_params(_gclsr("glove-wiki-gigaword-300", tmp_path)))
     assert params["model.vectors_sha256"] == expected
+    # and beside the rows' identities (issue 55): the file it read, hashed whole
+    assert params["data.vectors.sha256"] == expected and params["data.vectors.revision"] == "none"
+    assert params["data.vectors.source"] == f"local:{glove}"
     [cached] = (runtime_dir.scratch() / "sha256").iterdir()  # private: rule 1's folder, 0600 file
     assert cached.read_text() == expected and cached.stat().st_mode & 0o077 == 0
     cached.unlink()

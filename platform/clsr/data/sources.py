@@ -147,7 +147,7 @@ def load_from_hub(
 
     split, files = kwargs.get("split"), kwargs.get("data_files")
     try:
-        require_listed(
+        entry = require_listed(
             hub_id, [*([split] if split else []), *reads], [files] if files else [], kwargs.get("name")
         )
     except NotInManifest as err:
@@ -161,6 +161,8 @@ def load_from_hub(
     try:
         from datasets import load_dataset  # slow import, only needed on the hub path
 
+        if entry.revision is not None:  # pinned in the manifest: that commit, not whatever main is now
+            kwargs.setdefault("revision", entry.revision)
         return load_dataset(hub_id, **kwargs)
     except Exception as exc:
         raise DataUnavailableError(

@@ -279,6 +279,21 @@ def vectors_sha256(source: str, data_dir: str | os.PathLike[str] | None = None) 
     return file_sha256(path) if path.is_file() else None
 
 
+def vectors_where(source: str, data_dir: str | os.PathLike[str] | None = None) -> tuple[str, str | None]:
+    """Where the word vectors ``source`` names are read: (``local:<path>`` or ``hub:<repo>/<file>``, the hub
+    revision or None), for the trial's ``data.vectors.*`` params."""
+    spec = NAMED_VECTORS.get(source)
+    if spec is None:
+        return f"local:{Path(source).expanduser().resolve()}", None
+    if spec.local_file is None:
+        return f"hub:{spec.hub_repo}/{spec.hub_file}", spec.revision
+    try:
+        root = resolve_data_dir(data_dir)
+    except DataUnavailableError:
+        root = None
+    return f"local:{(root or Path('<data_dir>')) / spec.local_file}", None
+
+
 def _load_named(name: str, data_dir: str | os.PathLike[str] | None) -> Any:
     spec = NAMED_VECTORS[name]
     if spec.local_file is None:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from clsr.config.custom_task import CORPUS_ROLES, KS, ROLES, CustomTask, text_roles
+from clsr.data.identity.digest import DataIdentity
 from clsr.data.sts import STSSplit
 from clsr.eval.faq import average_precision, cosine_matrix, relevant_ranks
 from clsr.eval.sts import Embedder, score_split
@@ -74,6 +75,21 @@ def _table(
     table = {role: dataset[mapping.get(role, role)] for role in roles}
     extra = [c for c in optional if c in dataset.column_names and c not in mapping.values()]
     return table | {column: dataset[column] for column in extra}
+
+
+def identities(name: str, task: CustomTask) -> list[DataIdentity]:
+    """The identity of each file the task reads (``custom.<name>``, a retrieval corpus
+    ``custom.<name>_corpus``): rows ``{role: value}`` as scored (the Arrow cache serves the second read)."""
+    from clsr.data.identity.digest import identity
+    from clsr.data.identity.sources import external_source
+
+    found = []
+    for field, roles in _parts(task):
+        table = _table(name, task, field, roles)
+        rows = (dict(zip(table, values, strict=True)) for values in zip(*table.values(), strict=True))
+        label = f"custom.{name}" + ("_corpus" if field == "corpus" else "")
+        found.append(identity(label, *external_source(source_of(task, getattr(task, field))), rows))
+    return found
 
 
 def task_texts(name: str, task: CustomTask) -> list[str]:

@@ -248,9 +248,27 @@ def evaluate_faq(
         raise ValueError(
             f"unknown FAQ candidate fields {candidate!r}; allowed: {', '.join(CANDIDATE_FIELDS)}"
         )
+    sets = scored_sets(datasets, data_dir, seed, max_queries, max_items, test_fold)
+    # trained on a set: its fold's test part, one part
+    return {
+        name: score_faq(data, embed, 1 if test_fold and test_fold[0] == name else folds, seed, candidate)
+        for name, data in sets.items()
+    }
+
+
+def scored_sets(
+    datasets: str | Iterable[str],
+    data_dir: str | Path | None = None,
+    seed: int = SEED,
+    max_queries: int | None = None,
+    max_items: int | None = None,
+    test_fold: tuple[str, int] | None = None,
+) -> dict[str, FAQData]:
+    """Each FAQ set as ``evaluate_faq`` scores it: loaded (a group's missing members skipped, warned),
+    the trained set's test fold, the caps applied."""
     names, optional = expand_faq_tasks(datasets)
     folder = resolve_data_dir(data_dir)  # explicit folder, else $CLSR_DATA_DIR (no hub copies known)
-    scores: dict[str, FAQScore] = {}
+    sets: dict[str, FAQData] = {}
     skipped: list[str] = []
     for name in names:
         try:
@@ -261,14 +279,12 @@ def evaluate_faq(
             skipped.append(f"{name}: {err}")
             warnings.warn(f"FAQ evaluation skips {err}", stacklevel=2)
             continue
-        parts = folds
-        if test_fold is not None and test_fold[0] == name:  # trained on this set: its fold's test part
-            data, parts = select_queries(data, fold_split(len(data), test_fold[1]).test), 1
-        data = subsample_items(subsample_queries(data, max_queries, seed), max_items, seed)
-        scores[name] = score_faq(data, embed, parts, seed, candidate)
-    if not scores and skipped:
+        if test_fold is not None and test_fold[0] == name:
+            data = select_queries(data, fold_split(len(data), test_fold[1]).test)
+        sets[name] = subsample_items(subsample_queries(data, max_queries, seed), max_items, seed)
+    if not sets and skipped:
         raise DataUnavailableError("no FAQ data set could be loaded:\n" + "\n".join(skipped))
-    return scores
+    return sets
 
 
 def faq_summary_metrics(scores: dict[str, FAQScore], prefix: str = "test_") -> dict[str, float]:

@@ -199,13 +199,15 @@ def _take(split: TransferSplit, index: np.ndarray) -> TransferSplit:
     )
 
 
+def capped_splits(data: TransferData, max_examples: int | None, seed: int = SEED) -> dict[str, TransferSplit]:
+    """Each split of ``data`` as scored: a seeded stratified subsample of ``max_examples`` (None: whole)."""
+    if max_examples is None:
+        return dict(data.splits)
+    return {n: _take(s, stratified_subsample(s.labels, max_examples, seed)) for n, s in data.splits.items()}
+
+
 def _prepare(data: TransferData, max_examples: int | None, seed: int) -> dict[str, TransferSplit]:
-    prepared = {}
-    for name, split in data.splits.items():
-        if max_examples is not None:
-            split = _take(split, stratified_subsample(split.labels, max_examples, seed))
-        prepared[name] = _take(split, _senteval_order(split))
-    return prepared
+    return {name: _take(s, _senteval_order(s)) for name, s in capped_splits(data, max_examples, seed).items()}
 
 
 def _embed_task(embed: Embedder, splits: dict[str, TransferSplit]) -> dict[str, np.ndarray]:

@@ -98,6 +98,12 @@ class RunLogger:
             self.spool.metrics(self.held)
             self.held = []
 
+    def log_params(self, params: dict[str, str]) -> None:
+        """Params the trial learns as it runs (its data's identities); a param is written once: a retry
+        that logs another value for it is refused by MLflow (warned), the first value stays."""
+        if self.spool is not None:
+            self.spool.params(params)
+
     def set_tags(self, tags: dict[str, Any]) -> None:
         if self.spool is not None:
             self.spool.tags(tags)

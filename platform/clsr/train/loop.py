@@ -37,6 +37,7 @@ from clsr.train.checkpoint import (
     unwrap,
 )
 from clsr.train.clock import TrialClock
+from clsr.train.data_record import data_params
 from clsr.train.evaluator import Evaluator, dev_scores
 from clsr.train.gradcache import check_gradcache, gradcache_backward
 from clsr.train.loop_state import LoopState
@@ -132,7 +133,9 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     if shared is None and method.shared_key(trial) is not None:
         shared = method.prepare_shared(trial)
     pipeline = method.text_pipeline(trial, shared)
-    rows = method.rows_for_training(training_rows(trial), trial)
+    read = training_rows(trial)
+    log_data(trial, session, logger, read)  # hashed before a method reshapes its rows
+    rows = method.rows_for_training(read, trial)
     batcher = method.prepare_rows(rows, pipeline, trial)
     run = prepared(trial, session, logger, clock, method, pipeline, batcher, len(rows))
     if run.is_main:
@@ -172,6 +175,12 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
             run.model.train()
 
     return finish(run.model, state, best_weights, run.evaluator, logger, session, clock)
+
+
+def log_data(trial: TrialConfig, session, logger: RunLogger, rows: list[dict[str, str]] | None) -> None:
+    """Rank 0 logs the identities of the data the trial reads (``clsr.train.data_record``)."""
+    if session.rank == 0 and logger.active:
+        logger.log_params(data_params(trial, rows))
 
 
 def prepared(trial, session, logger, clock, method, pipeline, batcher, n_rows: int) -> Training:
@@ -346,6 +355,7 @@ def evaluate_only(trial: TrialConfig, method: Method, session, logger: RunLogger
     model = session.prepare_model(method.build_model(trial.model, pipeline))
     state = LoopState()
     evaluator = Evaluator(trial, method, pipeline)
+    log_data(trial, session, logger, None)
     if session.rank == 0:
         logger.set_tags(node_tags() | {EVAL_ONLY_TAG: "true"})  # the method's "start" files describe
         # its training input (SelfCCL's scored rows): only the "final" ones are logged, by finish

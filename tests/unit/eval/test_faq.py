@@ -513,3 +513,31 @@ def test_the_smoke_caps_cut_the_dev_map_too(data_dir: Path) -> None:
     assert capped == score_faq(small, embed, folds=1).map
     assert dev_map(data, 0, embed) == score_faq(dev, embed, folds=1).map  # no caps: the whole collection
     assert embedded[0] < embedded[2] / 4  # the uncapped dev MAP
+
+
+def test_an_faq_trials_data_identity_is_the_hash_of_its_test_fold_and_the_collection(tiny_root: Path) -> None:
+    """Issue 55: the set as scored (the trained fold's test query, every FAQ item), hashed as docs/data.md
+    says: one JSON line per row."""
+    import hashlib
+    import json
+
+    from clsr.data.identity.sources import faq_identity
+    from clsr.eval.faq import scored_sets
+
+    data = load_faq("stackfaq", tiny_root)
+    (query,) = fold_split(5, 2).test
+    found = faq_identity(
+        "stackfaq", scored_sets("stackfaq", tiny_root, test_fold=("stackfaq", 2))["stackfaq"], tiny_root
+    )
+    rows = [
+        [
+            "query",
+            data.query_ids[query],
+            data.queries[query],
+            [data.item_ids[i] for i in data.relevant[query]],
+        ]
+    ]
+    rows += [["item", *item] for item in zip(data.item_ids, data.questions, data.answers, strict=True)]
+    lines = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in rows)
+    assert (found.sha256, found.rows) == (hashlib.sha256(lines.encode()).hexdigest(), 1 + 4)
+    assert found.params()["data.stackfaq.source"] == f"local:{tiny_root} (faq:stackfaq)"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 import torch
 
@@ -147,6 +150,20 @@ def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(
     assert run.data.tags["clsr.eval_only"] == "true"
     assert run.data.metrics["test_stsb"] == final["test_stsb"]
     assert not {"loss", "lr", "grad_norm", "loss_avg", "samples_per_s"} & set(run.data.metrics)
+    # the trial's process logged the identity of each set it scored (issue 55): STS-B dev's sample, hashed
+    # here from the pairs scored above as the docs say (one JSON line per [subset, score, s1, s2])
+    lines = "".join(
+        json.dumps(list(row), ensure_ascii=False, separators=(",", ":")) + "\n"
+        for row in zip(dev.subsets, dev.scores.tolist(), dev.sentences1, dev.sentences2, strict=True)
+    )
+    params = run.data.params
+    assert params["data.stsb_dev.sha256"] == hashlib.sha256(lines.encode()).hexdigest()
+    assert params["data.stsb_dev.rows"] == str(len(dev.scores))
+    assert (
+        params["data.stsb_dev.source"] == f"local:{data_dir}/senteval/downstream/STS/STSBenchmark/sts-dev.csv"
+    )
+    assert {"data.sickr_dev.sha256", "data.stsb.sha256"} <= set(params)
+    assert "data.train.sha256" not in params  # evaluation only: no training rows were read
 
 
 def test_checkpoint_every_n_evaluations_and_always_at_the_last(data_dir, tmp_path):

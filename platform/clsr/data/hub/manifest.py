@@ -7,12 +7,21 @@ Each entry says where it was checked (``checked``): the hub's published dataset 
 found in public references; this machine has no hub access, so the hub path has not been run here.
 A user's own hub data (``data.train: owner/name``, ``eval.custom``) goes through
 ``clsr.data.external`` instead and is not limited by this list.
+
+Revisions (``revision``): a pinned entry names the hub commit (40 hex digits) its loader asks for, so a
+hub copy changed upstream is not read silently. The seven STS sets are pinned to the commits MTEB's own
+task definitions pin (``mteb/tasks/STS/eng/*.py``, the ``revision`` of each ``TaskMetadata``). The others
+are ``UNPINNED`` (None): no commit of theirs was known where this was written (no hub access), and a
+made-up one would fail every load; they are read at the hub's default branch, and each trial logs the
+commit they resolved to (``clsr.data.identity.digest.resolved_revision``, ``data.<name>.revision``). To pin or
+refresh one: on a machine with hub access, ``huggingface_hub.HfApi().dataset_info(hub_id).sha`` gives the
+current commit; check its splits and columns against the entry, write it here and say in ``checked`` when.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # The ids the loaders (and the embedded sample's check of the hub) name: here, below every loader
 SIMCSE_HUB_ID = "princeton-nlp/datasets-for-simcse"  # wiki1m and nli_for_simcse
@@ -21,6 +30,8 @@ STS_HUB_IDS = {
     "stsb": "mteb/stsbenchmark-sts",
     "sickr": "mteb/sickr-sts",
 }
+
+UNPINNED = None  # an entry read at the hub's default branch (module docstring)
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,19 @@ class HubDataset:
     missing: str = ""  # what the hub does not have that a user might expect
     unusable: str = ""  # why the loaders cannot read it at all (then the local files are needed)
     checked: str = ""
+    revision: str | None = UNPINNED  # the pinned hub commit, or UNPINNED (the default branch, see above)
+
+
+# MTEB's pins (mteb/tasks/STS/eng: STS12STS.py … SickrSTS.py, STSBenchmarkSTS.py)
+STS_REVISIONS = {
+    "mteb/sts12-sts": "a0d554a64d88156834ff5ae9920b964011b16384",
+    "mteb/sts13-sts": "7e90230a92c190f1bf69ae9002b8cea547a64cca",
+    "mteb/sts14-sts": "6031580fec1f6af667f0bd2da0a551cf4f0b2375",
+    "mteb/sts15-sts": "ae752c7c21bf194d8b67fd573edf7ae58183cbe3",
+    "mteb/sts16-sts": "4d8694f8f0e0100860b497b999b3dbed754a0513",
+    "mteb/stsbenchmark-sts": "b0fddb56ed78048fa8b90373c8a3cfc37b684831",
+    "mteb/sickr-sts": "20a6d6f312dd54037fe07a32d58e5e168867909d",
+}
 
 
 _MTEB_STS = ("sentence1", "sentence2", "score")
@@ -148,6 +172,16 @@ HUB_DATASETS: dict[str, HubDataset] = {
         checked=_HF.format("facebook/anli") + ": config plain_text, one parquet per split",
     ),
 }
+
+
+for _hub_id, _commit in STS_REVISIONS.items():
+    HUB_DATASETS[_hub_id] = replace(HUB_DATASETS[_hub_id], revision=_commit)
+
+
+def pinned_revision(hub_id: str) -> str | None:
+    """The commit a built-in loader reads ``hub_id`` at; None for an unpinned or unlisted id."""
+    entry = HUB_DATASETS.get(hub_id)
+    return entry.revision if entry is not None else None
 
 
 class NotInManifest(LookupError):

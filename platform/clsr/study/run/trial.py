@@ -142,17 +142,22 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
 def _params(trial: Any) -> dict[str, Any]:
     """The trial's configuration, with ``data.source``: which of the data folder, the hub and the package's
     embedded sample serves its data (decided here as the loaders will, in the trial's environment); and
-    ``model.vectors_sha256``: which word-vector file trained the model (third-party files, rule 2)."""
+    ``model.vectors_sha256`` (and ``data.vectors.*``): which word-vector file trained the model (third-party
+    files, rule 2). The rows' identities (``data.<name>.*``) are logged by the trial's process as it reads
+    them (``clsr.train.data_record``)."""
     from clsr.data.embedded import served_by
 
     params = trial.model_dump()
     tasks = [*trial.eval.tasks, *trial.eval.dev_tasks]
     params["data"]["source"] = served_by(trial.data.data_dir, trial.data.train, tasks)
     if vectors := getattr(trial.model, "vectors", None):
-        from clsr.encoders.word_vectors import vectors_sha256
+        from clsr.encoders.word_vectors import vectors_sha256, vectors_where
 
         if sha256 := vectors_sha256(vectors, trial.data.data_dir):
             params["model"]["vectors_sha256"] = sha256
+            # the file's hash, as data.vectors.* beside the rows' identities (clsr.train.data_record)
+            where, revision = vectors_where(vectors, trial.data.data_dir)
+            params["data"]["vectors"] = {"source": where, "revision": revision or "none", "sha256": sha256}
     recorded = method_source(trial.method["name"]).params()  # a method from outside the package
     params["method"] |= {k: v for k, v in recorded.items() if k not in params["method"]}
     return params

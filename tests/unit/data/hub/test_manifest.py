@@ -151,3 +151,14 @@ def test_study_validate_refuses_sickr_dev_without_a_data_folder(tmp_path, capsys
         in err
     )
     assert "senteval/downstream/SICK/SICK_trial.txt" in err
+
+
+def test_a_pinned_hub_set_is_asked_for_at_its_commit_and_an_unpinned_one_at_the_default(hub_requests):
+    """Issue 55: the STS sets at MTEB's pinned commits; the others (``UNPINNED``) at the hub's default branch."""
+    from clsr.data.hub.manifest import STS_REVISIONS
+
+    load_sts("sts12", "test", None)
+    load_transfer("mr", None)
+    (sts_id, sts_kwargs), (mr_id, mr_kwargs) = hub_requests
+    assert sts_kwargs["revision"] == STS_REVISIONS[sts_id] == "a0d554a64d88156834ff5ae9920b964011b16384"
+    assert mr_id == "cornell-movie-review-data/rotten_tomatoes" and "revision" not in mr_kwargs
