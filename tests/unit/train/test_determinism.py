@@ -77,3 +77,26 @@ def test_the_step_seed_depends_on_seed_rank_and_step_only():
     assert not torch.equal(draws(1, 0, 5), draws(1, 0, 6))
     assert not torch.equal(draws(1, 0, 5), draws(1, 1, 5))
     assert not torch.equal(draws(1, 0, 5), draws(2, 0, 5))
+
+
+def test_the_weights_digest_sees_one_ulp_and_leaves_frozen_parameters_out():
+    import hashlib
+
+    from torch import nn
+
+    from clsr.train.checkpoint import weights_sha256
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding.from_pretrained(torch.randn(5, 2)), nn.Linear(2, 1))
+    digest = weights_sha256(model)
+    # independently: names in order, dtype, shape, then the raw bytes, frozen table left out
+    expected = hashlib.sha256()
+    for name in ("1.bias", "1.weight"):
+        value = model.state_dict()[name]
+        expected.update(f"{name}|{value.dtype}|{tuple(value.shape)}|".encode() + value.numpy().tobytes())
+    assert digest == expected.hexdigest()
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # frozen: rebuilt from the config, not part of what was trained
+        assert weights_sha256(model) == digest
+        model[1].bias.copy_(torch.nextafter(model[1].bias, torch.tensor(2.0)))
+    assert weights_sha256(model) != digest
