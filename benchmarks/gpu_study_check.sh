@@ -17,8 +17,8 @@
 # senteval/downstream/ and sts_original/ from CLSR_DATA_DIR). The word vectors are random ones in
 # word2vec's binary format for the carried data's words (benchmarks/random_word2vec.py). Results: $OUT.
 # Knobs (defaults for the GPU): FITDEV=cuda TASKS=mr,cr,subj FIT_S=200 FIT_ARGS= PROBE_S=280 GPU=(the card's)
-# DET_S=120 DET_MODEL=minilm STEPS="fits probe determinism" (the three pass one call's 10 minutes: run
-# STEPS="fits probe" in one device call and STEPS=determinism, about 2 minutes, in another)
+# DET_S=240 DET_MODEL=minilm STEPS="fits probe determinism" (the three pass one call's 10 minutes: run
+# STEPS="fits probe" in one device call and STEPS=determinism, up to 4 minutes, in another)
 # PROBE_ARGS= (a CPU rehearsal: docs/performance.md, "Study throughput")
 # shellcheck disable=SC2086  # FIT_ARGS and PROBE_ARGS are lists of arguments
 set -u
@@ -49,7 +49,7 @@ fi
 if step determinism; then
   echo "== determinism: ${DET_MODEL:-minilm} twice, and killed + resumed, trainer.deterministic: true (t=$(( $(date +%s)-t0 ))s)"
   rm -rf /tmp/determinism
-  timeout "${DET_S:-120}" python3 -m clsr_bench.determinism --folder /tmp/determinism --model "${DET_MODEL:-minilm}" \
+  timeout "${DET_S:-240}" python3 -m clsr_bench.determinism --folder /tmp/determinism --model "${DET_MODEL:-minilm}" \
     --json "$OUT/determinism.json" 2>&1 | grep --line-buffered -v -i "warning\|it/s" | tail -20
   echo "determinism exit: ${PIPESTATUS[0]} (0: both pairs bitwise equal; 124: out of time)"
 fi
