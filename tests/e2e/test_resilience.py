@@ -96,22 +96,28 @@ def kill_train_workers(command_pid: int) -> int:
 
 
 def test_a_diverging_trial_fails_alone_and_a_lost_worker_is_retried_from_its_last_checkpoint(tmp_path):
-    """Two trials of Ray Train workers, one at a time, which Ray Train would retry twice. One diverges:
-    it fails with its error and is not retried (a NaN is reported, not retried). The other's worker is
-    killed after its first checkpoint: ``FailureConfig`` starts a new worker group, which resumes from
-    that checkpoint, and the trial finishes. The study goes on past the failure and exits 1."""
+    """Three trials of Ray Train workers, one at a time, which Ray Train would retry twice. One diverges:
+    it fails with its error and is not retried (a NaN is reported, not retried). The worker of the first
+    that learns is killed after its first checkpoint: ``FailureConfig`` starts a new worker group, which
+    resumes from that checkpoint, and the trial finishes. The study goes on past the failure and exits 1.
+    With ``trainer.deterministic`` (and dropout on), the resumed trial ends on the weights (their digest)
+    and metrics of the third, never interrupted, of the same settings (issue 55)."""
     # AdamW moves every weight by about lr at the first step: 1e30 overflows the next forward pass
     # the diverging one logs every step, so its first step's point shows whether it ran twice
     grid = {"lr": {"points": [
         {"label": "diverges", "set": {"trainer.lr": 1.0e30, "trainer.log_every": 1}},
         {"label": "learns", "set": {"trainer.lr": 3.0e-5}},
+        {"label": "learns again", "set": {"trainer.lr": 3.0e-5, "trainer.checkpoint_upload": "sync"}},
     ]}}  # fmt: skip
-    trainer = {"max_steps": 60, "eval_steps": 10, "log_every": 5}
+    trainer = {"max_steps": 60, "eval_steps": 10, "log_every": 5, "deterministic": True}
     # no dev set (loss_avg as the metric): checkpoints come quickly
     study_file, uri = tiny_study(
         tmp_path, "resilience", trainer, grid, (), metric="loss_avg", mode="min", concurrency=1,
         max_failures=2, system_metrics_interval_s=2,
     )  # fmt: skip
+    study = yaml.safe_load(study_file.read_text())
+    study["base"]["model"]["dropout"] = 0.1  # the tiny BERT's 0.0: the resumed trial draws masks too
+    study_file.write_text(yaml.safe_dump(study, sort_keys=False))
     proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
     deadline = time.time() + 600
     while not list((tmp_path / "runs").glob("**/checkpoint_*")):  # Ray Train persisted a checkpoint
@@ -126,9 +132,11 @@ def test_a_diverging_trial_fails_alone_and_a_lost_worker_is_retried_from_its_las
 
     client, parents, children = runs_of(uri, "resilience")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    by_lr = {float(c.data.params["trainer.lr"]): c for c in children}
-    assert sorted(by_lr) == [3.0e-5, 1.0e30]
-    trial, diverged = by_lr[3.0e-5], by_lr[1.0e30]
+    by_point = {c.data.tags["clsr.point"]: c for c in children}
+    assert sorted(by_point) == ["diverges", "learns", "learns again"]
+    diverged = by_point["diverges"]
+    # one of the two that learn ran first and was killed: the other ran whole
+    trial, whole = sorted((by_point["learns"], by_point["learns again"]), key=lambda c: c.info.start_time)
     assert diverged.info.status == "FAILED" and diverged.data.tags["clsr.status"] == "failed"
     assert re.search(
         r"loss became (nan|-?inf) at step \d+; lower trainer.lr", diverged.data.tags["clsr.error"]
@@ -143,6 +151,33 @@ def test_a_diverging_trial_fails_alone_and_a_lost_worker_is_retried_from_its_las
     assert len(resumed) == 1 and resumed[0].value > 0  # from the checkpoint, not from step 0
     steps = [m.step for m in client.get_metric_history(trial.info.run_id, "loss")]
     assert max(steps) == 60 and steps.count(1) == 1  # the first steps ran once
+    assert whole.info.status == "FINISHED" and not client.get_metric_history(
+        whole.info.run_id, "resumed_from_step"
+    )
+    assert same_weights_and_metrics(client, trial, whole)
     # MLflow system metrics sampled on the worker's machine every 2 s, and the trial's mean
     assert client.get_metric_history(trial.info.run_id, "system/cpu_utilization_percentage")
     assert 0 < trial.data.metrics["trial_cpu_utilization_mean"] <= 100
+
+
+def same_weights_and_metrics(client, a, b) -> bool:
+    """Two trial runs ended on the same weights (``clsr.weights_sha256``) with the same value at every
+    logged step, the timings and the resume's own marker aside (``clsr_bench.determinism.UNSHARED``). A
+    resumed run may hold a step twice (the points sent after the checkpoint it resumed from: a killed
+    worker's async upload had not registered the newer one); the repeat must carry the same value."""
+    from clsr_bench.determinism import UNSHARED
+
+    def histories(run) -> dict[str, list[tuple[int, float]]]:
+        found = {}
+        for key in (k for k in run.data.metrics if not UNSHARED.fullmatch(k)):
+            points = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)}
+            assert len({step for step, _ in points}) == len(points), key  # a repeated step, another value
+            found[key] = sorted(points)
+        return found
+
+    digest = a.data.tags["clsr.weights_sha256"]
+    assert len(digest) == 64 and digest == b.data.tags["clsr.weights_sha256"]
+    resumed, whole = histories(a), histories(b)
+    assert "test_sts16" in resumed and [step for step, _ in resumed["loss"]] == list(range(1, 61))
+    assert resumed == whole
+    return True

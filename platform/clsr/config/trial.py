@@ -261,6 +261,13 @@ class TrainerConfig(Section):
         "was); sync: training waits for the copy. In-process trials (workers_per_trial: 0) always wait",
     )
     seed: Seed = Field(42, description="0 <= seed < 2**32")
+    deterministic: bool = Field(
+        False,
+        description="bitwise-reproducible training on one machine: PyTorch's deterministic algorithms, "
+        "cuDNN without autotuning, the cuBLAS workspace set, and the random generators reseeded from "
+        "(seed, rank, step) before every step, so a rerun or a resumed trial gives the same weights; "
+        "settings that cannot be are refused (docs/training.md, Determinism)",
+    )
 
     @model_validator(mode="after")
     def _one_warmup(self) -> TrainerConfig:
@@ -474,6 +481,14 @@ class TrialConfig(Section):
 
         method = get_method(self.method["name"])
         if problems := method(method.Config(**self.method)).trial_problems(self):
+            raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _deterministic_can_be(self) -> TrialConfig:
+        from clsr.config.determinism import nondeterministic_settings
+
+        if self.trainer.deterministic and (problems := nondeterministic_settings(self)):
             raise ValueError("; ".join(problems))
         return self
 

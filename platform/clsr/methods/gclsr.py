@@ -339,6 +339,17 @@ class GCLSR(Method):
     def views(self) -> tuple[str, ...]:
         return ("text",)
 
+    def trial_problems(self, trial: TrialConfig) -> list[str]:
+        """EDA's words are drawn by the batcher's own generator, which no checkpoint keeps: a resumed
+        trial would draw its first batches' words again."""
+        if trial.trainer.deterministic and self.cfg.augmentation == "eda":
+            return [
+                "method.augmentation 'eda' draws its words from a generator no checkpoint keeps, so a "
+                "resumed trial differs: with trainer.deterministic: true use pwva, full, none or "
+                "back_translation (allowed), or trainer.deterministic: false"
+            ]
+        return []
+
     def shared_key(self, trial: TrialConfig) -> str:
         text_level = (
             self.cfg.back_translation.model_dump() if self.cfg.augmentation == "back_translation" else None

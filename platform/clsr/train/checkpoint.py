@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -40,6 +41,17 @@ def load_trained_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None
             f"the checkpoint does not fit the model: missing {sorted(set(missing) - frozen)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}; was it written by a trial of another model config?"
         )
+
+
+def weights_sha256(model: nn.Module) -> str:
+    """SHA-256 of the model's trained state: names, dtypes, shapes and bytes, in name order. Two runs
+    with the same digest ended on bitwise-equal weights (``trainer.deterministic``)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(trained_state(model).items()):
+        value = tensor.detach().to(CPU).contiguous()
+        digest.update(f"{name}|{value.dtype}|{tuple(value.shape)}|".encode())
+        digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def folder_bytes(folder: Path) -> int:

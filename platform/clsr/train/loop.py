@@ -35,9 +35,11 @@ from clsr.train.checkpoint import (
     save_checkpoint,
     trained_state,
     unwrap,
+    weights_sha256,
 )
 from clsr.train.clock import TrialClock
 from clsr.train.data_record import data_params
+from clsr.train.determinism import configure, seed_step
 from clsr.train.evaluator import Evaluator, dev_scores
 from clsr.train.gradcache import check_gradcache, gradcache_backward
 from clsr.train.loop_state import LoopState
@@ -45,6 +47,8 @@ from clsr.train.optim import build_optimizer, build_scheduler, set_momentum, war
 from clsr.train.outcome import EVAL_ONLY_TAG, FINAL_FAILURES, is_evaluation_only
 from clsr.train.readback import PendingSteps
 from clsr.train.session import node_tags
+
+WEIGHTS_TAG = "clsr.weights_sha256"
 
 
 def loss_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
@@ -123,6 +127,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     """``fit`` with its MLflow logger: the training loop, read top to bottom."""
     clock = TrialClock()
     t = trial.trainer
+    configure(t.deterministic)
     torch.manual_seed(t.seed + session.rank)  # same init everywhere (DDP broadcasts), own dropout per rank
     np.random.seed(t.seed + session.rank)
 
@@ -156,6 +161,8 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
         epoch, position = divmod(state.step, run.steps_per_epoch)
         if epoch_batches[0] != epoch:
             epoch_batches = (epoch, method.batch_order(rows, t.batch_size, epoch, t.seed))
+        if t.deterministic:  # the step's draws depend on the step alone: a resume draws them again
+            seed_step(t.seed, session.rank, state.step)
         step_loss, grad_norm, momentum = optimizer_step(run, epoch_batches[1][position], state.step)
         state.step += 1
         step = state.step
@@ -407,7 +414,8 @@ def finish(
         if evaluator.cfg.log_model and logger.active:
             evaluator.log_model(model, logger)
         final |= clock.phases(state.step) | clock.cost(session) | logger.stop_system_metrics()
-        logger.set_tags({"clsr.device": clock.device(session)})
+        # the weights scored: equal digests, bitwise-equal weights (trainer.deterministic's promise)
+        logger.set_tags({"clsr.device": clock.device(session), WEIGHTS_TAG: weights_sha256(unwrap(model))})
         logger.log({k: v for k, v in final.items() if k not in ("step", "finished")}, state.step)
         logger.flush()
     session.report(final, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from clsr.config.loop import LoopConfig
+from clsr.train.determinism import configure
 from clsr.train.loop import fit
 from clsr.train.outcome import FINAL_FAILURES, failure_line
 from clsr.train.session import RayTrainSession, TuneTrialSession, cap_gpu_memory
@@ -22,6 +23,7 @@ def train_loop_per_worker(config: dict[str, LoopConfig]) -> dict[str, Any] | Non
     would spend ``max_failures`` on a failure that comes back each time. In the trial's own process
     (``in_process``) the error is raised to the trial driver, which records it."""
     loop = config["loop"]
+    configure(loop.trial.trainer.deterministic)  # cuBLAS reads its workspace variable once: before CUDA
     shared = None
     if loop.shared is not None:  # built once per study by the runner, fetched from the object store
         import ray
