@@ -22,6 +22,7 @@ from mlflow.entities import Param, RunStatus
 from mlflow.tracking import MlflowClient
 
 import clsr
+from clsr.tracking.environment import ENV_ARTIFACTS, Environment, capture
 from clsr.tracking.reach import check_reachable, resolve_tracking_uri  # noqa: F401 (imported from here)
 from clsr.tracking.retry import call_with_retry
 from clsr.tracking.secrets import mask_uri
@@ -83,7 +84,16 @@ def start_parent_run(client: MlflowClient, study_name: str, storage: str, descri
             "mlflow.note.content": description or "",
         },
     )
+    log_environment(client, run.info.run_id, capture())  # the driver's; each trial logs its own
     return run.info.run_id
+
+
+def log_environment(client: MlflowClient, run_id: str, env: Environment) -> None:
+    """``env.*`` params and the ``environment/`` artifacts of a run the caller writes to directly."""
+    client.log_batch(run_id, params=[Param(k, v[:MAX_PARAM_LENGTH]) for k, v in env.params().items()])
+    client.log_text(run_id, env.lock_text(), f"{ENV_ARTIFACTS}/environment.txt")
+    if env.diff:
+        client.log_text(run_id, env.diff, f"{ENV_ARTIFACTS}/diff.patch")
 
 
 def parent_runs(client: MlflowClient, study_name: str, running: bool = False, max_results: int = 1000):

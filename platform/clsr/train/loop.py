@@ -27,6 +27,7 @@ from clsr.data.training import training_rows
 from clsr.encoders.precision import autocast_context, resolved_precision
 from clsr.methods import build_method
 from clsr.methods.base import Method
+from clsr.tracking.environment import ENV_ARTIFACTS, capture
 from clsr.tracking.run_logger import RunLogger, TrackingTarget
 from clsr.train.checkpoint import (
     folder_bytes,
@@ -145,6 +146,7 @@ def train(trial: TrialConfig, session, logger: RunLogger, shared: Any = None) ->
     run = prepared(trial, session, logger, clock, method, pipeline, batcher, len(rows))
     if run.is_main:
         logger.set_tags(node_tags())  # a retry on another node (a lost machine) updates them
+        log_environment(session, logger)
         run.evaluator.artifacts(run.model, "start", logger)
 
     state, best_weights = restored(run)
@@ -188,6 +190,17 @@ def log_data(trial: TrialConfig, session, logger: RunLogger, rows: list[dict[str
     """Rank 0 logs the identities of the data the trial reads (``clsr.train.data_record``)."""
     if session.rank == 0 and logger.active:
         logger.log_params(data_params(trial, rows))
+
+
+def log_environment(session, logger: RunLogger) -> None:
+    """Rank 0 logs where the trial runs (``clsr.tracking.environment``), once its model is on the device:
+    the GPU named is the trial's own."""
+    if session.rank == 0 and logger.active:
+        env = capture(session.device.type)
+        logger.log_params(env.params())
+        logger.log_text(env.lock_text(), f"{ENV_ARTIFACTS}/environment.txt")
+        if env.diff:
+            logger.log_text(env.diff, f"{ENV_ARTIFACTS}/diff.patch")
 
 
 def prepared(trial, session, logger, clock, method, pipeline, batcher, n_rows: int) -> Training:
@@ -364,6 +377,7 @@ def evaluate_only(trial: TrialConfig, method: Method, session, logger: RunLogger
     evaluator = Evaluator(trial, method, pipeline)
     log_data(trial, session, logger, None)
     if session.rank == 0:
+        log_environment(session, logger)
         logger.set_tags(node_tags() | {EVAL_ONLY_TAG: "true"})  # the method's "start" files describe
         # its training input (SelfCCL's scored rows): only the "final" ones are logged, by finish
         clock.setup_done(0)
