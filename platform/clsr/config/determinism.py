@@ -20,36 +20,28 @@ deterministic backward is switched on).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from clsr.config.trial import TrialConfig
 
 AUTOTUNED = ("max-autotune", "max-autotune-no-cudagraphs")
 COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
-def nondeterministic_settings(trial: TrialConfig) -> list[str]:
-    """One line per setting of ``trial`` that ``trainer.deterministic: true`` cannot hold to."""
+def nondeterministic_settings(
+    compile_mode: str | None, hub_train: str | None, revision: str | None
+) -> list[str]:
+    """One line per setting that ``trainer.deterministic: true`` cannot hold to: ``compile_mode`` (None:
+    not compiled), ``hub_train`` (``data.train`` where it names a hub data set, else None) and
+    ``data.revision``. Plain values, not the trial: ``clsr.config.trial`` validates with this."""
     problems = []
-    t = trial.trainer
-    if t.compile and t.compile_mode in AUTOTUNED:
+    if compile_mode in AUTOTUNED:
         problems.append(
-            f"trainer.compile_mode {t.compile_mode!r} picks kernels by timing them, which can differ "
+            f"trainer.compile_mode {compile_mode!r} picks kernels by timing them, which can differ "
             f"between runs: with trainer.deterministic: true use default or reduce-overhead (allowed: "
             f"default, reduce-overhead), or trainer.compile: false"
         )
-    if _hub_source(trial) and not COMMIT.fullmatch(trial.data.revision or ""):
+    if hub_train is not None and not COMMIT.fullmatch(revision or ""):
         problems.append(
-            f"data.revision {trial.data.revision!r}: with trainer.deterministic: true the hub data set "
-            f"{trial.data.train!r} is read at a commit (allowed: 40 hex digits), as a branch or tag can "
+            f"data.revision {revision!r}: with trainer.deterministic: true the hub data set "
+            f"{hub_train!r} is read at a commit (allowed: 40 hex digits), as a branch or tag can "
             f"move between a run and its rerun or resume"
         )
     return problems
-
-
-def _hub_source(trial: TrialConfig) -> bool:
-    """data.train names a hub data set (owner/name), not a catalogue set, FAQ fold or local path."""
-    from clsr.data.external import looks_like_path
-
-    return trial.data.external() and not looks_like_path(trial.data.train)

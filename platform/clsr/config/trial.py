@@ -487,8 +487,13 @@ class TrialConfig(Section):
     @model_validator(mode="after")
     def _deterministic_can_be(self) -> TrialConfig:
         from clsr.config.determinism import nondeterministic_settings
+        from clsr.data.external import looks_like_path
 
-        if self.trainer.deterministic and (problems := nondeterministic_settings(self)):
+        if not self.trainer.deterministic:
+            return self
+        t, data = self.trainer, self.data
+        hub = data.train if data.external() and not looks_like_path(data.train) else None  # owner/name
+        if problems := nondeterministic_settings(t.compile_mode if t.compile else None, hub, data.revision):
             raise ValueError("; ".join(problems))
         return self
 
