@@ -43,7 +43,7 @@ class Environment:
     gpu_count: int
     driver: str
     transformers: str
-    clsr_version: str
+    clsr: str
     git_commit: str
     git_dirty: bool
     distributions: tuple[str, ...] = ()  # "name==version", sorted: environment.txt
@@ -75,7 +75,7 @@ def capture(device: str | None = None) -> Environment:
         gpu_count=count,
         driver=nvml_driver(),
         transformers=version_of("transformers"),
-        clsr_version=clsr.__version__,
+        clsr=clsr.__version__,
         git_commit=commit,
         git_dirty=dirty,
         distributions=distributions(),

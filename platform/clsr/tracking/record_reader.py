@@ -69,3 +69,18 @@ def prefixed_floats(
 def finite(value: object) -> bool:
     """A metric value that can be ranked: a real number, not NaN or infinite."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+MAX_IDENTITY_CHARS = 200  # a longer value is no version or hash: cut, so one param cannot flood a line
+
+
+def identity_params(params: dict[str, str]) -> dict[str, str]:
+    """A run's identity params: its environment and code (``env.*``) and its data's hashes
+    (``data.<name>.sha256``), as strings cut at ``MAX_IDENTITY_CHARS``; anything else left out. Never
+    raises: a value that is no string (a hand-made record) is read as its ``str``."""
+    return {str(k): str(v)[:MAX_IDENTITY_CHARS] for k, v in params.items() if is_identity(str(k))}
+
+
+def is_identity(key: str) -> bool:
+    """An environment, code or data-hash param: where and on what a trial ran, not what it was asked."""
+    return key.startswith("env.") or (key.startswith("data.") and key.endswith("sha256"))

@@ -22,13 +22,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from clsr.study.analyse.drift import drift, drift_lines, mixed
 from clsr.study.analyse.frame import study_name_and_uri
 from clsr.study.analyse.runs import NoStudyRuns, Trial, load_trials, open_study_runs, pick_trials
 from clsr.study.plan.fingerprint import digest
 from clsr.study.record.reader import study_records
 from clsr.study.stats.seeds import holm
 from clsr.tracking import escape
-from clsr.tracking.record_reader import finite
+from clsr.tracking.record_reader import finite, is_identity
 from clsr.tracking.study_runs import resolve_tracking_uri
 
 CONFIDENCE = 0.95
@@ -71,6 +72,7 @@ class Comparison:
     params_only_b: list[str] = field(default_factory=list)
     # a label both records hold with another configuration: the parameters that differ (A's, B's value)
     differs: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)
+    drift: list[str] = field(default_factory=list)  # environment, code and data differences (drift_lines)
 
 
 def previous_record(study_name: str, uri: str) -> str:
@@ -92,9 +94,10 @@ def config_key(trial: Trial, names: frozenset[str]) -> str:
 
 
 def param_names(record: Record, ignore: tuple[str, ...]) -> set[str]:
-    """The parameters a record's runs logged, less the labels, the seed and ``ignore``."""
+    """The parameters a record's runs logged, less the labels, the seed, ``ignore`` and where and on what
+    data they ran (``env.*``, data hashes: named as drift, never a reason not to pair)."""
     skip = (*NOT_CONFIG, *ignore)
-    return {k for t in record.trials for k in t.params if not k.startswith(skip)}
+    return {k for t in record.trials for k in t.params if not k.startswith(skip) and not is_identity(k)}
 
 
 def finished(record: Record, metric: str, names: frozenset[str]) -> dict[tuple[str, int], tuple[str, float]]:
@@ -158,8 +161,25 @@ def compare(a: Record, b: Record, metric: str = DEFAULT_METRIC, ignore: tuple[st
     }
     only_a, only_b = [x for x in only_a if x not in differs], [x for x in only_b if x not in differs]
     return Comparison(
-        table, only_a, only_b, metric, sorted(names_a - names), sorted(names_b - names), differs
+        table,
+        only_a,
+        only_b,
+        metric,
+        sorted(names_a - names),
+        sorted(names_b - names),
+        differs,
+        record_drift(a, b),
     )
+
+
+def record_drift(a: Record, b: Record) -> list[str]:
+    """The drift between the records' trials, and within each record whose trials ran in several
+    environments (its side of every row pools them)."""
+    lines = drift_lines(drift(a.trials, b.trials))
+    for side, record in (("A", a), ("B", b)):
+        if several := mixed(record.trials):
+            lines.append(f"{side}'s trials ran in {several}")
+    return lines
 
 
 def configuration(record: Record, label: str, names: frozenset[str]) -> dict[str, str]:
@@ -180,6 +200,7 @@ def render(comparison: Comparison, a: Record, b: Record) -> str:
         f"B: {b.name}",
         f"{comparison.metric}: B - A per point over the seeds both finished; {CONFIDENCE:.0%} CI (Student t), "
         f"paired t-test p, Holm-adjusted across points",
+        *comparison.drift,
         "",
     ]
     if comparison.table.empty:

@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from clsr.data.faq import FAQ_TASKS
 from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
+from clsr.study.analyse.drift import mixed
 from clsr.study.analyse.runs import Trial, load_trials, pick_trials
 from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import (
@@ -320,6 +321,7 @@ def ablation_report(study: Study, name: str, trials: list[Trial]) -> AblationRep
     for row in rows:
         row.stats = {m: seed_stats(list(row.values(m).values())) for m in report.metrics}
         row.verdicts = verdicts(row, report.metrics, tolerance)
+    report.notes += verdict_drift(rows)
     reference = report.reference
     for row in rows:
         if reference is not None and row is not reference:
@@ -330,6 +332,17 @@ def ablation_report(study: Study, name: str, trials: list[Trial]) -> AblationRep
     report.effects = ablation_effects(report)
     report.pareto = ablation_pareto(report, study.objectives)
     return report
+
+
+def verdict_drift(rows: list[Row]) -> list[str]:
+    """A line per row whose verdicts pool trials that ran in several environments (``clsr.study.analyse.
+    drift``): the verdict says so."""
+    lines = []
+    for row in rows:
+        finished = [t for t in row.runs() if t.ok]
+        if row.verdicts and (several := mixed(finished)):
+            lines.append(f"{row.label}: its verdict pools trials that ran in {several}")
+    return lines
 
 
 def ablation_pareto(ab: AblationReport, objectives: list[tuple[str, str]]) -> ParetoFront | None:
