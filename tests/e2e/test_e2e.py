@@ -102,6 +102,7 @@ def test_smoke_study_end_to_end(smoke_study):
         "study.yaml",
         "resolved.yaml",
         "fingerprint.json",
+        "environment",  # the driver's (issue 55)
     }
     assert len(children) == 2
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
@@ -121,6 +122,35 @@ def test_smoke_study_end_to_end(smoke_study):
     paper = {c.data.params["method.temperature"]: c.data.tags.get("clsr.paper.dev_stsb") for c in children}
     assert paper == {"0.05": "82.5", "0.1": "80.9"}
     assert_data_identities(children)
+    assert_environment(client, parents[0], children)
+
+
+def assert_environment(client, parent, children) -> None:
+    """Each trial's rank 0 (a Ray Train worker here) and the driver logged where they ran (issue 55):
+    the values this machine's own platform, torch and packages give; the lock-style list names torch."""
+    import importlib.metadata
+    import platform
+
+    import torch
+
+    import clsr
+
+    expected = {
+        "env.python": platform.python_version(),
+        "env.torch": torch.__version__,
+        "env.transformers": importlib.metadata.version("transformers"),
+        "env.clsr": clsr.__version__,
+        "env.gpu": "none",  # the smoke trials run on CPU
+        "env.gpu_count": "0",
+    }
+    for child in children:
+        assert {k: child.data.params.get(k) for k in expected} == expected
+        assert child.data.params["env.git_dirty"] in ("true", "false") and child.data.params["env.cpu"]
+        lock = client.download_artifacts(child.info.run_id, "environment/environment.txt")
+        assert f"torch=={importlib.metadata.version('torch')}" in Path(lock).read_text().splitlines()
+    driver = {k: v for k, v in parent.data.params.items() if k.startswith("env.")}
+    assert driver["env.python"] == expected["env.python"] and driver["env.torch"] == expected["env.torch"]
+    assert len(driver) == 13  # python, os, cpu, torch, cuda, cudnn, gpu(s), driver, packages, code
 
 
 def assert_data_identities(children) -> None:

@@ -15,7 +15,7 @@ from clsr.study.analyse.runs import Trial
 from clsr.tracking.record_reader import identity_params
 
 ENV = "env."
-CODE_KEYS = ("env.clsr_version", "env.git_commit", "env.git_dirty")
+CODE_KEYS = ("env.clsr", "env.git_commit", "env.git_dirty")
 SHORT_HASH = 12  # a differing data hash is shown by its first characters
 
 

@@ -142,3 +142,64 @@ def test_one_study_compares_its_two_newest_records(tmp_path, monkeypatch, capsys
     assert f"A: {NAME} (run {first})" in out and "pooling[avg]" in out
     assert main(["study", "compare", NAME, NAME, "--tracking-uri", uri, "--metric", "test_nope"]) == 2
     assert "test_sts_avg" in capsys.readouterr().err
+
+
+ENV_A = {"python": "3.11.7", "torch": "2.8.0", "gpu": "NVIDIA H100 80GB HBM3", "git_commit": "abc"}
+DATA = {"stsb": {"sha256": "9f" * 32}}
+
+
+def test_compare_names_an_environment_difference_planted_in_one_record(tmp_path, monkeypatch):
+    """Issue 55: B's runs ran another torch on another GPU (planted); the trials still pair (env.* and
+    data hashes are drift, not configuration), and compare names each difference with both values; the
+    data hashes agree. One of B's trials ran elsewhere than its others: B's side says so."""
+    from clsr.study.analyse.compare import render
+
+    monkeypatch.chdir(tmp_path)
+    uri_a, uri_b = sqlite_uri(tmp_path / "a.db"), sqlite_uri(tmp_path / "b.db")
+    points = {("temperature", "0.05"): {1: 76.1, 2: 75.4}}
+    env_b = ENV_A | {"torch": "2.9.0", "gpu": "NVIDIA H200"}
+    record(uri_a, points, "/d", str(tmp_path / "runs"), {"env": ENV_A, "data": {**DATA, "data_dir": "/d"}})
+    run_b = record(
+        uri_b, points, "/d", str(tmp_path / "runs"), {"env": env_b, "data": {**DATA, "data_dir": "/d"}}
+    )
+    p = params("temperature", "0.05", 3, "/d")  # a third seed of B, on A's GPU
+    p |= {"env": env_b | {"gpu": ENV_A["gpu"]}, "data": {**DATA, "data_dir": "/d"}}
+    child(MlflowClient(uri_b), uri_b, run_b, "temperature", "0.05", 3, p, {"test_sts_avg": 75.0})
+    comparison, a, b = compare_records(NAME, NAME, uri_a, uri_b)
+    assert comparison.table["n"].tolist() == [2]  # paired despite the environments
+    assert comparison.drift == [
+        "environment differs: gpu NVIDIA H100 80GB HBM3 (A) / NVIDIA H100 80GB HBM3, NVIDIA H200 (B); "
+        "torch 2.8.0 (A) / 2.9.0 (B)",
+        "code: the same",
+        "data hashes agree (1 logged by both)",
+        "B's trials ran in 2 environments: gpu NVIDIA H100 80GB HBM3, NVIDIA H200",
+    ]
+    text = render(comparison, a, b)
+    assert "\nenvironment differs: gpu NVIDIA H100 80GB HBM3 (A) / " in text
+
+
+def test_compare_names_differing_data_hashes_and_a_record_without_an_environment(tmp_path, monkeypatch):
+    """A record of an older clsr says it recorded no environment; a changed data file is named by the
+    first characters of both hashes."""
+    monkeypatch.chdir(tmp_path)
+    uri_a, uri_b = sqlite_uri(tmp_path / "a.db"), sqlite_uri(tmp_path / "b.db")
+    points = {("temperature", "0.05"): {1: 76.1}}
+    record(uri_a, points, "/d", str(tmp_path / "runs"))  # an older clsr: no env.*, no data hashes
+    record(uri_b, points, "/d", str(tmp_path / "runs"), {"env": ENV_A})
+    comparison, _, _ = compare_records(NAME, NAME, uri_a, uri_b)
+    assert comparison.drift == [
+        "environment: not recorded by A's runs (a clsr before issue 55)",
+        "data hashes: none logged by both records",
+    ]
+    from clsr.study.analyse.drift import drift, drift_lines
+    from clsr.study.analyse.runs import Trial
+
+    def trial(sha: str) -> Trial:
+        return Trial("r", "x", "p", 1, "finished", {}, {}, 0, {"env.torch": "2.8.0", "data.stsb.sha256": sha})
+
+    lines = drift_lines(drift([trial("a" * 64)], [trial("b" * 64)]))
+    assert lines == [
+        "environment: the same",
+        "code: the same",
+        f"data hashes differ: data.stsb.sha256 {'a' * 12} (A) / {'b' * 12} (B)",
+    ]
