@@ -81,3 +81,12 @@ def test_a_dirty_checkouts_diff_is_capped_with_a_note(tmp_path, monkeypatch):
     assert diff.startswith("# untracked: notes.txt\n") and "+x = 1" in diff
     assert len(diff.encode()) < MAX_DIFF_BYTES + 200
     assert diff.rstrip().splitlines()[-1].startswith(f"# clsr: diff cut at {MAX_DIFF_BYTES} bytes of ")
+
+
+def test_the_header_read_names_what_importlib_parses_in_full():
+    """``distributions`` reads each metadata file's header only: the same names and versions as
+    ``importlib.metadata``'s full parse, the first found of a name kept (as imports resolve it)."""
+    expected: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        expected.setdefault(dist.metadata["Name"].lower(), f"{dist.metadata['Name']}=={dist.version}")
+    assert environment.distributions() == tuple(sorted(expected.values(), key=str.lower))
