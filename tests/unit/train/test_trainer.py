@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
+import platform
+from pathlib import Path
 
 import pytest
 import torch
 
+import clsr
 from clsr.config.trial import TrialConfig
 from clsr.tracking.run_logger import TrackingTarget
 from clsr.train.loop import fit
@@ -164,6 +168,11 @@ def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(
     )
     assert {"data.sickr_dev.sha256", "data.stsb.sha256"} <= set(params)
     assert "data.train.sha256" not in params  # evaluation only: no training rows were read
+    # and where it ran (issue 55): this process's own platform and torch, no GPU, its package list
+    assert (params["env.python"], params["env.torch"]) == (platform.python_version(), torch.__version__)
+    assert (params["env.gpu"], params["env.gpu_count"], params["env.clsr"]) == ("none", "0", clsr.__version__)
+    lock = client.download_artifacts(run_id, "environment/environment.txt", str(tmp_path))
+    assert f"torch=={importlib.metadata.version('torch')}" in Path(lock).read_text().splitlines()
 
 
 def test_checkpoint_every_n_evaluations_and_always_at_the_last(data_dir, tmp_path):
