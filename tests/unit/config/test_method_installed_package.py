@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+import clsr
+
 PYPROJECT = """\
 [build-system]
 requires = ["setuptools>=61"]
@@ -78,7 +80,11 @@ def lab_venv(tmp_path: Path) -> Path:
     env = tmp_path / "lab-venv"
     venv.create(env, with_pip=False)
     site = next((env / "lib").glob("python3.*/site-packages"))
-    ours = [sysconfig.get_paths()["purelib"], *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    # clsr's own folder too: an editable install (CI's `pip install -e`) is found through a finder
+    # that a .pth in purelib registers, and a path added by another .pth has its .pth files unread
+    source_root = str(Path(clsr.__file__).resolve().parents[1])
+    python_path = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    ours = [sysconfig.get_paths()["purelib"], source_root, *python_path]
     (site / "parent.pth").write_text("\n".join(p for p in ours if p) + "\n")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-build-isolation", "--no-deps",

@@ -18,6 +18,7 @@ from clsr.data.corpora import (
     load_nli_pairs,
     load_wiki_sentences,
 )
+from clsr.data.hub.manifest import STS_REVISIONS
 from clsr.data.sources import DataUnavailableError, resolve_data_dir
 from clsr.data.sts import STS_TASKS, load_sts
 
@@ -162,7 +163,9 @@ def test_sts_from_hub(fake_hub: Callable) -> None:
         {"mteb/stsbenchmark-sts": {"sentence1": ["A  man ."], "sentence2": ["A dog"], "score": [2.5]}}
     )
     data = load_sts("stsb", "dev")
-    assert calls == [("mteb/stsbenchmark-sts", {"split": "validation"})]
+    # read at the revision the manifest pins, never the hub's moving default branch
+    pin = STS_REVISIONS["mteb/stsbenchmark-sts"]
+    assert calls == [("mteb/stsbenchmark-sts", {"split": "validation", "revision": pin})]
     assert (data.sentences1, data.sentences2, data.subsets) == (["A man ."], ["A dog"], ["stsb"])
     assert data.scores.tolist() == [2.5]
 
