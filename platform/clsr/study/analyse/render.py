@@ -195,7 +195,7 @@ def render_html(report: StudyReport, images: dict[str, list[Path]]) -> str:
 
 CSV_FIELDS = (
     "ablation", "table", "point", "paper_choice", "reference", "eval_only", "same_as", "trials", "metric",
-    "main_metric", "mean", "std", "ci_low", "ci_high", "n", "paper", "diff", "verdict", "tost_p",
+    "main_metric", "mean", "std", "ci_low", "ci_high", "n", "paper", "paper_printed", "diff", "verdict", "tost_p",
     "tolerance", "seeds_needed", "p_value", "p_adjusted", "test", "correction",
 )  # fmt: skip
 
@@ -223,6 +223,7 @@ def _csv_rows(report: StudyReport) -> list[dict[str, Any]]:
                         "trials": row.trials_text(), "metric": metric, "main_metric": main,
                         "mean": _num(s.mean), "std": _num(s.std), "ci_low": _num(s.ci_low),
                         "ci_high": _num(s.ci_high), "n": s.n, "paper": _num(paper),
+                        "paper_printed": _num(printed_value(row, metric)),
                         "diff": _num(s.mean - paper) if paper is not None and s.n else "",
                         "verdict": judged.short if judged else "",
                         "tost_p": _num(judged.p_value) if judged else "",
@@ -234,6 +235,12 @@ def _csv_rows(report: StudyReport) -> list[dict[str, Any]]:
                     }
                 )  # fmt: skip
     return out
+
+
+def printed_value(row: Row, metric: str) -> float | None:
+    """The average the paper printed where ``paper`` is its row's recomputed mean; None elsewhere."""
+    printed = row.printed.get(metric) or row.printed.get(metric.removeprefix("best_"))
+    return printed.printed if printed else None
 
 
 def _num(value: float | None) -> float | str:
@@ -259,7 +266,8 @@ def json_cell(row: Row, metric: str) -> dict[str, Any]:
     return {
         "mean": s.mean if s.n else None, "std": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high, "n": s.n,
         "seeds": {str(k): v for k, v in row.values(metric).items()},
-        "paper": paper, "diff": s.mean - paper if paper is not None and s.n else None,
+        "paper": paper, "paper_printed": printed_value(row, metric),
+        "diff": s.mean - paper if paper is not None and s.n else None,
         "verdict": None if judged is None else {
             "kind": judged.kind, "direction": judged.direction, "text": judged.short,
             "tost_p": judged.p_value, "tolerance": judged.tolerance, "seeds_needed": judged.seeds_needed,
@@ -323,6 +331,7 @@ def json_report(report: StudyReport) -> dict[str, Any]:
             "main_metric": ab.main_metric,
             "metrics": ab.metrics,
             "tolerance": ab.tolerance,
+            "tolerance_source": ab.tolerance_source,
             "notes": ablation_notes(ab),
             "fidelity": fidelity_lines(ab),
             "rows": [json_row(r, ab.metrics) for r in ab.rows],

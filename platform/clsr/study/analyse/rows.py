@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from clsr.data.faq import FAQ_TASKS
 from clsr.data.sts import STS_TASKS
 from clsr.data.transfer import TRANSFER_TASKS
+from clsr.study.analyse.averages import Printed, checked
 from clsr.study.analyse.drift import mixed
 from clsr.study.analyse.runs import Trial, load_trials, pick_trials
 from clsr.study.plan.point import GridPoint
@@ -74,6 +75,7 @@ class Row:
     same_as: list[str] = field(default_factory=list)  # "<ablation>[<label>]" of identical rows elsewhere
     folds: list[Row] = field(default_factory=list)  # average_over: the points averaged into this row
     verdicts: dict[str, Verdict] = field(default_factory=dict)  # metric -> against its paper number
+    printed: dict[str, Printed] = field(default_factory=dict)  # averages the paper prints off its row's mean
 
     @property
     def eval_only(self) -> bool:
@@ -180,7 +182,8 @@ class AblationReport:
     rows: list[Row]
     cost: Cost
     notes: list[str] = field(default_factory=list)
-    tolerance: float = 0.5  # the study's report.tolerance: the verdicts' equivalence margin
+    tolerance: float = 0.5  # the table's tolerance, else the study's report.tolerance: the verdicts' margin
+    tolerance_source: str | None = None  # where the table's tolerance comes from (None: the study's)
     effects: Effects | None = None  # ANOVA of a grid over 2+ keys, or a sampled ablation's importance
     pareto: ParetoFront | None = None  # several objectives: the sampled configurations' front
 
@@ -315,9 +318,13 @@ def ablation_report(study: Study, name: str, trials: list[Trial]) -> AblationRep
     cost = Cost()
     for trial in trials:
         cost.add(trial)
-    tolerance = study.report.tolerance
+    tolerance = spec.tolerance.points if spec.tolerance else study.report.tolerance
     report = AblationReport(name, spec, main, metric_columns(present, main), rows, cost, tolerance=tolerance)
+    report.tolerance_source = spec.tolerance.source if spec.tolerance else None
     mark_rows(report)
+    for row in rows:  # a printed average off its row's mean: judged against the mean, both shown
+        row.paper, row.printed = checked(row.paper)
+        report.notes += [p.note(row.label) for p in row.printed.values()]
     for row in rows:
         row.stats = {m: seed_stats(list(row.values(m).values())) for m in report.metrics}
         row.verdicts = verdicts(row, report.metrics, tolerance)

@@ -80,7 +80,12 @@ def summary_table(ab: AblationReport) -> Table:
         test = row.test
         cells = [row.display_label, "", row.trials_text(), mean_std(s), ci_text(s)]
         judged = row.verdicts.get(m)
-        cells += [str(s.n if s else 0), fmt(paper), fmt(diff, "+.2f"), judged.short if judged else "-"]
+        cells += [
+            str(s.n if s else 0),
+            paper_text(row, m),
+            fmt(diff, "+.2f"),
+            judged.short if judged else "-",
+        ]
         if test is None:
             cells += ["(reference)" if row.reference else "-", "", "", ""]
         else:
@@ -89,6 +94,14 @@ def summary_table(ab: AblationReport) -> Table:
         rows.append([[c] for c in cells])
         rows[-1][1] = row.mark_lines() or [""]
     return Table(f"{ab.name}: {m}", header, rows, [row_class(r) for r in ab.rows])
+
+
+def paper_text(row: Row, metric: str) -> str:
+    """The paper's number a row is judged against: ``82.35 (printed 83.35)`` where the paper prints an
+    average that is not its row's mean (``clsr.study.analyse.averages``)."""
+    printed = row.printed.get(metric) or row.printed.get(metric.removeprefix("best_"))
+    text = fmt(row.paper_value(metric))
+    return f"{text} (printed {printed.printed:.2f})" if printed else text
 
 
 def column_groups(ab: AblationReport) -> list[tuple[str, list[str]]]:
@@ -106,7 +119,7 @@ def cell_lines(row: Row, metric: str) -> list[str]:
     lines = [mean_std(s), n_text(s)]
     if paper is not None:
         diff = fmt(s.mean - paper, "+.2f") if s is not None and s.n else "-"
-        lines += [f"paper {paper:.2f}", f"Δ {diff}"]
+        lines += [f"paper {paper_text(row, metric)}", f"Δ {diff}"]
         if judged := row.verdicts.get(metric):
             lines.append(judged.short)
     return lines
@@ -237,7 +250,7 @@ def ablation_notes(ab: AblationReport) -> list[str]:
         else "no rows: no point planned and no run found"
     )
     if any(r.verdicts.get(ab.main_metric) for r in ab.rows):
-        lines.append(legend(ab.tolerance))
+        lines.append(legend(ab.tolerance, ab.tolerance_source))
     if ab.spec.average_over:
         lines.append(
             f"each row is the mean over its {ab.spec.average_over} points ({len(ab.spec.grid[ab.spec.average_over])}) "
@@ -252,7 +265,11 @@ def fidelity_lines(ab: AblationReport) -> list[str]:
     has it (exact rows, rows on stand-in data, the paper's rows not expressible, each with why), and
     always what the paper numbers show: the rows with none on the main metric, or that no row has one
     (a stand-in metric: the description says why)."""
-    lines = declared_fidelity(getattr(ab.spec, "fidelity", None))
+    lines = declared_fidelity(getattr(ab.spec, "fidelity", None), rows_read(ab))
+    if ab.tolerance_source:
+        lines.append(
+            f"verdict tolerance: ± {ab.tolerance:g} points of the metric (this table's), from {ab.tolerance_source}"
+        )
     m = ab.main_metric
     rows = [r for r in ab.rows if r.in_study]
     without = [r.label for r in rows if r.paper_value(m) is None]
@@ -268,18 +285,47 @@ def fidelity_lines(ab: AblationReport) -> list[str]:
     return lines
 
 
-def declared_fidelity(fidelity: Any) -> list[str]:
-    """``fidelity: {exact: [labels], stand_in: {label: why}, not_expressible: {paper row: why}}``."""
+def rows_read(ab: AblationReport) -> dict[str, list[int]]:
+    """Row label -> the training rows its finished trials read (their ``data.train.rows`` params), each
+    distinct count once."""
+    read = {}
+    for row in ab.rows:
+        counts = {t.params.get("data.train.rows", "") for t in row.runs() if t.ok}
+        if numbers := sorted(int(c) for c in counts if c.isdigit()):
+            read[row.label] = numbers
+    return read
+
+
+def declared_fidelity(fidelity: Any, read: dict[str, list[int]] | None = None) -> list[str]:
+    """``fidelity: {exact: [labels], stand_in: {label: why}, stand_in_setting: {label: why},
+    not_expressible: {paper row: why}}``: one line per reason, naming its rows; a stand-in data line ends
+    with the training rows its trials read (``read``: label -> counts), or says none finished."""
     if fidelity is None:
         return []
-    lines = []
+    lines, read = [], read or {}
     if exact := list(getattr(fidelity, "exact", None) or []):
         lines.append(f"exact reproductions: {'; '.join(exact)}")
-    for label, why in (getattr(fidelity, "stand_in", None) or {}).items():
-        lines.append(f"stand-in data: {label}: {why}")
+    for why, labels in by_reason(getattr(fidelity, "stand_in", None) or {}).items():
+        counts = sorted({n for label in labels for n in read.get(label, [])})
+        rows = (
+            f"rows read: {' or '.join(f'{n:,}' for n in counts)}"
+            if counts
+            else "rows read: no finished trial"
+        )
+        lines.append(f"stand-in data: {'; '.join(labels)}: {why} ({rows})")
+    for why, labels in by_reason(getattr(fidelity, "stand_in_setting", None) or {}).items():
+        lines.append(f"stand-in setting: {'; '.join(labels)}: {why}")
     for label, why in (getattr(fidelity, "not_expressible", None) or {}).items():
         lines.append(f"not expressible: {label}: {why}")
     return lines
+
+
+def by_reason(labelled: dict[str, str]) -> dict[str, list[str]]:
+    """Reason -> the labels that give it, in the file's order (rows sharing a YAML anchor share a line)."""
+    grouped: dict[str, list[str]] = {}
+    for label, why in labelled.items():
+        grouped.setdefault(why, []).append(label)
+    return grouped
 
 
 def tested(ab: AblationReport) -> int:

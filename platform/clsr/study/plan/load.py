@@ -263,7 +263,7 @@ def _one_metric_problems(metric: str, trial: TrialConfig) -> list[str]:
 
 def _check_references(study: Study) -> list[str]:
     """Every ``reference`` names a point of its ablation, so the report's paired tests have a baseline;
-    every ``fidelity`` exact / stand_in label names a report row, so its line describes a row that runs."""
+    every ``fidelity`` exact / stand_in / stand_in_setting label names a report row, so its line describes a row that runs."""
     problems = []
     for name, ablation in study.ablations.items():
         fidelity = ablation.fidelity
@@ -271,6 +271,7 @@ def _check_references(study: Study) -> list[str]:
         if fidelity is not None:
             named += [("fidelity.exact", label) for label in fidelity.exact]
             named += [("fidelity.stand_in", label) for label in fidelity.stand_in]
+            named += [("fidelity.stand_in_setting", label) for label in fidelity.stand_in_setting]
         problems += _missing_points(name, ablation, named)
     return problems
 

@@ -58,11 +58,39 @@ class Fidelity(Strict):
     exact: list[str] = Field(default_factory=list, description="row labels run as the paper ran them")
     stand_in: dict[str, str] = Field(
         default_factory=dict,
-        description="row label -> what stands in for the paper's data or setting, and why",
+        description="row label -> what data stands in for the paper's, and why (the report adds the rows "
+        "its trials read, their data.train.rows)",
+    )
+    stand_in_setting: dict[str, str] = Field(
+        default_factory=dict,
+        description="row label -> which setting (checkpoint, hyperparameter, procedure) is ours or borrowed "
+        "rather than the paper's, and why; a row may be in stand_in too",
     )
     not_expressible: dict[str, str] = Field(
         default_factory=dict, description="paper row -> why it has no row here"
     )
+
+
+class Tolerance(Strict):
+    """A table's equivalence margin for the reproduction verdicts, with where the number comes from."""
+
+    points: float = Field(
+        gt=0,
+        le=100,
+        description="the margin in points of the metric (scores x 100): reproduced when TOST puts the mean "
+        "over seeds within paper ± points",
+    )
+    source: str = Field(
+        min_length=1,
+        description="where the margin comes from, e.g. the paper's or its authors' spread across seeds",
+    )
+
+    @field_validator("points", mode="before")
+    @classmethod
+    def _points_range(cls, points: Any) -> Any:
+        if isinstance(points, int | float) and not isinstance(points, bool) and not 0 < points <= 100:
+            raise ValueError("allowed: points of the metric, 0 < points <= 100")
+        return points
 
 
 class Confirm(Strict):
@@ -146,9 +174,14 @@ class Ablation(Strict):
     )
     fidelity: Fidelity | None = Field(
         None,
-        description="which rows are exact reproductions (exact: labels), which run on stand-in data or "
-        "settings (stand_in: label -> why) and which paper rows have no row here (not_expressible: "
-        "paper row -> why); the report prints one line each",
+        description="which rows are exact reproductions (exact: labels), which run on stand-in data "
+        "(stand_in: label -> why) or settings (stand_in_setting: label -> why) and which paper rows have "
+        "no row here (not_expressible: paper row -> why); the report prints one line each",
+    )
+    tolerance: Tolerance | None = Field(
+        None,
+        description="this table's verdict margin with its source, {points: 2.0, source: '...'} (default: "
+        "the study's report.tolerance); the report prints both",
     )
     confirm: Confirm | None = Field(
         None,
@@ -164,6 +197,13 @@ class Ablation(Strict):
         if isinstance(seeds, list) and len(set(seeds)) != len(seeds):
             raise ValueError("seeds must be distinct")
         return seeds
+
+    @field_validator("tolerance", mode="before")
+    @classmethod
+    def _tolerance_mapping(cls, tolerance: Any) -> Any:
+        if tolerance is not None and not isinstance(tolerance, dict | Tolerance):
+            raise ValueError("allowed: {points: <0 < points <= 100>, source: <where the margin comes from>}")
+        return tolerance
 
     @field_validator("grid")
     @classmethod

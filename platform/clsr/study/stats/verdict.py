@@ -128,11 +128,13 @@ def seeds_needed(mean: float, std: float, n: int, paper: float, tolerance: float
     return int(fits[0]) if len(fits) else None
 
 
-def legend(tolerance: float) -> str:
-    """The line under a table that explains its verdict column."""
+def legend(tolerance: float, source: str | None = None) -> str:
+    """The line under a table that explains its verdict column; ``source``: where a table's own
+    tolerance comes from (None: the study's ``report: tolerance``)."""
+    whence = f"the table's tolerance, from {source}" if source else "report: tolerance in the study file"
     return (
-        f"verdict: {TEST_NAME} of the seeds' mean against the paper's number ± {tolerance:g} (report: "
-        f"tolerance in the study file); reproduced: TOST p < {ALPHA}; not reproduced (above/below): the "
+        f"verdict: {TEST_NAME} of the seeds' mean against the paper's number ± {tolerance:g} ({whence}); "
+        f"reproduced: TOST p < {ALPHA}; not reproduced (above/below): the "
         f"{CONFIDENCE:.0%} CI lies wholly outside paper ± {tolerance:g} on that side; inconclusive otherwise, "
         f"with ~N seeds: how many seeds the same mean and std would need to be conclusive (a plug-in "
         f"estimate, not a power calculation)"

@@ -782,15 +782,18 @@ def test_rcl_table_2_says_its_stackfaq_headline_has_no_published_numbers():
     assert "offline stand-in with no published numbers" in line  # the study file's own words
 
 
-def test_declared_fidelity_renders_one_line_per_row():
+def test_declared_fidelity_renders_one_line_per_reason():
     fidelity = SimpleNamespace(
         exact=["0.05", "0.1"],
-        stand_in={"faq:stackfaq": "StackFAQ stands in for the paper's unreleased set"},
+        stand_in={"faq:stackfaq": "StackFAQ stands in for the paper's unreleased set", "faq:x": "other"},
+        stand_in_setting={"0.2": "lr borrowed", "0.3": "lr borrowed"},
         not_expressible={"BERT-large row": "needs a checkpoint the study cannot load"},
     )
-    assert declared_fidelity(fidelity) == [
+    assert declared_fidelity(fidelity, {"faq:stackfaq": [1200]}) == [
         "exact reproductions: 0.05; 0.1",
-        "stand-in data: faq:stackfaq: StackFAQ stands in for the paper's unreleased set",
+        "stand-in data: faq:stackfaq: StackFAQ stands in for the paper's unreleased set (rows read: 1,200)",
+        "stand-in data: faq:x: other (rows read: no finished trial)",
+        "stand-in setting: 0.2; 0.3: lr borrowed",
         "not expressible: BERT-large row: needs a checkpoint the study cannot load",
     ]
     assert declared_fidelity(None) == []
