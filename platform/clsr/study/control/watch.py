@@ -93,10 +93,19 @@ class StudyWatch:
 
     def settle(self, client) -> str | None:
         """At the study's end, when nothing stopped it: the reason it still did not run all it planned
-        (a trial held back by the budget, an ablation stopped), its line tagged on the parent; or None."""
+        (a trial held back by the budget; the study or an ablation asked to stop, read once more: a
+        trial reads a request as it starts, the watch only at its next poll), its line tagged on the
+        parent; or None."""
+        try:
+            request = read_request(client.get_run(self.parent_run_id).data.tags)
+        except Exception:  # noqa: BLE001 - MLflow down: what the last poll saw
+            request = read_request({})
+        stopped = self.stopped_ablations | request.ablations
         why = self.hold or (
-            (STOP_REQUEST, read_request({STOP_TAG: ",".join(self.stopped_ablations)}).describe())
-            if self.stopped_ablations
+            (STOP_REQUEST, request.describe())
+            if request.whole
+            else (STOP_REQUEST, read_request({STOP_TAG: ",".join(stopped)}).describe())
+            if stopped
             else None
         )
         if why is None:
