@@ -20,7 +20,7 @@ def test_an_ablation_stopped_mid_study_never_starts_and_the_other_finishes(tmp_p
     # one trial at a time: whichever ablation Tune starts first runs; the other is asked to stop meanwhile
     ablations = {"first": {"grid": {"trainer.lr": [3.0e-5]}}, "second": {"grid": {"trainer.lr": [5.0e-5]}}}
     study_file, uri = tiny_study(
-        tmp_path, "stopping", {"max_steps": 80, "eval_steps": 40, "log_every": 10}, ablations,
+        tmp_path, "stopping", {"max_steps": 40, "eval_steps": 20, "log_every": 10}, ablations,
         resources={"workers_per_trial": 0, "cpus_per_worker": 1}, concurrency=1,
         system_metrics_interval_s=None,
     )  # fmt: skip
