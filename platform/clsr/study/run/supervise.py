@@ -36,6 +36,7 @@ from clsr.study.control.driver_link import LEASE_LOST_EXIT, LINK_ENV, SUPERVISOR
 
 EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "study_timeout": 124, "lease_lost": LEASE_LOST_EXIT}
 EXIT_CODES |= {"budget": 0, "stop_request": 0}  # the study stopped as its file or `study stop` asked
+RESUMABLE = ("SIGINT", "SIGTERM", "study_timeout", "budget", "stop_request")  # stops a resume goes on from
 
 
 def supervise(argv: list[str]) -> int:
@@ -128,7 +129,7 @@ def say_how_to_continue(entries: list[dict[str, Any]], signalled: str | None) ->
     reason = next((e["stopping"] for e in entries if "stopping" in e), signalled)
     again = next((e["resume_with"] for e in entries if "resume_with" in e), None)
     held = any("parent_run_id" in e for e in entries)  # stopped before it held a record: nothing to resume
-    if reason not in ("SIGINT", "SIGTERM", "study_timeout", "budget", "stop_request") or not again or not held:
+    if reason not in RESUMABLE or not again or not held:
         return
     if any(e.get("told") for e in entries):
         return
