@@ -62,13 +62,14 @@ class StudyWatch:
 
     def poll(self) -> None:
         """One look at the record: hold the study, or an ablation, if it must stop; stop the study once
-        it is held and no trial runs."""
+        it is held and no trial runs. The trial runs are read only when a budget or a hold needs them."""
         client = MlflowClient(self.uri)
         request = read_request(client.get_run(self.parent_run_id).data.tags)
-        runs = children(client, self.parent_run_id)
         if request.ablations - self.stopped_ablations:
             self.stopped_ablations = request.ablations
             print(f"{terminal(request.describe())}: its trials not yet started will not run")
+        needed = self.hold is not None or request.whole or self.study.budget.limited
+        runs = children(client, self.parent_run_id) if needed else []
         if self.hold is None:
             why = request.describe() if request.whole else self._over_budget(runs)
             if why is not None:

@@ -93,6 +93,12 @@ def _read(link: Path) -> list[dict[str, Any]]:
 
 def how_to_continue(reason: str, again: str) -> str:
     """What a stopped study's command says last: what the record holds and the command that goes on."""
+    if reason in ("budget", "stop_request"):  # no trial was cut short: the running ones finished
+        return (
+            f"\nstopped by {reason} (the parent run's clsr.stop_reason says why): finished trials are "
+            f"recorded; the trials not started run on a resume (raise budget: to go further).\n"
+            f"Continue with: {again}"
+        )
     marked = "timed_out" if reason == "study_timeout" else "interrupted"
     return (
         f"\nstopped by {reason}: finished trials are recorded, unfinished ones were marked {marked} and "
