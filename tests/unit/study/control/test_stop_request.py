@@ -131,3 +131,18 @@ def test_a_poll_that_cannot_read_the_record_is_only_a_warning(record, monkeypatc
     assert "warning: budget/stop check skipped (ConnectionError: the tracking server is down)" in (
         capsys.readouterr().out
     )
+
+
+def test_a_wall_budget_goes_by_the_plans_projection_before_any_trial_finished(record, tmp_path, capsys):
+    _, uri, client, parent, path = record
+    doc = yaml.safe_load(path.read_text())
+    doc["budget"] = {"wall": "1s"}  # shorter than any projected trial
+    path.write_text(yaml.safe_dump(doc))
+    stops = Stops()
+    watch = StudyWatch(load_study(path), uri, parent, stops).start()
+    watch.close()
+    watch.poll()
+    assert "budget: the next trial's cost before any trial finished: " in capsys.readouterr().out
+    assert watch.hold[0] == BUDGET and watch.hold[1].startswith("budget.wall 1s: 0.0 min run + ")
+    assert stops.reasons == [BUDGET]  # nothing runs: the study stops at once
+    assert client.get_run(parent).data.tags[HOLD_TAG] == watch.hold[1]
