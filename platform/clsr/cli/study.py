@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from clsr.cli.study_plan import cmd_study_plan, plan_parser
+from clsr.cli.study_stop import cmd_study_stop, stop_parser
 
 
 def add_parsers(commands) -> None:
@@ -24,6 +25,7 @@ def add_parsers(commands) -> None:
     _promote_parser(study)
     _schema_parsers(study)
     plan_parser(study)
+    stop_parser(study)
 
 
 def _run_parsers(study) -> None:
@@ -219,6 +221,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         "reference": cmd_study_schema,
         "sync": cmd_study_sync,
         "plan": cmd_study_plan,
+        "stop": cmd_study_stop,
     }
     return actions.get(args.action, cmd_study_run)(args)
 

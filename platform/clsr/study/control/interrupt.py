@@ -100,6 +100,12 @@ class Interrupts:
         nothing)."""
         self._stop("lease_lost", LEASE_LOST_EXIT, from_thread=True)
 
+    def stop_for(self, reason: str) -> None:
+        """A stop the study asks of itself (its budget spent, ``platform study stop``): as a signal's,
+        from the watch's thread, with exit status 0 (the study did what it was told)."""
+        if not self.stopped:
+            self._stop(reason, 0, from_thread=True)
+
     def _time_up(self) -> None:
         print("\nstudy_timeout_s reached", file=sys.stderr)
         self._stop("study_timeout", TIMED_OUT_EXIT, from_thread=True)

@@ -364,7 +364,8 @@ def close_study(
     rows = summary_rows(children(client, parent_run_id), study)
     if status == "FINISHED" and reason is None and all_failed(rows):  # nothing to report: say so
         status = "FAILED"
-    state = "failed" if status == "FAILED" else {None: "finished", "study_timeout": "timed_out"}.get(reason)
+    ended = {None: "finished", "study_timeout": "timed_out", "budget": "stopped", "stop_request": "stopped"}
+    state = "failed" if status == "FAILED" else ended.get(reason)
     log_parent_summary(client, parent_run_id, study, rows)
     client.set_tag(parent_run_id, "clsr.trials", str(len(rows)))
     client.set_tag(parent_run_id, "clsr.status", state or "interrupted")

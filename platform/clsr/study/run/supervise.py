@@ -35,6 +35,8 @@ from typing import Any
 from clsr.study.control.driver_link import LEASE_LOST_EXIT, LINK_ENV, SUPERVISOR_ENV
 
 EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "study_timeout": 124, "lease_lost": LEASE_LOST_EXIT}
+EXIT_CODES |= {"budget": 0, "stop_request": 0}  # the study stopped as its file or `study stop` asked
+RESUMABLE = ("SIGINT", "SIGTERM", "study_timeout", "budget", "stop_request")  # stops a resume goes on from
 
 
 def supervise(argv: list[str]) -> int:
@@ -91,6 +93,12 @@ def _read(link: Path) -> list[dict[str, Any]]:
 
 def how_to_continue(reason: str, again: str) -> str:
     """What a stopped study's command says last: what the record holds and the command that goes on."""
+    if reason in ("budget", "stop_request"):  # no trial was cut short: the running ones finished
+        return (
+            f"\nstopped by {reason} (the parent run's clsr.stop_reason says why): finished trials are "
+            f"recorded; the trials not started run on a resume (raise budget: to go further).\n"
+            f"Continue with: {again}"
+        )
     marked = "timed_out" if reason == "study_timeout" else "interrupted"
     return (
         f"\nstopped by {reason}: finished trials are recorded, unfinished ones were marked {marked} and "
@@ -127,7 +135,7 @@ def say_how_to_continue(entries: list[dict[str, Any]], signalled: str | None) ->
     reason = next((e["stopping"] for e in entries if "stopping" in e), signalled)
     again = next((e["resume_with"] for e in entries if "resume_with" in e), None)
     held = any("parent_run_id" in e for e in entries)  # stopped before it held a record: nothing to resume
-    if reason not in ("SIGINT", "SIGTERM", "study_timeout") or not again or not held:
+    if reason not in RESUMABLE or not again or not held:
         return
     if any(e.get("told") for e in entries):
         return

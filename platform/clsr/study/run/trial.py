@@ -52,6 +52,11 @@ class StudyContext:
     skip: frozenset[str] = frozenset()  # trial keys this experiment must not run (an edited resume)
 
 
+class TrialHeld(RuntimeError):
+    """The study's budget allows no further trial, or ``platform study stop`` asked for this trial's
+    ablation (or the study) to stop: the trial does not start; Tune records it errored, so a resume runs it."""
+
+
 class TrialTimedOut(RuntimeError):
     """A retry of a trial that already ran past ``trial_timeout_s`` in this run of the study."""
 
@@ -81,6 +86,7 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
     key = key_of(point, trial_id)
     if key in ctx.skip:  # an edited resume runs this trial's new version in a later experiment
         return
+    _refuse_held(ctx, point.ablation)
     trial = resolve_trial(study, point.ablation, point.overrides, seed, ctx.outputs)
     shared = ctx.shared.get(build_method(trial).shared_key(trial) or "")
     label = point.label or point_label(point.overrides)
@@ -247,6 +253,21 @@ def _refuse_timed_out_retry(ctx: StudyContext, key: str) -> None:
     )
     if earlier is not None and earlier.data.tags.get(TIMED_OUT_ATTEMPT_TAG) == str(ctx.attempt):
         raise TrialTimedOut(f"{key} ran past trial_timeout_s in this run of the study; resume to continue it")
+
+
+def _refuse_held(ctx: StudyContext, ablation: str) -> None:
+    """Raise ``TrialHeld`` when the record says no trial of ``ablation`` may start now
+    (``clsr.study.control.stop_request``): before the trial opens a run, so the record holds none for it."""
+    from clsr.study.control.stop_request import held_by
+
+    tags = call_with_retry(
+        lambda: MlflowClient(ctx.tracking_uri).get_run(ctx.parent_run_id).data.tags,
+        patience_s=None,
+        what="reading the study's stop requests",
+    )
+    why = held_by(tags, ablation)
+    if why is not None:
+        raise TrialHeld(f"not started: {why}")
 
 
 def _watchdog(limit_s: float | None, ctx: StudyContext, run_id: str, key: str):

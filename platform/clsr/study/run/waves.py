@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 from clsr.study.control.console import Console
 from clsr.study.control.interrupt import Interrupted, Interrupts
 from clsr.study.control.ray_session import init_ray
+from clsr.study.control.watch import StudyWatch
 from clsr.study.plan.distinct import also_keys, merge_identical, run_keys
 from clsr.study.plan.resolve import UpstreamMissing, missing_upstream, resolve_trial
 from clsr.study.plan.study_plan import StudyPlan, TrialSpec
@@ -98,6 +99,7 @@ def run_waves(
     lease.on_lost = interrupts.lease_lost
     init_ray(console, py_modules)
     interrupts.install()  # after ray.init, which replaces the SIGTERM handler
+    watch = StudyWatch(study, uri, parent_run_id, interrupts).start()  # budget: and `study stop`
     status = "FINISHED"
     try:
         for name, ablation, wave in plan.waves:
@@ -135,10 +137,13 @@ def run_waves(
         status = "FAILED"
         raise
     finally:
+        watch.close()
         interrupts.recording = True
         status = "KILLED" if interrupts.stopped and status != "FAILED" else status
         with interrupts.closed:
             stop = (interrupts.reason, interrupts.exit_code)
+            if stop[0] is None and status == "FINISHED" and (held := watch.settle(client)) is not None:
+                stop, status = (held, 0), "KILLED"  # an ablation stopped: the study did not run it all
             outcome = close_study(client, uri, parent_run_id, storage, study, stop, status, lease)
             interrupts.record_written = True
             console.link.tell(settled=True)

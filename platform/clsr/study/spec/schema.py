@@ -13,6 +13,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from clsr.config.trial import Seed
 from clsr.methods import get_method
 from clsr.study.spec.ablation import Ablation, AdaptiveSeeds, Confirm
+from clsr.study.spec.budget import Budget
 from clsr.study.spec.paths import absolute_in_sections
 from clsr.study.spec.strict import MAX_TRIALS, Strict
 from clsr.study.spec.tuning import MULTI_OBJECTIVE_SAMPLERS, ReportOptions, Resources, Scheduler, Search
@@ -128,6 +129,11 @@ class Study(Strict):
         "states) once the study has finished; false: each finished trial keeps only what a later study "
         "loads, its last and best weights (about 2x the trained weights instead of 4x; the best only as "
         "its MLflow model where no ablation needs: it)",
+    )
+    budget: Budget = Field(
+        default_factory=Budget,
+        description="limits on what the study spends: gpu_hours, wall (e.g. '12h') and max_failed_trials; "
+        "past one, the driver launches no more trials and closes the record stopped, with the reason",
     )
     tracking_wait_s: float = Field(
         900.0,

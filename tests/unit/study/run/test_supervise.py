@@ -111,6 +111,11 @@ def test_the_command_names_how_to_continue_when_its_driver_could_not(capsys):
     assert err.rstrip().endswith("Continue with: platform study resume s.yaml --set seeds=3")
     say_how_to_continue([held, again, {"stopping": "study_timeout"}, {"settled": True}], None)
     assert "marked timed_out" in capsys.readouterr().err
+    say_how_to_continue([held, again, {"stopping": "budget"}, {"settled": True}], None)  # its trials finished
+    assert (
+        "stopped by budget (the parent run's clsr.stop_reason says why): finished trials are recorded; "
+        "the trials not started run on a resume" in capsys.readouterr().err
+    )
     # not settled by the driver: the supervisor's own close said what the record holds; only the way on
     say_how_to_continue([held, again, {"stopping": "SIGTERM"}], "SIGTERM")
     assert capsys.readouterr().err == "\nContinue with: platform study resume s.yaml --set seeds=3\n"

@@ -1,0 +1,148 @@
+"""``platform study stop`` and the budget, through a real MLflow store: the request written by the
+command, read by the driver's watch, obeyed by a starting trial; the reason tagged on the parent."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from clsr.cli import main
+from clsr.study.control import watch as watch_module
+from clsr.study.control.stop_request import HOLD_TAG, STOP_TAG, held_by, read_request
+from clsr.study.control.watch import BUDGET, STOP_REQUEST, StudyWatch
+from clsr.study.plan.load import load_study
+from clsr.study.run.trial import StudyContext, TrialHeld, _refuse_held
+from clsr.tracking.study_runs import close_run, open_child_run, start_parent_run
+from tests.support.stores import sqlite_uri
+from tests.unit.study.spec.test_study_validation import GOOD
+
+TWO = {**GOOD, "ablations": {"temp": GOOD["ablations"]["temp"], "lr": {"grid": {"trainer.lr": [1e-5, 3e-5]}}}}
+
+
+class Stops:
+    """What the watch asks of the driver's Interrupts (the real one ends the process after a grace)."""
+
+    def __init__(self):
+        self.reasons: list[str] = []
+
+    def stop_for(self, reason: str) -> None:
+        self.reasons.append(reason)
+
+
+@pytest.fixture
+def record(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({**TWO, "tracking_uri": uri, "budget": {"max_failed_trials": 1}}))
+    study = load_study(path)
+    client = MlflowClient(uri)
+    parent = start_parent_run(client, study.name, str(tmp_path / "runs"), None)
+    return study, uri, client, parent, path
+
+
+def trial_run(uri, parent, ablation, n):
+    return open_child_run(uri, parent, f"{ablation}-{n}", f"{ablation}-{n}", {"clsr.ablation": ablation}, {})
+
+
+def test_an_ablation_stop_goes_from_the_command_to_the_driver_and_the_trials(record, capsys):
+    study, uri, client, parent, path = record
+    stops = Stops()
+    watch = StudyWatch(study, uri, parent, stops).start()
+    watch.close()  # polled by hand here
+    assert main(["study", "stop", str(path), "--ablation", "lr"]) == 0
+    assert f"run {parent}" in capsys.readouterr().out
+    assert client.get_run(parent).data.tags[STOP_TAG] == "lr"
+    running = trial_run(uri, parent, "temp", 0)
+    watch.poll()
+    assert watch.stopped_ablations == {"lr"} and watch.hold is None and stops.reasons == []
+    ctx = StudyContext(study, uri, parent, "runs")
+    with pytest.raises(TrialHeld, match="ablation.s. lr"):
+        _refuse_held(ctx, "lr")  # a trial of lr starting now does not run
+    _refuse_held(ctx, "temp")  # the other ablation's do
+    close_run(uri, running, "finished")
+    # the study ends with everything else done: stopped, with the reason on the parent
+    assert watch.settle(client) == STOP_REQUEST
+    assert client.get_run(parent).data.tags[HOLD_TAG] == "platform study stop: ablation(s) lr"
+
+
+def test_a_whole_study_stop_waits_for_the_running_trials(record):
+    study, uri, client, parent, path = record
+    stops = Stops()
+    watch = StudyWatch(study, uri, parent, stops).start()
+    watch.close()
+    running = trial_run(uri, parent, "temp", 0)
+    assert main(["study", "stop", str(path)]) == 0
+    assert main(["study", "stop", str(path), "--ablation", "lr"]) == 0
+    assert read_request(client.get_run(parent).data.tags).whole
+    watch.poll()
+    assert watch.hold == (STOP_REQUEST, "platform study stop: the whole study")
+    tags = client.get_run(parent).data.tags
+    assert held_by(tags, "temp") == "platform study stop: the whole study"  # no trial starts now
+    assert stops.reasons == []  # a trial still runs: it finishes
+    close_run(uri, running, "finished")
+    watch.poll()
+    assert stops.reasons == [STOP_REQUEST]
+    # a resume's driver starts with no request: the earlier driver's are cleared
+    StudyWatch(study, uri, parent, Stops()).start().close()
+    assert not {STOP_TAG, HOLD_TAG} & set(client.get_run(parent).data.tags)
+
+
+def test_max_failed_trials_holds_the_study_from_the_record(record):
+    study, uri, client, parent, _ = record
+    stops = Stops()
+    watch = StudyWatch(study, uri, parent, stops).start()
+    watch.close()
+    close_run(uri, trial_run(uri, parent, "temp", 0), "finished")
+    watch.poll()
+    assert watch.hold is None and stops.reasons == []
+    close_run(uri, trial_run(uri, parent, "lr", 1), "failed", "boom")
+    watch.poll()
+    why = "budget.max_failed_trials 1 reached: 1 trial(s) failed"
+    assert watch.hold == (BUDGET, why) and stops.reasons == [BUDGET]
+    assert client.get_run(parent).data.tags[HOLD_TAG] == why
+    with pytest.raises(TrialHeld, match="max_failed_trials"):
+        _refuse_held(StudyContext(study, uri, parent, "runs"), "temp")
+
+
+def test_the_command_refuses_what_it_cannot_stop(record, tmp_path, capsys):
+    study, uri, client, parent, path = record
+    assert main(["study", "stop", str(path), "--ablation", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"{path}: --ablation: no ablation 'nope' (allowed: lr, temp)"
+    client.set_terminated(parent, status="KILLED")
+    assert main(["study", "stop", str(path)]) == 2
+    assert "is not running (its record is KILLED); nothing to stop" in capsys.readouterr().err
+    assert STOP_TAG not in client.get_run(parent).data.tags
+
+
+def test_a_poll_that_cannot_read_the_record_is_only_a_warning(record, monkeypatch, capsys):
+    study, uri, client, parent, _ = record
+    watch = StudyWatch(study, uri, parent, Stops())
+    monkeypatch.setattr(watch_module, "POLL_S", 0.01)
+
+    def outage() -> None:
+        watch.close()  # one pass
+        raise ConnectionError("the tracking server is down")
+
+    monkeypatch.setattr(watch, "poll", outage)
+    watch._loop()
+    assert "warning: budget/stop check skipped (ConnectionError: the tracking server is down)" in (
+        capsys.readouterr().out
+    )
+
+
+def test_a_wall_budget_goes_by_the_plans_projection_before_any_trial_finished(record, tmp_path, capsys):
+    _, uri, client, parent, path = record
+    doc = yaml.safe_load(path.read_text())
+    doc["budget"] = {"wall": "1s"}  # shorter than any projected trial
+    path.write_text(yaml.safe_dump(doc))
+    stops = Stops()
+    watch = StudyWatch(load_study(path), uri, parent, stops).start()
+    watch.close()
+    watch.poll()
+    assert "budget: the next trial's cost before any trial finished: " in capsys.readouterr().out
+    assert watch.hold[0] == BUDGET and watch.hold[1].startswith("budget.wall 1s: 0.0 min run + ")
+    assert stops.reasons == [BUDGET]  # nothing runs: the study stops at once
+    assert client.get_run(parent).data.tags[HOLD_TAG] == watch.hold[1]
