@@ -10,18 +10,21 @@ import time
 from pathlib import Path
 
 from clsr.cli.study_plan import cmd_study_plan, plan_parser
+from clsr.cli.study_reproduce import cmd_study_reproduce, reproduce_parser
 
 
 def add_parsers(commands) -> None:
     """``platform study`` and its actions, in the order ``platform study --help`` lists them."""
     study = commands.add_parser(
-        "study", help="run, resume, sync, validate, report, plan, compare or promote a study"
+        "study",
+        help="run, resume, sync, validate, report, plan, compare, promote a study or reproduce one of its trials",
     ).add_subparsers(dest="action", required=True)
     _run_parsers(study)
     _validate_parser(study)
     _report_parser(study)
     _compare_parser(study)
     _promote_parser(study)
+    reproduce_parser(study)
     _schema_parsers(study)
     plan_parser(study)
 
@@ -219,6 +222,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         "reference": cmd_study_schema,
         "sync": cmd_study_sync,
         "plan": cmd_study_plan,
+        "reproduce": cmd_study_reproduce,
     }
     return actions.get(args.action, cmd_study_run)(args)
 

@@ -1,0 +1,48 @@
+"""``platform study reproduce``: its options, and the command that rebuilds one trial from its study's
+record, checks this machine against it, trains it again in this process and reports the two runs side by
+side (``clsr.study.reproduce``; docs/compare-and-promote.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def reproduce_parser(study) -> None:
+    """``study reproduce``: a child run id, or a study with its point and seed."""
+    p = study.add_parser(
+        "reproduce",
+        help="rebuild one trial from the record alone, check this machine's environment and data against "
+        "it, train it again here and report its metrics beside the original's (bitwise equal, within a "
+        "tolerance, different), logged as a new MLflow run tagged clsr.reproduction_of",
+    )
+    p.add_argument("run", help="the trial's child run id, or a study name (then give --point and --seed)")
+    p.add_argument("--point", default=None, help="the trial's point label, as its clsr.point tag holds it")
+    p.add_argument("--seed", type=int, default=None, help="the trial's seed")
+    p.add_argument("--tracking-uri", default=None, help="MLflow (default: $MLFLOW_TRACKING_URI)")
+    p.add_argument(
+        "--rtol", type=float, default=1e-6, help="relative tolerance of 'within tolerance' (default 1e-6)"
+    )
+    p.add_argument(
+        "--atol", type=float, default=1e-9, help="absolute tolerance of 'within tolerance' (default 1e-9)"
+    )
+
+
+def cmd_study_reproduce(args: argparse.Namespace) -> int:
+    """0 when the reproduction's results are bitwise equal or within the tolerance, 1 when they differ,
+    2 when the trial cannot be rebuilt from the record."""
+    from clsr.study.analyse.reproduce import DIFFERENT, render
+    from clsr.study.analyse.reproduction import NotReproducible
+    from clsr.study.reproduce import reproduce
+    from clsr.tracking.escape import terminal
+
+    try:
+        done = reproduce(
+            args.run, args.point, args.seed, args.tracking_uri, args.rtol, args.atol,
+            say=lambda line: print(terminal(line), flush=True),
+        )  # fmt: skip
+    except NotReproducible as err:
+        print(f"error: {terminal(str(err))}", file=sys.stderr)
+        return 2
+    print(render(done.comparison))
+    return 1 if done.comparison.verdict == DIFFERENT else 0

@@ -1,0 +1,160 @@
+"""``platform study reproduce``: one trial rebuilt from its study's record alone
+(``clsr.study.analyse.reproduction``), this machine's environment checked against the one it recorded,
+the trial trained again in this process (no Ray: ``clsr.train.loop.fit`` on one device, with the thread
+count Ray gave the trial's worker), logged as a new MLflow run in the study's experiment tagged
+``clsr.reproduction_of=<run id>`` (no parent run and no ``clsr.ablation``: the study's report never
+counts it as a trial), and the two runs compared side by side (``clsr.study.analyse.reproduce``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlflow.entities import Param
+from mlflow.tracking import MlflowClient
+
+from clsr.study.analyse.drift import drift, drift_lines
+from clsr.study.analyse.reproduce import Comparison, compare_runs
+from clsr.study.analyse.reproduction import RecordedTrial, find_trial_run, rebuild
+from clsr.study.analyse.runs import Trial
+from clsr.tracking.escape import visible
+from clsr.tracking.secrets import mask_uri
+from clsr.tracking.study_runs import (
+    MAX_PARAM_LENGTH,
+    close_run,
+    flatten,
+    resolve_tracking_uri,
+    trial_run_name,
+)
+
+REPRODUCTION_TAG = "clsr.reproduction_of"  # the original trial's run id
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    recorded: RecordedTrial
+    run_id: str
+    comparison: Comparison
+
+
+def reproduce(
+    target: str,
+    point: str | None = None,
+    seed: int | None = None,
+    tracking_uri: str | None = None,
+    rtol: float = 1e-6,
+    atol: float = 1e-9,
+    say: Callable[[str], None] = print,
+) -> Reproduction:
+    """Rebuild, check, rerun and compare the trial ``target`` names (a child run id, or a study name with
+    ``point`` and ``seed``); ``say`` gets the lines printed on the way (plain: escape them for where they go)."""
+    uri = resolve_tracking_uri(tracking_uri)
+    client = MlflowClient(uri)
+    run = find_trial_run(client, uri, target, point, seed)
+    with tempfile.TemporaryDirectory(prefix="clsr-reproduce-") as folder:
+        recorded = rebuild(client, run, Path(folder))
+        say(f"reproducing {recorded.ablation} {recorded.label} seed {recorded.seed} (run {recorded.run_id})")
+        for key, logged, here in recorded.differences:
+            say(f"configuration differs: {key} logged {logged[:200]!r}, rebuilt {here[:200]!r}")
+        if not recorded.differences:
+            say("configuration: the rebuilt one equals the trial's logged params")
+        say(environment_check(recorded))
+        run_id = rerun(uri, recorded, Path(folder))
+    again = client.get_run(run_id)
+    comparison = compare_runs(as_trial(run, recorded), as_trial(again, recorded), rtol, atol)
+    return Reproduction(recorded, run_id, comparison)
+
+
+def environment_check(recorded: RecordedTrial) -> str:
+    """This machine's environment against the one the trial recorded, before the rerun (the rerun's
+    own record, compared afterwards, adds the data's identities)."""
+    import torch
+
+    from clsr.tracking.environment import capture
+
+    here = capture("cuda" if torch.cuda.is_available() else "cpu").params()
+    original = as_trial_params(recorded.run_id, recorded.params)
+    lines = drift_lines(drift([original], [as_trial_params("here", here)]))
+    return "before the rerun (A: the trial's record, B: this machine): " + "; ".join(
+        line for line in lines if not line.startswith("data")
+    )
+
+
+def as_trial_params(run_id: str, params: dict[str, str]) -> Trial:
+    return Trial(run_id, "", "", None, "", {}, {}, 0, params)
+
+
+def as_trial(run, recorded: RecordedTrial) -> Trial:
+    """A run (the original or its reproduction) as the comparison reads it."""
+    return Trial(
+        run.info.run_id,
+        recorded.ablation,
+        recorded.label,
+        recorded.seed,
+        run.data.tags.get("clsr.status", "unknown"),
+        dict(run.data.metrics),
+        dict(run.data.tags),
+        run.info.start_time or 0,
+        dict(run.data.params),
+    )
+
+
+def rerun(uri: str, recorded: RecordedTrial, folder: Path) -> str:
+    """Train the rebuilt trial in this process, logged as a new run of the study's experiment; its id."""
+    from clsr.study.run.trial import failure_text, log_method_file, trial_params
+    from clsr.tracking.run_logger import TrackingTarget
+    from clsr.train.loop import fit
+    from clsr.train.session import LocalSession
+
+    client = MlflowClient(uri)
+    name = trial_run_name(recorded.ablation, recorded.label, recorded.seed)
+    tags = {
+        REPRODUCTION_TAG: recorded.run_id,
+        "clsr.reproduction.parent": recorded.parent_run_id,
+        "clsr.reproduction.trial": f"{recorded.ablation}[{recorded.label}] seed={recorded.seed}",
+        "clsr.method": recorded.config.method["name"],
+        "clsr.status": "running",
+    }
+    run = client.create_run(
+        recorded.experiment_id,
+        run_name=f"reproduce {name}",
+        tags={k: mask_uri(visible(v)) for k, v in tags.items()},
+    )
+    run_id = run.info.run_id
+    study = {"ablation": recorded.ablation, "point": recorded.label, "seed": recorded.seed}
+    params = [
+        Param(k, mask_uri(str(v))[:MAX_PARAM_LENGTH])
+        for k, v in flatten(trial_params(recorded.config) | {"study": study}).items()
+    ]
+    for start in range(0, len(params), 100):  # MLflow's per-request param limit
+        client.log_batch(run_id, params=params[start : start + 100])
+    log_method_file(uri, run_id, recorded.config)
+    resources = recorded.study.resources
+    tracking = TrackingTarget(uri, run_id, recorded.study.system_metrics_interval_s, str(folder / "pending"))
+    try:
+        with _threads(max(1, round(resources.cpus_per_worker))):
+            fit(recorded.config, LocalSession(folder / "checkpoints"), tracking=tracking)
+    except Exception as err:
+        close_run(uri, run_id, "failed", failure_text(err) + "\n" + "".join(traceback.format_exception(err)))
+        raise
+    close_run(uri, run_id, "finished")
+    return run_id
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads as Ray gives a trial's worker (``OMP_NUM_THREADS`` = its CPUs): a sum split
+    over another number of threads adds in another order, so its last bits may differ."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
