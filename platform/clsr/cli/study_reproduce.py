@@ -21,6 +21,12 @@ def reproduce_parser(study) -> None:
     p.add_argument("--seed", type=int, default=None, help="the trial's seed")
     p.add_argument("--tracking-uri", default=None, help="MLflow (default: $MLFLOW_TRACKING_URI)")
     p.add_argument(
+        "--check-only",
+        action="store_true",
+        help="only check this machine's environment, code and data against the record (seconds: nothing "
+        "trained, nothing written to MLflow); exit 1 when they differ",
+    )
+    p.add_argument(
         "--rtol", type=float, default=1e-6, help="relative tolerance of 'within tolerance' (default 1e-6)"
     )
     p.add_argument(
@@ -29,8 +35,8 @@ def reproduce_parser(study) -> None:
 
 
 def cmd_study_reproduce(args: argparse.Namespace) -> int:
-    """0 when the reproduction's results are bitwise equal or within the tolerance, 1 when they differ,
-    2 when the trial cannot be rebuilt from the record."""
+    """0 when the reproduction's results are bitwise equal or within the tolerance (``--check-only``: when
+    nothing drifted), 1 when they differ, 2 when the trial cannot be rebuilt from the record."""
     from clsr.study.analyse.reproduce import DIFFERENT, render
     from clsr.study.analyse.reproduction import NotReproducible
     from clsr.study.reproduce import reproduce
@@ -39,10 +45,14 @@ def cmd_study_reproduce(args: argparse.Namespace) -> int:
     try:
         done = reproduce(
             args.run, args.point, args.seed, args.tracking_uri, args.rtol, args.atol,
-            say=lambda line: print(terminal(line), flush=True),
+            say=lambda line: print(terminal(line), flush=True), check_only=args.check_only,
         )  # fmt: skip
     except NotReproducible as err:
         print(f"error: {terminal(str(err))}", file=sys.stderr)
         return 2
+    if done.comparison is None:
+        print("drift found: a rerun here may not reproduce the trial" if done.drift else "no drift found")
+        return 1 if done.drift else 0
     print(render(done.comparison))
+    print(f"logged as MLflow run {done.run_id} (tag clsr.reproduction_of={done.recorded.run_id})")
     return 1 if done.comparison.verdict == DIFFERENT else 0

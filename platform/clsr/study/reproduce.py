@@ -18,7 +18,7 @@ from pathlib import Path
 from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 
-from clsr.study.analyse.drift import drift, drift_lines
+from clsr.study.analyse.drift import Drift, drift, drift_lines
 from clsr.study.analyse.reproduce import Comparison, compare_runs
 from clsr.study.analyse.reproduction import RecordedTrial, find_trial_run, rebuild
 from clsr.study.analyse.runs import Trial
@@ -37,9 +37,13 @@ REPRODUCTION_TAG = "clsr.reproduction_of"  # the original trial's run id
 
 @dataclass(frozen=True)
 class Reproduction:
+    """``run_id`` and ``comparison``: None when only checked (``check_only``). ``drift``: whether the
+    check found this machine's environment, code or data unlike the record's."""
+
     recorded: RecordedTrial
-    run_id: str
-    comparison: Comparison
+    drift: bool
+    run_id: str | None = None
+    comparison: Comparison | None = None
 
 
 def reproduce(
@@ -50,9 +54,11 @@ def reproduce(
     rtol: float = 1e-6,
     atol: float = 1e-9,
     say: Callable[[str], None] = print,
+    check_only: bool = False,
 ) -> Reproduction:
     """Rebuild, check, rerun and compare the trial ``target`` names (a child run id, or a study name with
-    ``point`` and ``seed``); ``say`` gets the lines printed on the way (plain: escape them for where they go)."""
+    ``point`` and ``seed``); ``say`` gets the lines printed on the way (plain: escape them for where they
+    go). ``check_only``: stop after the check (nothing trained, nothing written to MLflow)."""
     uri = resolve_tracking_uri(tracking_uri)
     client = MlflowClient(uri)
     run = find_trial_run(client, uri, target, point, seed)
@@ -63,26 +69,33 @@ def reproduce(
             say(f"configuration differs: {key} logged {logged[:200]!r}, rebuilt {here[:200]!r}")
         if not recorded.differences:
             say("configuration: the rebuilt one equals the trial's logged params")
-        say(environment_check(recorded))
+        found = check(recorded)
+        say("this machine against the trial's record (A: the record, B: here):")
+        for line in drift_lines(found):
+            say(f"  {line}")
+        drifted = bool(recorded.differences or found.environment or found.code or found.data)
+        if check_only:
+            return Reproduction(recorded, drifted)
         run_id = rerun(uri, recorded, Path(folder))
     again = client.get_run(run_id)
     comparison = compare_runs(as_trial(run, recorded), as_trial(again, recorded), rtol, atol)
-    return Reproduction(recorded, run_id, comparison)
+    return Reproduction(recorded, drifted, run_id, comparison)
 
 
-def environment_check(recorded: RecordedTrial) -> str:
-    """This machine's environment against the one the trial recorded, before the rerun (the rerun's
-    own record, compared afterwards, adds the data's identities)."""
+def check(recorded: RecordedTrial) -> Drift:
+    """This machine's environment and the data the trial would read here (its training rows and
+    evaluation sets, hashed as the trial hashes them: ``clsr.train.data_record``) against the record."""
     import torch
 
+    from clsr.data.training import training_rows
     from clsr.tracking.environment import capture
+    from clsr.train.data_record import data_params
+    from clsr.train.outcome import is_evaluation_only
 
+    config = recorded.config
     here = capture("cuda" if torch.cuda.is_available() else "cpu").params()
-    original = as_trial_params(recorded.run_id, recorded.params)
-    lines = drift_lines(drift([original], [as_trial_params("here", here)]))
-    return "before the rerun (A: the trial's record, B: this machine): " + "; ".join(
-        line for line in lines if not line.startswith("data")
-    )
+    here |= data_params(config, None if is_evaluation_only(config) else training_rows(config))
+    return drift([as_trial_params(recorded.run_id, recorded.params)], [as_trial_params("here", here)])
 
 
 def as_trial_params(run_id: str, params: dict[str, str]) -> Trial:
@@ -135,7 +148,8 @@ def rerun(uri: str, recorded: RecordedTrial, folder: Path) -> str:
         client.log_batch(run_id, params=params[start : start + 100])
     log_method_file(uri, run_id, recorded.config)
     resources = recorded.study.resources
-    tracking = TrackingTarget(uri, run_id, recorded.study.system_metrics_interval_s, str(folder / "pending"))
+    # no system metrics: they measure the machine's load, which a reproduction does not compare
+    tracking = TrackingTarget(uri, run_id, None, str(folder / "pending"))
     try:
         with _threads(max(1, round(resources.cpus_per_worker))):
             fit(recorded.config, LocalSession(folder / "checkpoints"), tracking=tracking)
