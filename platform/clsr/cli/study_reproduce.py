@@ -27,6 +27,11 @@ def reproduce_parser(study) -> None:
         "trained, nothing written to MLflow); exit 1 when they differ",
     )
     p.add_argument(
+        "--log-model",
+        action="store_true",
+        help="log the reproduction's model as the trial did (default: not; the weights' hash is compared)",
+    )
+    p.add_argument(
         "--rtol", type=float, default=1e-6, help="relative tolerance of 'within tolerance' (default 1e-6)"
     )
     p.add_argument(
@@ -45,7 +50,7 @@ def cmd_study_reproduce(args: argparse.Namespace) -> int:
     try:
         done = reproduce(
             args.run, args.point, args.seed, args.tracking_uri, args.rtol, args.atol,
-            say=lambda line: print(terminal(line), flush=True), check_only=args.check_only,
+            say=lambda line: print(terminal(line), flush=True), check_only=args.check_only, log_model=args.log_model,
         )  # fmt: skip
     except NotReproducible as err:
         print(f"error: {terminal(str(err))}", file=sys.stderr)

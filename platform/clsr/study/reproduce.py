@@ -19,9 +19,16 @@ from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 
 from clsr.study.analyse.drift import Drift, drift, drift_lines
-from clsr.study.analyse.reproduce import Comparison, compare_runs
+from clsr.study.analyse.reproduce import (
+    Comparison,
+    compare_runs,
+    distributions,
+    package_differences,
+    package_line,
+)
 from clsr.study.analyse.reproduction import RecordedTrial, find_trial_run, rebuild
 from clsr.study.analyse.runs import Trial
+from clsr.tracking.environment import ENV_ARTIFACTS
 from clsr.tracking.escape import visible
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import (
@@ -55,10 +62,12 @@ def reproduce(
     atol: float = 1e-9,
     say: Callable[[str], None] = print,
     check_only: bool = False,
+    log_model: bool = False,
 ) -> Reproduction:
     """Rebuild, check, rerun and compare the trial ``target`` names (a child run id, or a study name with
     ``point`` and ``seed``); ``say`` gets the lines printed on the way (plain: escape them for where they
-    go). ``check_only``: stop after the check (nothing trained, nothing written to MLflow)."""
+    go). ``check_only``: stop after the check (nothing trained, nothing written to MLflow); ``log_model``:
+    log the reproduction's model as the trial did (``eval.log_model``; else not: a reproduction checks)."""
     uri = resolve_tracking_uri(tracking_uri)
     client = MlflowClient(uri)
     run = find_trial_run(client, uri, target, point, seed)
@@ -69,22 +78,23 @@ def reproduce(
             say(f"configuration differs: {key} logged {logged[:200]!r}, rebuilt {here[:200]!r}")
         if not recorded.differences:
             say("configuration: the rebuilt one equals the trial's logged params")
-        found = check(recorded)
+        found, packages = check(recorded, client, Path(folder))
         say("this machine against the trial's record (A: the record, B: here):")
-        for line in drift_lines(found):
+        for line in [*drift_lines(found), *([package_line(packages)] if packages is not None else [])]:
             say(f"  {line}")
-        drifted = bool(recorded.differences or found.environment or found.code or found.data)
+        drifted = bool(recorded.differences or found.environment or found.code or found.data or packages)
         if check_only:
             return Reproduction(recorded, drifted)
-        run_id = rerun(uri, recorded, Path(folder))
+        run_id = rerun(uri, recorded, Path(folder), log_model)
     again = client.get_run(run_id)
     comparison = compare_runs(as_trial(run, recorded), as_trial(again, recorded), rtol, atol)
     return Reproduction(recorded, drifted, run_id, comparison)
 
 
-def check(recorded: RecordedTrial) -> Drift:
+def check(recorded: RecordedTrial, client: MlflowClient, folder: Path) -> tuple[Drift, list | None]:
     """This machine's environment and the data the trial would read here (its training rows and
-    evaluation sets, hashed as the trial hashes them: ``clsr.train.data_record``) against the record."""
+    evaluation sets, hashed as the trial hashes them: ``clsr.train.data_record``) against the record;
+    and the installed distributions against its ``environment/environment.txt`` (None: it has none)."""
     import torch
 
     from clsr.data.training import training_rows
@@ -93,9 +103,26 @@ def check(recorded: RecordedTrial) -> Drift:
     from clsr.train.outcome import is_evaluation_only
 
     config = recorded.config
-    here = capture("cuda" if torch.cuda.is_available() else "cpu").params()
-    here |= data_params(config, None if is_evaluation_only(config) else training_rows(config))
-    return drift([as_trial_params(recorded.run_id, recorded.params)], [as_trial_params("here", here)])
+    env = capture("cuda" if torch.cuda.is_available() else "cpu")
+    here = env.params() | data_params(config, None if is_evaluation_only(config) else training_rows(config))
+    found = drift([as_trial_params(recorded.run_id, recorded.params)], [as_trial_params("here", here)])
+    lock = recorded_lock(client, recorded.run_id, folder)
+    if lock is None:
+        return found, None
+    return found, package_differences(distributions(lock), distributions(env.lock_text()))
+
+
+MAX_LOCK_BYTES = 2_000_000
+
+
+def recorded_lock(client: MlflowClient, run_id: str, folder: Path) -> str | None:
+    """The trial's ``environment/environment.txt`` (its first ``MAX_LOCK_BYTES``), or None."""
+    try:
+        local = client.download_artifacts(run_id, f"{ENV_ARTIFACTS}/environment.txt", str(folder / "lock"))
+    except Exception:  # MLflow raises its own exception types per artifact store; none: a clsr before 55
+        return None
+    with open(local, "rb") as f:
+        return f.read(MAX_LOCK_BYTES).decode("utf-8", errors="replace")
 
 
 def as_trial_params(run_id: str, params: dict[str, str]) -> Trial:
@@ -117,13 +144,18 @@ def as_trial(run, recorded: RecordedTrial) -> Trial:
     )
 
 
-def rerun(uri: str, recorded: RecordedTrial, folder: Path) -> str:
-    """Train the rebuilt trial in this process, logged as a new run of the study's experiment; its id."""
+def rerun(uri: str, recorded: RecordedTrial, folder: Path, log_model: bool = False) -> str:
+    """Train the rebuilt trial in this process, logged as a new run of the study's experiment; its id.
+    Without ``log_model`` its model is not logged (``eval.log_model: false``: the results are the same,
+    the weights' hash is still compared)."""
     from clsr.study.run.trial import failure_text, log_method_file, trial_params
     from clsr.tracking.run_logger import TrackingTarget
     from clsr.train.loop import fit
     from clsr.train.session import LocalSession
 
+    config = recorded.config
+    if not log_model and config.eval.log_model:
+        config = config.model_copy(update={"eval": config.eval.model_copy(update={"log_model": False})})
     client = MlflowClient(uri)
     name = trial_run_name(recorded.ablation, recorded.label, recorded.seed)
     tags = {
@@ -142,17 +174,17 @@ def rerun(uri: str, recorded: RecordedTrial, folder: Path) -> str:
     study = {"ablation": recorded.ablation, "point": recorded.label, "seed": recorded.seed}
     params = [
         Param(k, mask_uri(str(v))[:MAX_PARAM_LENGTH])
-        for k, v in flatten(trial_params(recorded.config) | {"study": study}).items()
+        for k, v in flatten(trial_params(config) | {"study": study}).items()
     ]
     for start in range(0, len(params), 100):  # MLflow's per-request param limit
         client.log_batch(run_id, params=params[start : start + 100])
-    log_method_file(uri, run_id, recorded.config)
+    log_method_file(uri, run_id, config)
     resources = recorded.study.resources
     # no system metrics: they measure the machine's load, which a reproduction does not compare
     tracking = TrackingTarget(uri, run_id, None, str(folder / "pending"))
     try:
         with _threads(max(1, round(resources.cpus_per_worker))):
-            fit(recorded.config, LocalSession(folder / "checkpoints"), tracking=tracking)
+            fit(config, LocalSession(folder / "checkpoints"), tracking=tracking)
     except Exception as err:
         close_run(uri, run_id, "failed", failure_text(err) + "\n" + "".join(traceback.format_exception(err)))
         raise

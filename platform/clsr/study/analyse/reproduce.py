@@ -125,3 +125,29 @@ def render(c: Comparison) -> str:
         out.append(f"not compared (cost): {', '.join(c.costs)}")
     out += ["", *drift_lines(c.drift), "", f"reproduction: {c.verdict}"]
     return terminal("\n".join(out))
+
+
+MAX_LOCK_LINES = 5000  # an environment.txt longer than this is no pip freeze: the rest is not read
+
+
+def distributions(text: str) -> dict[str, str]:
+    """``environment.txt`` (``name==version`` per line, ``clsr.tracking.environment``) as name -> version;
+    a line of another shape is skipped, never raised on."""
+    found = {}
+    for line in text.splitlines()[:MAX_LOCK_LINES]:
+        name, sep, version = line.strip().partition("==")
+        if sep and name and version:
+            found[name.lower()[:200]] = version[:200]
+    return found
+
+
+def package_differences(a: dict[str, str], b: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(distribution, A's version, B's version) for each that differs; ``-``: not installed."""
+    return [(n, a.get(n, "-"), b.get(n, "-")) for n in sorted(a.keys() | b.keys()) if a.get(n) != b.get(n)]
+
+
+def package_line(changes: list[tuple[str, str, str]]) -> str:
+    """One line: the installed distributions that differ, or that they agree."""
+    if not changes:
+        return "installed packages: the same"
+    return "packages differ: " + "; ".join(f"{n} {va} (A) / {vb} (B)" for n, va, vb in changes)
