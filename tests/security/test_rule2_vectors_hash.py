@@ -72,9 +72,10 @@ def test_a_publishers_file_is_hashed_once_and_recorded_in_the_trials_params(tmp_
     runtime_dir.write_private(cached, "f" * 64)  # the cache is read, not the file: hashed once
     assert word_vectors.vectors_sha256("glove-wiki-gigaword-300", tmp_path) == "f" * 64
     glove.write_text("the 0.1 0.2 0.3\n")  # a new file: hashed again
-    assert word_vectors.vectors_sha256("glove-wiki-gigaword-300", tmp_path) == hashlib.sha256(
-        glove.read_bytes()
-    ).hexdigest()
+    assert (
+        word_vectors.vectors_sha256("glove-wiki-gigaword-300", tmp_path)
+        == hashlib.sha256(glove.read_bytes()).hexdigest()
+    )
 
 
 def test_a_transformer_or_a_missing_file_records_no_hash(tmp_path, shared):

@@ -8,7 +8,18 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from clsr.study.analyse.reproduce import CLOSE, DIFFERENT, EQUAL, ONLY_A, ONLY_B, compare_runs, render
+from clsr.study.analyse.reproduce import (
+    CLOSE,
+    DIFFERENT,
+    EQUAL,
+    ONLY_A,
+    ONLY_B,
+    compare_runs,
+    distributions,
+    package_differences,
+    package_line,
+    render,
+)
 from clsr.study.analyse.reproduction import NotReproducible, find_trial_run, rebuild
 from clsr.study.analyse.runs import Trial
 from clsr.study.plan.load import load_documents
@@ -145,3 +156,23 @@ def test_bitwise_equal_different_and_drift():
     assert "environment differs: torch 2.13.0 (A) / 2.14.0 (B)" in shown
     assert "data hashes differ: data.stsb.sha256 aaaaaaaaaaaa (A) / bbbbbbbbbbbb (B)" in shown
     assert "reproduction: different" in shown
+
+
+def test_installed_packages_compared_and_a_planted_line_skipped():
+    recorded = distributions("torch==2.13.0\nNumPy==2.1.0\n\x1b]52;c;AAAA\x07\nnot a line\nold==1.0\n")
+    here = distributions("torch==2.13.0\nnumpy==2.2.0\nnew==0.1\n")
+    assert recorded == {"torch": "2.13.0", "numpy": "2.1.0", "old": "1.0"}
+    changes = package_differences(recorded, here)
+    assert changes == [("new", "-", "0.1"), ("numpy", "2.1.0", "2.2.0"), ("old", "1.0", "-")]
+    assert (
+        package_line(changes)
+        == "packages differ: new - (A) / 0.1 (B); numpy 2.1.0 (A) / 2.2.0 (B); old 1.0 (A) / - (B)"
+    )
+    assert package_line([]) == "installed packages: the same"
+
+
+def test_a_planted_metric_name_reaches_the_terminal_escaped():
+    shown = render(
+        compare_runs(run("a", {"x\x1b]52;c;AAAA\x07": 1.0}), run("b", {"x\x1b]52;c;AAAA\x07": 1.0}))
+    )
+    assert "\x1b" not in shown and "x\\x1b]52;c;AAAA\\x07" in shown
