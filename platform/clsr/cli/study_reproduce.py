@@ -16,7 +16,9 @@ def reproduce_parser(study) -> None:
         "it, train it again here and report its metrics beside the original's (bitwise equal, within a "
         "tolerance, different), logged as a new MLflow run tagged clsr.reproduction_of",
     )
-    p.add_argument("run", help="the trial's child run id, or a study name (then give --point and --seed)")
+    p.add_argument(
+        "run", help="the trial's child run id, or a study file or name (then give --point and --seed)"
+    )
     p.add_argument("--point", default=None, help="the trial's point label, as its clsr.point tag holds it")
     p.add_argument("--seed", type=int, default=None, help="the trial's seed")
     p.add_argument("--tracking-uri", default=None, help="MLflow (default: $MLFLOW_TRACKING_URI)")
@@ -45,6 +47,7 @@ def cmd_study_reproduce(args: argparse.Namespace) -> int:
     from clsr.study.analyse.reproduce import DIFFERENT, render
     from clsr.study.analyse.reproduction import NotReproducible
     from clsr.study.reproduce import reproduce
+    from clsr.study.spec.schema import StudyError
     from clsr.tracking.escape import terminal
 
     try:
@@ -54,6 +57,9 @@ def cmd_study_reproduce(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except NotReproducible as err:
         print(f"error: {terminal(str(err))}", file=sys.stderr)
+        return 2
+    except StudyError as err:  # a study file that does not load
+        print(err, file=sys.stderr)
         return 2
     if done.comparison is None:
         print("drift found: a rerun here may not reproduce the trial" if done.drift else "no drift found")

@@ -68,6 +68,11 @@ def reproduce(
     ``point`` and ``seed``); ``say`` gets the lines printed on the way (plain: escape them for where they
     go). ``check_only``: stop after the check (nothing trained, nothing written to MLflow); ``log_model``:
     log the reproduction's model as the trial did (``eval.log_model``; else not: a reproduction checks)."""
+    if point is not None or seed is not None:  # a study name, or a file: its name and tracking_uri
+        from clsr.study.analyse.frame import study_name_and_uri
+
+        target, file_uri = study_name_and_uri(target)
+        tracking_uri = tracking_uri or file_uri
     uri = resolve_tracking_uri(tracking_uri)
     client = MlflowClient(uri)
     run = find_trial_run(client, uri, target, point, seed)
@@ -78,6 +83,11 @@ def reproduce(
             say(f"configuration differs: {key} logged {logged[:200]!r}, rebuilt {here[:200]!r}")
         if not recorded.differences:
             say("configuration: the rebuilt one equals the trial's logged params")
+        if (workers := recorded.study.resources.workers_per_trial) > 1:
+            say(
+                f"note: the trial trained on {workers} workers (DDP); this rerun trains in one process, so its "
+                f"batches and gathered negatives are not split as they were: expect no bitwise equality"
+            )
         found, packages = check(recorded, client, Path(folder))
         say("this machine against the trial's record (A: the record, B: here):")
         for line in [*drift_lines(found), *([package_line(packages)] if packages is not None else [])]:
@@ -91,7 +101,9 @@ def reproduce(
     return Reproduction(recorded, drifted, run_id, comparison)
 
 
-def check(recorded: RecordedTrial, client: MlflowClient, folder: Path) -> tuple[Drift, list | None]:
+def check(
+    recorded: RecordedTrial, client: MlflowClient, folder: Path
+) -> tuple[Drift, list[tuple[str, str, str]] | None]:
     """This machine's environment and the data the trial would read here (its training rows and
     evaluation sets, hashed as the trial hashes them: ``clsr.train.data_record``) against the record;
     and the installed distributions against its ``environment/environment.txt`` (None: it has none)."""
