@@ -142,8 +142,7 @@ def trial_document_of(
             f"ablation {ablation!r} is staged (needs: upstream trials' outputs): its trials are not "
             f"reproduced yet"
         )
-    base = (recorded.get("base_trials") or {}).get(ablation)
-    points = (recorded.get("points") or {}).get(ablation)
+    base, points = _under(recorded, "base_trials", ablation), _under(recorded, "points", ablation)
     if not isinstance(base, dict) or not isinstance(points, list):
         kind = "sampled" if points == "sampled" else "not recorded"
         raise NotReproducible(
@@ -155,9 +154,18 @@ def trial_document_of(
     if not isinstance(overrides, dict):
         raise NotReproducible(f"the record holds no point {visible(label)[:100]!r} of ablation {ablation!r}")
     document = base
-    for key, value in overrides.items():
-        document = set_dotted(document, str(key), value)
-    return set_dotted(document, "trainer.seed", seed)
+    try:
+        for key, value in overrides.items():
+            document = set_dotted(document, str(key), value)
+        return set_dotted(document, "trainer.seed", seed)
+    except (TypeError, ValueError, AttributeError) as err:  # a section that is no mapping
+        raise NotReproducible(f"the record's point {visible(label)[:100]!r} does not apply: {err}") from None
+
+
+def _under(recorded: dict[str, Any], section: str, ablation: str) -> Any:
+    """``recorded[section][ablation]``, or None when either is missing or no mapping."""
+    found = recorded.get(section)
+    return found.get(ablation) if isinstance(found, dict) else None
 
 
 def config_differences(config: TrialConfig, params: dict[str, str]) -> list[tuple[str, str, str]]:

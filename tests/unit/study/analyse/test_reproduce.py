@@ -98,6 +98,11 @@ def test_what_is_no_trial_or_not_found_is_refused_by_name(record, tmp_path):
     parent = client.get_run(runs[(plan.trials[0].label, 1)]).data.tags["mlflow.parentRunId"]
     with pytest.raises(NotReproducible, match="is no study trial"):
         rebuild(client, client.get_run(parent), tmp_path)
+    summary = yaml.safe_load(STUDY)
+    planted = yaml.safe_dump({"study": summary, "base_trials": ["x"], "points": {"temperature": 3}})
+    client.log_text(parent, planted, "resolved.yaml")  # a colleague's resolved.yaml: refused, never raised on
+    with pytest.raises(NotReproducible, match="holds no base trial and grid points"):
+        rebuild(client, client.get_run(runs[(plan.trials[0].label, 1)]), tmp_path / "planted")
     with pytest.raises(NotReproducible, match="no MLflow run"):
         find_trial_run(client, uri, "0" * 32, None, None)
     with pytest.raises(NotReproducible, match="its points: method.temperature=0.05, method.temperature=0.1"):
