@@ -1,5 +1,5 @@
-"""``platform study ...``: run, resume, sync, validate, report, plan, compare and promote a study; write
-its JSON Schema and its reference."""
+"""``platform study ...``: run, resume, sync, validate, report, plan, compare and promote a study, reproduce
+one of its trials (``clsr.cli.study_reproduce``); write its JSON Schema and its reference."""
 
 from __future__ import annotations
 
