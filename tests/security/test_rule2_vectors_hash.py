@@ -54,14 +54,14 @@ def _gclsr(vectors: str, data_dir: Path) -> TrialConfig:
 
 def test_a_publishers_file_is_hashed_once_and_recorded_in_the_trials_params(tmp_path, shared):
     from clsr import runtime_dir
-    from clsr.study.run.trial import _params
+    from clsr.study.run.trial import trial_params
     from clsr.tracking.study_runs import flatten
 
     glove = tmp_path / str(word_vectors.NAMED_VECTORS["glove-wiki-gigaword-300"].local_file)
     glove.parent.mkdir()
     glove.write_text("the 0.1 0.2 0.3\ncat 0.4 0.5 0.6\n")
     expected = hashlib.sha256(glove.read_bytes()).hexdigest()
-    params = flatten(_params(_gclsr("glove-wiki-gigaword-300", tmp_path)))
+    params = flatten(trial_params(_gclsr("glove-wiki-gigaword-300", tmp_path)))
     assert params["model.vectors_sha256"] == expected
     # and beside the rows' identities (issue 55): the file it read, hashed whole
     assert params["data.vectors.sha256"] == expected and params["data.vectors.revision"] == "none"
@@ -72,13 +72,14 @@ def test_a_publishers_file_is_hashed_once_and_recorded_in_the_trials_params(tmp_
     runtime_dir.write_private(cached, "f" * 64)  # the cache is read, not the file: hashed once
     assert word_vectors.vectors_sha256("glove-wiki-gigaword-300", tmp_path) == "f" * 64
     glove.write_text("the 0.1 0.2 0.3\n")  # a new file: hashed again
-    assert word_vectors.vectors_sha256("glove-wiki-gigaword-300", tmp_path) == hashlib.sha256(
-        glove.read_bytes()
-    ).hexdigest()
+    assert (
+        word_vectors.vectors_sha256("glove-wiki-gigaword-300", tmp_path)
+        == hashlib.sha256(glove.read_bytes()).hexdigest()
+    )
 
 
 def test_a_transformer_or_a_missing_file_records_no_hash(tmp_path, shared):
-    from clsr.study.run.trial import _params
+    from clsr.study.run.trial import trial_params
 
-    assert "vectors_sha256" not in _params(_gclsr("minilm", tmp_path))["model"]
+    assert "vectors_sha256" not in trial_params(_gclsr("minilm", tmp_path))["model"]
     assert word_vectors.vectors_sha256("word2vec-google-news-300", tmp_path) is None

@@ -31,6 +31,7 @@ EXAMPLES = """examples:
   platform study report --name supmpn_ablations --out reports/supmpn
   platform study plan studies/gclsr_ablations.yaml --from gclsr_ablations-smoke --gpus 1 --gpu h100
   platform study plan studies/gclsr_ablations.yaml --probe --gpus 1 --gpu h100
+  platform study reproduce smoke --point method.temperature=0.05 --seed 1
   platform eval --model minilm --pooling mean --tasks sts
   platform eval --model minilm --tasks sts,transfer
   platform eval --model minilm --tasks mr,trec --transfer-mode fast --max-examples 1000

@@ -1,5 +1,5 @@
-"""``platform study ...``: run, resume, sync, validate, report, plan, compare and promote a study; write
-its JSON Schema and its reference."""
+"""``platform study ...``: run, resume, sync, validate, report, plan, compare and promote a study, reproduce
+one of its trials (``clsr.cli.study_reproduce``); write its JSON Schema and its reference."""
 
 from __future__ import annotations
 
@@ -10,19 +10,22 @@ import time
 from pathlib import Path
 
 from clsr.cli.study_plan import cmd_study_plan, plan_parser
+from clsr.cli.study_reproduce import cmd_study_reproduce, reproduce_parser
 from clsr.cli.study_stop import cmd_study_stop, stop_parser
 
 
 def add_parsers(commands) -> None:
     """``platform study`` and its actions, in the order ``platform study --help`` lists them."""
     study = commands.add_parser(
-        "study", help="run, resume, sync, validate, report, plan, compare or promote a study"
+        "study",
+        help="run, resume, sync, validate, report, plan, compare, promote a study or reproduce one of its trials",
     ).add_subparsers(dest="action", required=True)
     _run_parsers(study)
     _validate_parser(study)
     _report_parser(study)
     _compare_parser(study)
     _promote_parser(study)
+    reproduce_parser(study)
     _schema_parsers(study)
     plan_parser(study)
     stop_parser(study)
@@ -222,6 +225,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         "sync": cmd_study_sync,
         "plan": cmd_study_plan,
         "stop": cmd_study_stop,
+        "reproduce": cmd_study_reproduce,
     }
     return actions.get(args.action, cmd_study_run)(args)
 

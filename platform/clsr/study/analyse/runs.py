@@ -159,6 +159,12 @@ def pick_trials(trials: Iterable[Trial]) -> dict[tuple[str, int | None], Trial]:
 def study_from_run(client: MlflowClient, parent_run_id: str, dst: Path) -> Study:
     """The study as its run recorded it (``resolved.yaml``: ``from:`` files merged, smoke applied), for
     ``--name`` reports that have no study file at hand."""
+    return recorded_summary(client, parent_run_id, dst)[0]
+
+
+def recorded_summary(client: MlflowClient, parent_run_id: str, dst: Path) -> tuple[Study, dict[str, Any]]:
+    """The parent run's ``resolved.yaml``: its study validated, and the whole mapping (``base_trials``,
+    ``points``: ``clsr.study.record.summary``); NoStudyRuns when it is missing or refused."""
     try:
         local = client.download_artifacts(parent_run_id, "resolved.yaml", str(dst))
     except Exception as err:  # MLflow raises its own exception types per artifact store
@@ -173,7 +179,7 @@ def study_from_run(client: MlflowClient, parent_run_id: str, dst: Path) -> Study
     if not isinstance(recorded, dict) or not isinstance(recorded.get("study"), dict):
         raise NoStudyRuns(f"{refused}: it holds no study: mapping; give the study file")
     try:
-        return Study.model_validate(recorded["study"])
+        return Study.model_validate(recorded["study"]), recorded
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "(top level)"

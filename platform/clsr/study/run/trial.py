@@ -107,7 +107,7 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
         trial_run_name(point.ablation, label, seed),
         tags,
         # study.* params: what the MLflow compare view and parallel-coordinates plot group and sort by
-        _params(trial) | {"study": {"ablation": point.ablation, "point": label, "seed": seed}},
+        trial_params(trial) | {"study": {"ablation": point.ablation, "point": label, "seed": seed}},
     )
     log_method_file(ctx.tracking_uri, run_id, trial)
     loop_config = LoopConfig(
@@ -145,7 +145,7 @@ def run_trial(config: dict[str, Any], ctx: StudyContext) -> None:
     finish_child(ctx.tracking_uri, run_id, "finished", ctx.storage, tags=tags)
 
 
-def _params(trial: Any) -> dict[str, Any]:
+def trial_params(trial: Any) -> dict[str, Any]:
     """The trial's configuration, with ``data.source``: which of the data folder, the hub and the package's
     embedded sample serves its data (decided here as the loaders will, in the trial's environment); and
     ``model.vectors_sha256`` (and ``data.vectors.*``): which word-vector file trained the model (third-party
