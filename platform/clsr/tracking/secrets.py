@@ -15,9 +15,6 @@
   ``aws_secret_access_key``) anywhere, as libpq's keyword form writes it (``host=db password=***``,
   ``password='quoted secret'``, ``password="double quoted"``) and error texts repeat it.
 
-* every value registered with ``hide`` (a notify webhook's URL, whose secret is its path: no rule above
-  sees it), shown as what ``hide`` was given (``https://hooks.slack.com/***``).
-
 Apply it to any text that may hold a tracking URI or a storage URI before it is logged, stored as an
 artifact or a tag, or shown in an error.
 """
@@ -57,23 +54,12 @@ _KEYWORD = re.compile(
 )
 
 
-_HIDDEN: dict[str, str] = {}  # secret -> what is shown in its place (this process's: a driver's)
-
-
-def hide(secret: str, shown: str) -> None:
-    """From now on ``mask_uri`` shows ``shown`` wherever ``secret`` appears (in this process)."""
-    if secret and MASK in shown and secret not in shown:
-        _HIDDEN[secret] = shown
-
-
 def mask_uri(text: str) -> str:
-    """``text`` with the password (or token) of every URI's user part, secret-looking query values,
-    ``password=`` values and what ``hide`` registered replaced by ``***``; everything else (scheme, user,
-    host, port, path, other parameters) is kept (see the module doc for where a password ends)."""
+    """``text`` with the password (or token) of every URI's user part, secret-looking query values and
+    ``password=`` values replaced by ``***``; everything else (scheme, user, host, port, path, other
+    parameters) is kept (see the module doc for where a password ends)."""
     if not text:
         return text
-    for secret in sorted(_HIDDEN, key=len, reverse=True):  # a longer one holding a shorter goes first
-        text = text.replace(secret, _HIDDEN[secret])
     text = _mask_userinfo(text)
     text = _QUERY.sub(lambda m: f"{m['head']}{MASK}" if m["secret"] else m[0], text)
     return _KEYWORD.sub(lambda m: f"{m['head']}{MASK}", text)

@@ -11,8 +11,8 @@ A webhook's URL is a credential (Slack's holds its secret in the path), so:
 
 * ``check_url`` allows ``https://`` anywhere, and ``http://`` only to a loopback host (127.0.0.0/8,
   ``::1``, ``localhost``: a local relay or a test server), where nothing crosses a network;
-* ``shown_url`` is what is shown in its place (scheme, host and port, then ``/***``), and
-  ``clsr.tracking.secrets.hide`` makes ``mask_uri`` show it wherever the URL appears;
+* ``shown_url`` is what is shown in its place (scheme, host and port, then ``/***``): in the study's
+  dumps and the study file's text (``clsr.study.spec``), and in this module's problem lines;
 * redirects are not followed (a redirect would send the message, or the URL's secret in a header, where
   the study file did not say) and a loopback URL skips any proxy the environment names.
 """

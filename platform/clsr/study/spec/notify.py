@@ -1,9 +1,9 @@
 """The study file's ``notify`` section: a webhook told when a trial fails, when the study ends and when
 its verdicts are ready (``clsr.study.control.notify`` posts; ``clsr.tracking.webhook`` sends).
 
-The URL is a credential: it is a ``SecretStr`` (its repr and dumps are masked), validated here with the
-rest of the file, and registered with ``clsr.tracking.secrets.hide`` so that every text the platform
-masks (logs, MLflow artifacts, errors) shows ``scheme://host/***`` in its place.
+The URL is a credential: it is a ``SecretStr`` (its repr and dumps show ``scheme://host/***``), validated
+here with the rest of the file, its refusals naming it masked; ``Study.masked`` masks it in the study
+file's text (MLflow's ``study.yaml``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_serializer, field_validator, model_validator
 
 from clsr.study.spec.strict import Strict
-from clsr.tracking.secrets import hide
 from clsr.tracking.webhook import DEFAULT_TIMEOUT_S, check_url, shown_url
 
 EVENTS = ("failed", "finished", "verdicts")
@@ -57,7 +56,6 @@ class Notify(Strict):
             return url
         if why := check_url(url):
             raise ValueError(f"{why} (given: {shown_url(url)})")
-        hide(url, shown_url(url))
         return url
 
     @field_validator("on")

@@ -17,6 +17,8 @@ from clsr.study.spec.notify import Notify
 from clsr.study.spec.paths import absolute_in_sections
 from clsr.study.spec.strict import MAX_TRIALS, Strict
 from clsr.study.spec.tuning import MULTI_OBJECTIVE_SAMPLERS, ReportOptions, Resources, Scheduler, Search
+from clsr.tracking.secrets import mask_uri
+from clsr.tracking.webhook import shown_url
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 SECTIONS = ("model", "data", "trainer", "method", "eval")
@@ -209,6 +211,14 @@ class Study(Strict):
                 f"metric [{names}]: search.sampler {self.search.sampler} optimises one objective; allowed "
                 f"with several: {', '.join(MULTI_OBJECTIVE_SAMPLERS)}"
             )
+
+    def masked(self, text: str) -> str:
+        """``text`` (the study file's, an error) with this study's secrets shown masked: the notify URL
+        (whose secret is its path, which ``mask_uri`` cannot see), then what ``mask_uri`` masks."""
+        if self.notify is not None:
+            url = self.notify.url.get_secret_value()
+            text = text.replace(url, shown_url(url))
+        return mask_uri(text)
 
     @property
     def objectives(self) -> list[tuple[str, str]]:
