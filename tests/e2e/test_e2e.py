@@ -107,8 +107,8 @@ def test_the_smoke_study_told_its_webhook_and_kept_the_url_out_of_the_record(smo
     head, *lines = verdicts["text"].splitlines()
     assert verdicts["event"] == "verdicts" and head == "clsr study smoke: verdicts against the papers"
     assert sorted(lines) == [  # one seed: no CI, so no verdict either way
-        "• temperature[method.temperature=0.05] dev_stsb: inconclusive (1 seed)",
-        "• temperature[method.temperature=0.1] dev_stsb: inconclusive (1 seed)",
+        "• temperature[method.temperature=0.05] best_dev_stsb: inconclusive (1 seed)",
+        "• temperature[method.temperature=0.1] best_dev_stsb: inconclusive (1 seed)",
     ]
     shown = f"http://127.0.0.1:{smoke_study.webhook.port}/***"
     for run in [parent, *children]:

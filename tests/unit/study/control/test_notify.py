@@ -239,3 +239,24 @@ def test_the_end_tells_the_state_and_the_verdicts_only_once_finished(tmp_path):
     broken = SimpleNamespace(get_run=lambda run_id: 1 / 0, search_runs=lambda *a, **k: 1 / 0)
     with WebhookServer(status=500) as server:
         tell_end(notifier(server), study, broken, uri, StudyOutcome([]))
+
+
+def test_the_parent_runs_record_holds_the_url_masked_only(tmp_path, monkeypatch):
+    """What ``start_record`` writes to a real MLflow store (study.yaml, resolved.yaml, the parent's params
+    and tags) shows the notify URL as scheme://host/*** and holds its secret nowhere."""
+    from clsr.study.record.parent import start_record
+
+    monkeypatch.chdir(tmp_path)  # the Default experiment's artifacts land here
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    path = study_file(tmp_path, {"url": URL, "on": ["finished"]})
+    study = load_study(path, [("storage_path", str(tmp_path / "runs"))])
+    parent, _, lease = start_record(client, uri, study, path.read_text(), fingerprint(study))
+    lease.release()
+    run = client.get_run(parent)
+    assert SECRET not in str(run.data.params) and SECRET not in str(run.data.tags)
+    folder = Path(client.download_artifacts(parent, "", str(tmp_path / "artifacts-read")))
+    texts = {p.name: p.read_text() for p in folder.rglob("*") if p.is_file()}
+    assert {"study.yaml", "resolved.yaml", "fingerprint.json"} <= set(texts)
+    assert [name for name, text in texts.items() if SECRET in text] == []
+    assert f"url: {SHOWN}" in texts["study.yaml"] and f"url: {SHOWN}" in texts["resolved.yaml"]
