@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from tests.support import REPO_ROOT
 from tests.support.models import save_tiny_bert
 from tests.support.stores import _TEMPLATE_FOLDER, sqlite_uri
 from tests.support.studies import SMOKE_STS_PAIRS
+from tests.support.webhook_server import WebhookServer
 
 # Offline and quiet by default: these machines have no hub access.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -80,25 +82,37 @@ def data_dir() -> Path:
 
 @dataclass(frozen=True)
 class FinishedStudy:
-    """A study that ran end to end: its MLflow store, working folder and the command's output."""
+    """A study that ran end to end: its MLflow store, working folder and the command's output; the
+    webhook server its ``notify`` posted to, and that URL's secret part (issue 56)."""
 
     uri: str
     folder: Path
     output: str
+    webhook: WebhookServer | None = None
+    notify_secret: str = ""
 
 
 @pytest.fixture(scope="session")
-def smoke_study(tmp_path_factory) -> FinishedStudy:
+def smoke_study(tmp_path_factory) -> Iterator[FinishedStudy]:
     """`platform study run studies/smoke.yaml` once per test session (about 2 minutes on 2 cores);
-    the end-to-end test checks it, and the report, MLflow UI and model tests read its store."""
+    the end-to-end test checks it, and the report, MLflow UI and model tests read its store. Run from a
+    copy that adds ``notify`` (in the file: the URL is never argv) pointing at a real HTTP server on
+    127.0.0.1, whose URL path stands for a webhook's secret."""
     from tests.e2e.test_e2e import platform_cmd
 
     folder = tmp_path_factory.mktemp("smoke-study")
     uri = sqlite_uri(folder / "mlflow.db")
+    webhook = WebhookServer()
+    secret = "T0SMOKE/B0SMOKE/smoke-webhook-s3cret"
+    study_file = folder / "smoke.yaml"
+    study_file.write_text(
+        (REPO_ROOT / "studies" / "smoke.yaml").read_text()
+        + f"notify: {{url: '{webhook.url('/services/' + secret)}', on: [failed, finished, verdicts]}}\n"
+    )
     args = (
         "study",
         "run",
-        str(REPO_ROOT / "studies" / "smoke.yaml"),
+        str(study_file),
         "--set",
         f"storage_path={folder / 'runs'}",
         # system metrics add rows that shift the MLflow compare view's two grids apart for the UI test's
@@ -111,9 +125,12 @@ def smoke_study(tmp_path_factory) -> FinishedStudy:
         f"eval.sts_max_pairs={SMOKE_STS_PAIRS}",
     )
     proc = platform_cmd(*args, cwd=folder, uri=uri)
-    output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, output[-3000:]
-    return FinishedStudy(uri, folder, output)
+    try:
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, output[-3000:]
+        yield FinishedStudy(uri, folder, output, webhook, secret)
+    finally:
+        webhook.close()
 
 
 @pytest.fixture(scope="module")

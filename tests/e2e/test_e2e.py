@@ -91,6 +91,37 @@ def test_a_finished_smoke_studys_trials_keep_their_weights_once_each_kind(smoke_
 
 
 @pytest.mark.xdist_group("smoke_study")
+def test_the_smoke_study_told_its_webhook_and_kept_the_url_out_of_the_record(smoke_study, tmp_path):
+    """Issue 56 item 5: the study's notify server (a real one on 127.0.0.1) received the finished and
+    verdicts messages (no trial failed), and the URL's secret path is nowhere in the MLflow record (the
+    parent's params, tags and every artifact; the trials' params and tags) or the command's output."""
+    secret = smoke_study.notify_secret
+    client, (parent,), children = runs_of(smoke_study.uri, "smoke")
+    received = smoke_study.webhook.received
+    assert [r["path"] for r in received] == [f"/services/{secret}"] * 2
+    finished, verdicts = (r["body"] for r in received)
+    assert finished == {
+        "text": "clsr study smoke finished: 2 trial(s) (2 finished)",
+        "event": "finished", "study": "smoke", "run_id": parent.info.run_id,
+    }  # fmt: skip
+    head, *lines = verdicts["text"].splitlines()
+    assert verdicts["event"] == "verdicts" and head == "clsr study smoke: verdicts against the papers"
+    assert sorted(lines) == [  # one seed: no CI, so no verdict either way
+        "• temperature[method.temperature=0.05] best_dev_stsb: inconclusive (1 seed)",
+        "• temperature[method.temperature=0.1] best_dev_stsb: inconclusive (1 seed)",
+    ]
+    shown = f"http://127.0.0.1:{smoke_study.webhook.port}/***"
+    for run in [parent, *children]:
+        assert secret not in str(run.data.params) and secret not in str(run.data.tags)
+    folder = Path(client.download_artifacts(parent.info.run_id, "", str(tmp_path)))
+    texts = {p.name: p.read_text(errors="replace") for p in folder.rglob("*") if p.is_file()}
+    assert {"study.yaml", "resolved.yaml", "fingerprint.json"} <= set(texts)
+    assert [name for name, text in texts.items() if secret in text] == []
+    assert f"url: '{shown}'" in texts["study.yaml"] and f"url: {shown}" in texts["resolved.yaml"]
+    assert secret not in smoke_study.output and "warning: notify" not in smoke_study.output
+
+
+@pytest.mark.xdist_group("smoke_study")
 def test_smoke_study_end_to_end(smoke_study):
     """One Ray Train worker per trial (the GCLSR and SupMPN smoke studies run trials in-process)."""
     uri, output = smoke_study.uri, smoke_study.output

@@ -94,6 +94,10 @@ def plot_pareto(ab: AblationReport, path: Path) -> Path | None:
     on = np.array([front.values[label][:2] for label in front.front])
     on = on[np.argsort(on[:, 0])]
     ax.plot(on[:, 0], on[:, 1], "o-", color="tab:blue", label="Pareto front", zorder=3)
+    if front.near:
+        near = np.array([front.values[label][:2] for label in front.near])
+        ax.scatter(near[:, 0], near[:, 1], s=36, facecolors="none", edgecolors="tab:orange", zorder=4,
+                   label="near the front (CIs overlap)")  # fmt: skip
     ax.set_xlabel(plot_label(f"{mx} ({'higher' if mode_x == 'max' else 'lower'} is better)"))
     ax.set_ylabel(plot_label(f"{my} ({'higher' if mode_y == 'max' else 'lower'} is better)"))
     ax.set_title(plot_label(f"{ab.name}: configurations, means over seeds"))

@@ -308,7 +308,13 @@ def json_pareto(ab: AblationReport) -> dict[str, Any] | None:
     return {
         "objectives": [{"metric": m, "mode": mode} for m, mode in front.objectives],
         "configurations": [
-            {"label": label, "values": values, "seeds": front.seeds[label], "on_front": label in front.front}
+            {
+                "label": label,
+                "values": values,
+                "seeds": front.seeds[label],
+                "on_front": label in front.front,
+                "near_front": label in front.near,
+            }
             for label, values in front.values.items()
         ],
     }

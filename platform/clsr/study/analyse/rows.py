@@ -35,7 +35,7 @@ from clsr.study.plan.resolve import (
 from clsr.study.spec.ablation import Ablation
 from clsr.study.spec.schema import Study
 from clsr.study.stats.effects import Effects, coerce, grid_effects, sampled_effects
-from clsr.study.stats.pareto import ParetoFront, pareto_front
+from clsr.study.stats.pareto import ParetoFront, near_front, pareto_front
 from clsr.study.stats.seeds import Paired, Stats, holm, paired_test, seed_stats
 from clsr.study.stats.verdict import Verdict, verdict
 from clsr.tracking.record_reader import prefixed_floats
@@ -185,7 +185,7 @@ class AblationReport:
     tolerance: float = 0.5  # the table's tolerance, else the study's report.tolerance: the verdicts' margin
     tolerance_source: str | None = None  # where the table's tolerance comes from (None: the study's)
     effects: Effects | None = None  # ANOVA of a grid over 2+ keys, or a sampled ablation's importance
-    pareto: ParetoFront | None = None  # several objectives: the sampled configurations' front
+    pareto: ParetoFront | None = None  # several objectives: the configurations' (points') front
 
     @property
     def reference(self) -> Row | None:
@@ -353,19 +353,22 @@ def verdict_drift(rows: list[Row]) -> list[str]:
 
 
 def ablation_pareto(ab: AblationReport, objectives: list[tuple[str, str]]) -> ParetoFront | None:
-    """A sampled ablation of a study searched on several objectives: each configuration's mean over its
-    seeds of every objective, and Optuna's Pareto front of them (``clsr.study.stats.pareto``)."""
-    if len(objectives) < 2 or not ab.spec.space:
+    """An ablation of a study on several objectives (a sampled one's configurations, a grid's points):
+    each one's mean over its seeds of every objective, Optuna's Pareto front of them and those near it
+    (``clsr.study.stats.pareto``)."""
+    if len(objectives) < 2:
         return None
-    values, seeds = {}, {}
+    values, seeds, intervals = {}, {}, {}
     for row in ab.rows:
         per_metric = [row.values(m) for m, _ in objectives]
-        finished = set.intersection(*(set(v) for v in per_metric))  # seeds that reported every objective
+        finished = sorted(set.intersection(*(set(v) for v in per_metric)), key=str)  # every objective's
         if finished:
-            values[row.label] = [float(np.mean([v[s] for s in finished])) for v in per_metric]
+            cells = [seed_stats([v[s] for s in finished]) for v in per_metric]
+            values[row.label] = [c.mean for c in cells]
+            intervals[row.label] = [(c.ci_low, c.ci_high) for c in cells]
             seeds[row.label] = len(finished)
     front = pareto_front(values, [mode for _, mode in objectives]) if values else []
-    return ParetoFront(list(objectives), values, seeds, front)
+    return ParetoFront(list(objectives), values, seeds, front, near_front(intervals, front))
 
 
 def ablation_effects(ab: AblationReport) -> Effects:

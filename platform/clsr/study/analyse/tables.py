@@ -164,21 +164,32 @@ def effects_table(ab: AblationReport) -> Table | None:
 
 
 def pareto_table(ab: AblationReport) -> Table | None:
-    """The configurations on the Pareto front of the study's objectives, best first on the first."""
+    """The configurations on the Pareto front of the study's objectives, best first on the first, then
+    those near it (CIs overlapping a front configuration's on every objective), likewise."""
     front = ab.pareto
     if front is None:
         return None
     names = [f"{m} ({'higher' if mode == 'max' else 'lower'} is better)" for m, mode in front.objectives]
     first_mode = front.objectives[0][1]
-    ordered = sorted(front.front, key=lambda label: front.values[label][0], reverse=first_mode == "max")
+
+    def ordered(labels: list[str]) -> list[str]:
+        return sorted(labels, key=lambda label: front.values[label][0], reverse=first_mode == "max")
+
     rows = [
-        [[label], *([fmt(v)] for v in front.values[label]), [str(front.seeds[label])]] for label in ordered
+        [[label], *([fmt(v)] for v in front.values[label]), [str(front.seeds[label])], [where]]
+        for labels, where in ((front.front, "on"), (front.near, "near"))
+        for label in ordered(labels)
     ]
+    near = (
+        f", {len(front.near)} near it (95% CIs overlap a front one's on every objective)"
+        if front.near
+        else ""
+    )
     title = (
         f"{ab.name}: Pareto front, {len(front.front)} of {len(front.values)} configurations (no other "
-        f"configuration is at least as good on every objective and better on one; means over seeds)"
+        f"configuration is at least as good on every objective and better on one; means over seeds){near}"
     )
-    return Table(title, ["configuration", *names, "seeds"], rows)
+    return Table(title, ["configuration", *names, "seeds", "front"], rows)
 
 
 def effects_note(ab: AblationReport) -> str:

@@ -13,7 +13,6 @@ from typing import Any
 from clsr.study.plan.distinct import also_of
 from clsr.study.plan.fingerprint import Changes, changed_searches, compare, overall
 from clsr.study.spec.schema import Study
-from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import (
     ALSO_TAG,
     FINGERPRINT_TAG,
@@ -148,7 +147,7 @@ def record_edit(
     skip |= supersede(client, parent_run_id, skip, attempt, frozenset(searched_again), frozenset(chosen))
     client.set_tag(parent_run_id, FINGERPRINT_TAG, overall(current))
     client.log_dict(parent_run_id, current, f"fingerprint-v{attempt}.json")
-    client.log_text(parent_run_id, mask_uri(study_text), f"study-v{attempt}.yaml")
+    client.log_text(parent_run_id, study.masked(study_text), f"study-v{attempt}.yaml")
     print("resuming an edited study:\n  " + "\n  ".join(changes.describe()))
     for name in searched_again:
         also = [c for c, of in confirming.items() if of == name]

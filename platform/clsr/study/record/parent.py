@@ -159,7 +159,7 @@ def start_record(
             f"study {study.name!r} was started by another driver at the same moment (MLflow run "
             f"{rivals[0]}); this one stopped before running anything: wait for it, or stop it and resume"
         )
-    client.log_text(parent_run_id, mask_uri(study_text), "study.yaml")
+    client.log_text(parent_run_id, study.masked(study_text), "study.yaml")
     log_trials_view(client, client.get_run(parent_run_id).info.experiment_id, study, parent_run_id)
     summary = yaml.safe_dump(resolved_summary(study), sort_keys=False)
     client.log_text(parent_run_id, mask_uri(summary), "resolved.yaml")

@@ -5,12 +5,14 @@ versions, and adaptive-seed rounds), then the record closed truthfully however i
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from mlflow.tracking import MlflowClient
 
 from clsr.study.control.console import Console
 from clsr.study.control.interrupt import Interrupted, Interrupts
+from clsr.study.control.notify import Notifier, ended_message, verdict_lines, verdicts_message
 from clsr.study.control.ray_session import init_ray
 from clsr.study.control.watch import StudyWatch
 from clsr.study.plan.distinct import also_keys, merge_identical, run_keys
@@ -32,6 +34,7 @@ from clsr.study.run.shared import prepare_shared, shared_inputs
 from clsr.study.run.trial import StudyContext, key_of
 from clsr.study.spec.schema import Outputs, Study
 from clsr.tracking.patient import PatientClient
+from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import SUPERSEDED_TAG, children, finished_outputs
 
 
@@ -92,9 +95,10 @@ def run_waves(
     """Each experiment of the plan in turn (its ``waves``); ``searches``: the sampled ablations an edited resume
     searched again, with the attempt that started their search (``clsr.study.record.attempts.search_versions``);
     ``py_modules``: the study's method code every worker imports (``shipped_methods``)."""
-    study = plan.study
     console = console if console is not None else Console()
     client = PatientClient(uri)
+    console.notifier = notifier = _notifier(plan.study, client, parent_run_id)
+    study = without_notify(plan.study)  # what goes to Ray (trials, searchers) holds no webhook URL
     interrupts.on_give_up = lambda: give_up(client, uri, parent_run_id, interrupts.reason, lease)
     lease.on_lost = interrupts.lease_lost
     init_ray(console, py_modules)
@@ -147,9 +151,58 @@ def run_waves(
             outcome = close_study(client, uri, parent_run_id, storage, study, stop, status, lease)
             interrupts.record_written = True
             console.link.tell(settled=True)
+        if notifier is not None and outcome.stopped_by != "lease_lost":  # a failed study's too
+            tell_end(notifier, plan.study, client, uri, outcome)
     if outcome.stopped_by is None and not outcome.pending_records:  # finished: resumable state not needed
         print(_shrink_checkpoints(study, client, parent_run_id, storage))
     return outcome
+
+
+def without_notify(study: Study) -> Study:
+    """The study as trials and Tune see it: no ``notify`` (its URL is a credential the driver keeps)."""
+    return study if study.notify is None else study.model_copy(update={"notify": None})
+
+
+def _notifier(study: Study, client, parent_run_id: str) -> Notifier | None:
+    notifier = Notifier.of(study.notify, study.name, parent_run_id)
+    if notifier is not None:
+        try:
+            notifier.note_failed_before(client)
+        except Exception as err:  # the study goes on; at worst an earlier failure is told again
+            print(f"warning: notify: could not read the earlier trials' runs: {mask_uri(str(err))[:200]}")
+    return notifier
+
+
+def tell_end(notifier: Notifier, study: Study, client, uri: str, outcome: StudyOutcome) -> None:
+    """The webhook told of failed trials, the study's end and, once it finished, its verdicts; never
+    raises (a webhook or a report that fails is a warning line)."""
+    try:
+        notifier.tell_failed(client)
+        if outcome.pending_records:
+            state = f"stopped with {outcome.pending_records} trial run(s) waiting for MLflow"
+        else:
+            state = client.get_run(notifier.run_id).data.tags.get("clsr.status", "ended")
+        counts = dict(Counter(str(row.get("status")) for row in outcome.rows))
+        notifier.post(ended_message(study.name, notifier.run_id, state, counts))
+        if state == "finished" and notifier.wants("verdicts"):
+            notifier.post(
+                verdicts_message(study.name, notifier.run_id, _verdicts(study, client, uri, notifier))
+            )
+    except Exception as err:
+        print(f"warning: notify: {type(err).__name__}: {mask_uri(str(err))[:200]}")
+
+
+def _verdicts(study: Study, client, uri: str, notifier: Notifier) -> list[str]:
+    """The report's verdicts: each row's against each paper number it has."""
+    from clsr.study.analyse.rows import build_report
+
+    report = build_report(study, client, notifier.run_id, uri)
+    return verdict_lines(
+        (ab.name, row.label, metric, verdict.short)
+        for ab in report.ablations
+        for row in ab.rows
+        for metric, verdict in row.verdicts.items()
+    )
 
 
 def _shrink_checkpoints(study: Study, client, parent_run_id: str, storage: str) -> str:
@@ -237,9 +290,11 @@ def _fit(
             results = tuner.fit()
         if interrupts.reason == "lease_lost":  # the record is another driver's now
             return
-        close_lost_trials(  # a plain client: an outage here is only a warning (the study's end closes them)
-            MlflowClient(ctx.tracking_uri), ctx.tracking_uri, ctx.parent_run_id, errors_of(results)
-        )
+        plain = MlflowClient(ctx.tracking_uri)
+        # a plain client: an outage here is only a warning (the study's end closes them)
+        close_lost_trials(plain, ctx.tracking_uri, ctx.parent_run_id, errors_of(results))
+        if console is not None and console.notifier is not None:
+            console.notifier.tell_failed(plain)
 
 
 def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id, console=None) -> None:
@@ -262,3 +317,5 @@ def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_i
         new_ctx = replace(ctx, trials=fresh, skip=frozenset())
         results = build_tuner(study, new_ctx, None, True, f"{name}-v{ctx.attempt}", console).fit()
     close_lost_trials(client, ctx.tracking_uri, parent_run_id, errors_of(results))
+    if console is not None and console.notifier is not None:
+        console.notifier.tell_failed(client)

@@ -17,6 +17,7 @@ from clsr.config.trial import DataConfig, EvalConfig, TrainerConfig
 from clsr.methods import METHODS, get_method
 from clsr.study.spec.ablation import Ablation, AdaptiveSeeds, Confirm, Need
 from clsr.study.spec.budget import Budget
+from clsr.study.spec.notify import Notify
 from clsr.study.spec.schema import Study
 from clsr.study.spec.space import Point
 from clsr.study.spec.tuning import ReportOptions, Resources, Scheduler, Search
@@ -41,6 +42,7 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("scheduler", Scheduler, ""),
     ("resources", Resources, ""),
     ("budget", Budget, ""),
+    ("notify", Notify, ""),
     ("model (transformer)", ModelConfig, "model."),
     ("model (textcnn: GCLSR)", TextCNNConfig, "model."),
     ("data", DataConfig, "data."),

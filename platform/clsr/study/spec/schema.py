@@ -14,9 +14,12 @@ from clsr.config.trial import Seed
 from clsr.methods import get_method
 from clsr.study.spec.ablation import Ablation, AdaptiveSeeds, Confirm
 from clsr.study.spec.budget import Budget
+from clsr.study.spec.notify import Notify
 from clsr.study.spec.paths import absolute_in_sections
 from clsr.study.spec.strict import MAX_TRIALS, Strict
 from clsr.study.spec.tuning import MULTI_OBJECTIVE_SAMPLERS, ReportOptions, Resources, Scheduler, Search
+from clsr.tracking.secrets import mask_uri
+from clsr.tracking.webhook import shown_url
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 SECTIONS = ("model", "data", "trainer", "method", "eval")
@@ -72,9 +75,10 @@ class Study(Strict):
     metric: str | list[str] = Field(
         "best_dev_stsb",
         description="the trial result that ranks points and trials; a list, e.g. [best_dev_stsb, "
-        "test_transfer_avg], searches several objectives at once (optuna, scheduler fifo): Optuna's "
-        "multi-objective sampler is told each, the report draws their Pareto front, and the first ranks "
-        "trials where one number is needed",
+        "test_transfer_avg], judges several objectives at once (search optuna or grid, scheduler fifo): "
+        "Optuna's multi-objective sampler is told each, the report draws their Pareto front (a grid's: "
+        "its points' means over seeds, those whose CIs reach the front marked near it), and the first "
+        "ranks trials where one number is needed",
     )
     mode: Literal["max", "min"] | list[Literal["max", "min"]] = Field(
         "max", description="whether a higher metric is better; with several metrics one mode, or one each"
@@ -135,6 +139,14 @@ class Study(Strict):
         description="limits on what the study spends: gpu_hours, wall (e.g. '12h') and max_failed_trials; "
         "past one, the driver launches no more trials and closes the record stopped, with the reason",
     )
+    notify: Notify | None = Field(
+        None,
+        description="a webhook told when a trial fails, the study ends and its verdicts are ready: {url: "
+        "https://..., on: [failed, finished, verdicts]} (Slack-compatible JSON, a `text` field); a "
+        "failing webhook is a warning line, never the study's failure. The URL is a credential: put it "
+        "in the file (not --set, which is argv), readable by you only; it is masked everywhere it "
+        "would be shown and never sent to trials",
+    )
     tracking_wait_s: float = Field(
         900.0,
         ge=0,
@@ -187,21 +199,32 @@ class Study(Strict):
 
     def _check_several(self) -> None:
         names = ", ".join(m for m, _ in self._several)
-        if self.search.algorithm != "optuna":
+        if self.search.algorithm not in ("optuna", "grid"):
             raise ValueError(
                 f"metric [{names}]: several objectives need search.algorithm optuna (its multi-objective "
-                f"samplers; given: {self.search.algorithm})"
+                f"samplers) or grid (the report's Pareto front of the points; given: {self.search.algorithm})"
             )
         if self.scheduler.type != "fifo":
             raise ValueError(
                 f"metric [{names}]: scheduler {self.scheduler.type} stops trials on one metric; several "
                 f"objectives need scheduler fifo"
             )
-        if (self.search.sampler or "tpe") not in MULTI_OBJECTIVE_SAMPLERS:
+        if (
+            self.search.algorithm == "optuna"
+            and (self.search.sampler or "tpe") not in MULTI_OBJECTIVE_SAMPLERS
+        ):
             raise ValueError(
                 f"metric [{names}]: search.sampler {self.search.sampler} optimises one objective; allowed "
                 f"with several: {', '.join(MULTI_OBJECTIVE_SAMPLERS)}"
             )
+
+    def masked(self, text: str) -> str:
+        """``text`` (the study file's, an error) with this study's secrets shown masked: the notify URL
+        (whose secret is its path, which ``mask_uri`` cannot see), then what ``mask_uri`` masks."""
+        if self.notify is not None:
+            url = self.notify.url.get_secret_value()
+            text = text.replace(url, shown_url(url))
+        return mask_uri(text)
 
     @property
     def objectives(self) -> list[tuple[str, str]]:

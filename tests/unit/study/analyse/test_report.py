@@ -29,6 +29,7 @@ from clsr.study.analyse.rows import ablation_report, build_report
 from clsr.study.analyse.runs import NoStudyRuns, study_from_run
 from clsr.study.analyse.tables import ablation_notes, declared_fidelity, fidelity_lines, pareto_table
 from clsr.study.plan.load import load_study
+from clsr.study.plan.resolve import grid_points
 from clsr.study.record.summary import resolved_summary
 from clsr.study.spec.schema import StudyError
 from clsr.study.stats.effects import grid_effects, sampled_effects
@@ -858,10 +859,68 @@ def test_several_objectives_get_their_pareto_front_in_every_format(store, tmp_pa
     assert ab.pareto.front == ["a", "b"] and ab.pareto.seeds == {"a": 2, "b": 2, "c": 2}
     table = pareto_table(ab)
     assert table.title.startswith("lr: Pareto front, 2 of 3 configurations")
-    assert [row[0][0] for row in table.rows] == ["a", "b"]  # best first on the first objective
+    # best first on the first objective; then c, near the front (two seeds: CIs wide enough to reach a's)
+    assert [(row[0][0], row[-1][0]) for row in table.rows] == [("a", "on"), ("b", "on"), ("c", "near")]
     assert "Pareto front, 2 of 3" in render_text(report)
     files = write_report(report, client, tmp_path / "out")
     assert (tmp_path / "out" / "lr_pareto.png") in files
     pareto = json.loads((tmp_path / "out" / "report.json").read_text())["ablations"][0]["pareto"]
     assert [c["label"] for c in pareto["configurations"] if c["on_front"]] == ["a", "b"]
     assert pareto["objectives"][1] == {"metric": "test_transfer_avg", "mode": "max"}
+
+
+def test_a_grid_on_two_objectives_gets_its_front_and_the_points_near_it(store, tmp_path):
+    """A grid (issue 56 item 6): each point's means over its seeds, the front (b and a), c near it (its
+    CIs overlap a's on both objectives: t(0.975, 2) x 1 / sqrt(3) = 2.48 around each mean), d far off, e
+    with one seed (no CI, so never near); in the table, the plot and the JSON."""
+    doc = {
+        "name": "report_grid_pareto",
+        "method": "simcse_unsup",
+        "base": {"model": {"name": "minilm"}, "eval": {"tasks": ["sts", "transfer"]}},
+        "seeds": [1, 2, 3],
+        "metric": ["best_dev_stsb", "test_transfer_avg"],
+        "mode": "max",
+        "ablations": {"lr": {"grid": {"trainer.lr": [1e-5, 2e-5, 3e-5, 4e-5, 5e-5]}}},
+    }
+    path = tmp_path / "grid_pareto.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    study = load_study(path)
+    assert study.search.algorithm == "grid" and study.objectives[1] == ("test_transfer_avg", "max")
+    labels = [p.label for p in grid_points(study.ablations["lr"])]
+    client, uri = store["client"], store["uri"]
+    parent = start_parent_run(client, "report_grid_pareto", "x", None)
+    scores = {  # label -> (sts, transfer) per seed
+        "a": [(80.0, 85.0), (81.0, 86.0), (82.0, 87.0)],
+        "b": [(83.0, 82.0), (84.0, 83.0), (85.0, 84.0)],
+        "c": [(79.0, 84.0), (80.0, 85.0), (81.0, 86.0)],
+        "d": [(70.0, 70.0), (70.5, 70.5), (71.0, 71.0)],
+        "e": [(79.0, 84.0)],
+    }
+    named = dict(zip("abcde", labels, strict=True))
+    for key, seeds in scores.items():
+        for seed, (sts, transfer) in zip((1, 2, 3), seeds, strict=False):
+            add_trial(client, uri, parent, "lr", named[key], seed,
+                      metrics={"best_dev_stsb": sts, "test_transfer_avg": transfer})  # fmt: skip
+    report = build_report(study, client, parent, uri)
+    (ab,) = report.ablations
+    front = ab.pareto
+    assert front.values[named["a"]] == [81.0, 86.0] and front.values[named["e"]] == [79.0, 84.0]
+    assert front.front == [named["a"], named["b"]] and front.near == [named["c"]]
+    assert front.seeds == {named["a"]: 3, named["b"]: 3, named["c"]: 3, named["d"]: 3, named["e"]: 1}
+    table = pareto_table(ab)
+    assert table.title.startswith("lr: Pareto front, 2 of 5 configurations")
+    assert "1 near it" in table.title
+    assert [(row[0][0], row[-1][0]) for row in table.rows] == [
+        (named["b"], "on"),
+        (named["a"], "on"),
+        (named["c"], "near"),
+    ]
+    assert "Pareto front, 2 of 5" in render_text(report)
+    files = write_report(report, client, tmp_path / "out")
+    assert (tmp_path / "out" / "lr_pareto.png") in files
+    pareto = json.loads((tmp_path / "out" / "report.json").read_text())["ablations"][0]["pareto"]
+    marks = {c["label"]: (c["on_front"], c["near_front"]) for c in pareto["configurations"]}
+    assert marks == {
+        named["a"]: (True, False), named["b"]: (True, False), named["c"]: (False, True),
+        named["d"]: (False, False), named["e"]: (False, False),
+    }  # fmt: skip

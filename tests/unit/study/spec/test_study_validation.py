@@ -252,3 +252,15 @@ def test_asha_needs_a_metric_of_every_evaluation_and_compile_a_transformer(tmp_p
     gclsr["ablations"] = {"one": {"grid": {"trainer.lr": [0.01]}}}
     with pytest.raises(StudyError, match="trainer.compile applies to transformer encoders"):
         load_study(write(tmp_path, gclsr))
+
+
+def test_a_grid_takes_several_objectives_with_scheduler_fifo_only(tmp_path):
+    """Issue 56 item 6: the report's Pareto front of a grid's points; a scheduler would stop on one metric."""
+    metrics = {"metric": ["best_dev_stsb", "test_sts_avg"], "mode": ["max", "max"]}
+    study = load_study(write(tmp_path, {**GOOD, **metrics}))
+    assert study.search.algorithm == "grid"
+    assert study.objectives == [("best_dev_stsb", "max"), ("test_sts_avg", "max")]
+    with pytest.raises(StudyError) as err:
+        load_study(write(tmp_path, {**GOOD, **metrics, "scheduler": {"type": "asha"}}))
+    (line,) = err.value.problems
+    assert "scheduler asha stops trials on one metric; several objectives need scheduler fifo" in line

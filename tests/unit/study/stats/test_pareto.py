@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from clsr.study.stats.pareto import pareto_front
+from clsr.study.stats.pareto import near_front, pareto_front
 
 
 def dominated(a: np.ndarray, b: np.ndarray, signs: np.ndarray) -> bool:
@@ -34,3 +34,19 @@ def test_a_configuration_missing_an_objective_is_left_out():
     points = {"a": [80.0, 84.0], "b": [83.0, 80.0], "c": [79.0, math.nan], "d": [79.0, 82.0]}
     assert pareto_front(points, ["max", "max"]) == ["a", "b"]
     assert list(itertools.chain(pareto_front({"only": [1.0, 2.0]}, ["min", "min"]))) == ["only"]
+
+
+def test_near_the_front_means_cis_overlapping_a_front_one_on_every_objective():
+    """c overlaps a on both objectives; d overlaps a on the first only; e has no CI (one seed); nan ends
+    never overlap."""
+    nan = math.nan
+    intervals = {
+        "a": [(78.5, 83.5), (83.5, 88.5)],
+        "b": [(81.5, 86.5), (80.5, 85.5)],
+        "c": [(77.5, 82.5), (82.5, 87.5)],
+        "d": [(79.0, 80.0), (70.0, 72.0)],
+        "e": [(nan, nan), (nan, nan)],
+    }
+    assert near_front(intervals, ["a", "b"]) == ["c"]
+    assert near_front(intervals, ["c"]) == ["a", "b"]  # d reaches c on the first objective only
+    assert near_front(intervals, []) == []
