@@ -43,8 +43,9 @@ def reproduce_parser(study) -> None:
 
 def cmd_study_reproduce(args: argparse.Namespace) -> int:
     """0 when the reproduction's results are bitwise equal or within the tolerance (``--check-only``: when
-    nothing drifted), 1 when they differ, 2 when the trial cannot be rebuilt from the record."""
-    from clsr.study.analyse.reproduce import DIFFERENT, render
+    nothing drifted), 1 when they differ, one of the original's is missing or nothing could be compared,
+    2 when the trial cannot be rebuilt from the record."""
+    from clsr.study.analyse.reproduce import FAILED, render
     from clsr.study.analyse.reproduction import NotReproducible
     from clsr.study.reproduce import reproduce
     from clsr.study.spec.schema import StudyError
@@ -66,4 +67,4 @@ def cmd_study_reproduce(args: argparse.Namespace) -> int:
         return 1 if done.drift else 0
     print(render(done.comparison))
     print(f"logged as MLflow run {done.run_id} (tag clsr.reproduction_of={done.recorded.run_id})")
-    return 1 if done.comparison.verdict == DIFFERENT else 0
+    return 1 if done.comparison.verdict in FAILED else 0

@@ -26,6 +26,8 @@ EQUAL, CLOSE, DIFFERENT, ONLY_A, ONLY_B = (
     "only in the original",
     "only in the reproduction",
 )
+INCOMPLETE, NOTHING = "incomplete", "nothing to compare"  # exit 1, as for DIFFERENT
+FAILED = (DIFFERENT, INCOMPLETE, NOTHING)
 
 
 def is_cost(name: str) -> bool:
@@ -47,7 +49,8 @@ class MetricLine:
 @dataclass(frozen=True)
 class Comparison:
     """The two runs side by side: ``metrics`` (the compared ones, by name), ``costs`` (not compared),
-    ``weights`` (the hashes' verdict, None when either run lacks one), ``drift`` and the ``verdict``."""
+    ``weights`` (the hashes' verdict, None when either run lacks one), ``drift`` and the ``verdict``
+    (one of ``FAILED``: the reproduction did not give the original's results)."""
 
     original: str
     reproduction: str
@@ -70,8 +73,10 @@ def _verdict(a: float | None, b: float | None, rtol: float, atol: float) -> str:
 
 def compare_runs(original: Trial, reproduction: Trial, rtol: float = 1e-6, atol: float = 1e-9) -> Comparison:
     """``reproduction`` against ``original``: the verdict is ``different`` when one compared metric (or
-    the weights' hash) differs past the tolerance, ``within tolerance`` when one is not bitwise equal,
-    else ``bitwise equal``; a metric only one run logged is listed, and left out of the verdict."""
+    the weights' hash) differs past the tolerance, ``incomplete`` when a result metric of the original
+    is missing from the reproduction, ``within tolerance`` when one is not bitwise equal, ``nothing to
+    compare`` when the two share no result metric nor a weights' hash, else ``bitwise equal``; a metric
+    only the reproduction logged is listed, and left out of the verdict."""
     names = sorted(original.metrics.keys() | reproduction.metrics.keys())
     lines = [
         MetricLine(
@@ -86,10 +91,12 @@ def compare_runs(original: Trial, reproduction: Trial, rtol: float = 1e-6, atol:
     verdicts |= {weights} if weights else set()
     if verdicts - {EQUAL, CLOSE}:
         verdict = DIFFERENT
+    elif any(line.verdict == ONLY_A for line in lines):
+        verdict = INCOMPLETE
     elif CLOSE in verdicts:
         verdict = CLOSE
     else:
-        verdict = EQUAL if verdicts else "nothing to compare"
+        verdict = EQUAL if verdicts else NOTHING
     return Comparison(
         original.run_id,
         reproduction.run_id,
@@ -123,7 +130,12 @@ def render(c: Comparison) -> str:
         out.append(f"trained weights (sha256): {c.weights}")
     if c.costs:
         out.append(f"not compared (cost): {', '.join(c.costs)}")
-    out += ["", *drift_lines(c.drift), "", f"reproduction: {c.verdict}"]
+    missing = [m.name for m in c.metrics if m.verdict == ONLY_A]
+    why = {
+        INCOMPLETE: f" (missing from the reproduction: {', '.join(missing)})",
+        NOTHING: " (no result metric nor weights' hash in both runs)",
+    }.get(c.verdict, "")
+    out += ["", *drift_lines(c.drift), "", f"reproduction: {c.verdict}{why}"]
     return terminal("\n".join(out))
 
 

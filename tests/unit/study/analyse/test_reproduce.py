@@ -4,6 +4,9 @@ null override kept, a logged value that differs named; and the side-by-side verd
 
 from __future__ import annotations
 
+import argparse
+from types import SimpleNamespace
+
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -12,6 +15,8 @@ from clsr.study.analyse.reproduce import (
     CLOSE,
     DIFFERENT,
     EQUAL,
+    INCOMPLETE,
+    NOTHING,
     ONLY_A,
     ONLY_B,
     compare_runs,
@@ -143,10 +148,36 @@ def test_metrics_side_by_side_costs_not_compared_and_one_sided_metrics_named():
     verdicts = {m.name: m.verdict for m in c.metrics}
     assert verdicts == {"best_dev_stsb": EQUAL, "test_stsb": CLOSE, "only_a": ONLY_A, "only_b": ONLY_B}
     assert c.costs == ["samples_per_s", "trial_cpu_utilization_mean"]
-    assert c.weights == EQUAL and c.verdict == CLOSE
+    assert c.weights == EQUAL and c.verdict == INCOMPLETE  # only_a: a result the reproduction lacks
     shown = render(c)
     assert "not compared (cost): samples_per_s, trial_cpu_utilization_mean" in shown
-    assert "environment: the same" in shown and "reproduction: within tolerance" in shown
+    assert "environment: the same" in shown
+    assert "reproduction: incomplete (missing from the reproduction: only_a)" in shown
+    del a.metrics["only_a"]
+    assert compare_runs(a, b).verdict == CLOSE  # one only the reproduction logged is left out
+
+
+def test_missing_results_are_never_bitwise_equal_and_exit_1(monkeypatch, capsys):
+    a = run("a", {"best_dev_stsb": 80.25, "test_stsb": 79.0, "trial_wall_s": 3.0}, "w1")
+    lost = run("b", {"trial_wall_s": 2.0}, "w1")  # its journal never reached MLflow: costs only
+    c = compare_runs(a, lost)
+    assert c.verdict == INCOMPLETE and c.weights == EQUAL
+    assert "reproduction: incomplete (missing from the reproduction: best_dev_stsb, test_stsb)" in render(c)
+    empty = compare_runs(run("a", {"trial_wall_s": 3.0}), run("b", {}))
+    assert empty.verdict == NOTHING
+    assert render(empty).endswith(
+        "reproduction: nothing to compare (no result metric nor weights' hash in both runs)"
+    )
+    import clsr.study.reproduce as module
+    from clsr.cli.study_reproduce import cmd_study_reproduce
+
+    args = argparse.Namespace(run="x", point=None, seed=None, tracking_uri=None, rtol=1e-6, atol=1e-9)
+    args.check_only = args.log_model = False
+    for comparison in (c, empty):
+        done = module.Reproduction(SimpleNamespace(run_id="a"), False, "b", comparison)
+        monkeypatch.setattr(module, "reproduce", lambda *_, done=done, **__: done)
+        assert cmd_study_reproduce(args) == 1
+        assert f"reproduction: {comparison.verdict}" in capsys.readouterr().out
 
 
 def test_bitwise_equal_different_and_drift():
