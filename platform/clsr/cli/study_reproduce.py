@@ -47,7 +47,7 @@ def cmd_study_reproduce(args: argparse.Namespace) -> int:
     2 when the trial cannot be rebuilt from the record."""
     from clsr.study.analyse.reproduce import FAILED, render
     from clsr.study.analyse.reproduction import NotReproducible
-    from clsr.study.reproduce import reproduce
+    from clsr.study.reproduce import UnsentWrites, reproduce
     from clsr.study.spec.schema import StudyError
     from clsr.tracking.escape import terminal
 
@@ -62,6 +62,9 @@ def cmd_study_reproduce(args: argparse.Namespace) -> int:
     except StudyError as err:  # a study file that does not load
         print(err, file=sys.stderr)
         return 2
+    except UnsentWrites as err:  # the rerun's results did not all reach MLflow: nothing to compare
+        print(f"error: {terminal(str(err))}", file=sys.stderr)
+        return 1
     if done.comparison is None:
         print("drift found: a rerun here may not reproduce the trial" if done.drift else "no drift found")
         return 1 if done.drift else 0

@@ -42,6 +42,10 @@ from clsr.tracking.study_runs import (
 REPRODUCTION_TAG = "clsr.reproduction_of"  # the original trial's run id
 
 
+class UnsentWrites(RuntimeError):
+    """The reproduction's own MLflow writes did not all reach MLflow: its run cannot be compared."""
+
+
 @dataclass(frozen=True)
 class Reproduction:
     """``run_id`` and ``comparison``: None when only checked (``check_only``). ``drift``: whether the
@@ -200,8 +204,30 @@ def rerun(uri: str, recorded: RecordedTrial, folder: Path, log_model: bool = Fal
     except Exception as err:
         close_run(uri, run_id, "failed", failure_text(err) + "\n" + "".join(traceback.format_exception(err)))
         raise
+    try:
+        send_kept(uri, run_id, folder / "pending", recorded.study.tracking_wait_s)
+    except UnsentWrites as err:
+        close_run(uri, run_id, "failed", str(err))
+        raise
     close_run(uri, run_id, "finished")
     return run_id
+
+
+def send_kept(uri: str, run_id: str, pending: Path, wait_s: float) -> None:
+    """Send what the rerun left in its journal (``pending``: a temporary folder, gone with the command)
+    before its run is compared, retried for up to ``wait_s``; ``UnsentWrites`` when any write did not
+    reach MLflow (it did not answer, or refused one for good)."""
+    from clsr.study.record.parent import wait_for_tracking
+    from clsr.tracking.spool import PENDING
+
+    if not pending.exists():
+        return
+    left = wait_for_tracking(uri, str(pending), wait_s)
+    if left or (pending / PENDING / run_id).exists():  # still pending, or kept aside as refused
+        raise UnsentWrites(
+            f"the reproduction's MLflow writes did not all reach {mask_uri(uri)} (run {run_id}): its "
+            f"results cannot be compared"
+        )
 
 
 @contextlib.contextmanager

@@ -212,3 +212,28 @@ def test_a_planted_metric_name_reaches_the_terminal_escaped():
         compare_runs(run("a", {"x\x1b]52;c;AAAA\x07": 1.0}), run("b", {"x\x1b]52;c;AAAA\x07": 1.0}))
     )
     assert "\x1b" not in shown and "x\\x1b]52;c;AAAA\\x07" in shown
+
+
+def test_the_reruns_kept_writes_are_sent_before_the_comparison_or_it_fails(tmp_path):
+    from clsr.study.reproduce import UnsentWrites, send_kept
+    from clsr.tracking.spool import PENDING, Spool, hand_over
+
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("r")).info.run_id
+    spool = Spool(uri, run_id, tmp_path / "spool")  # what MLflow had not taken when the rerun ended
+    spool.metrics([("best_dev_stsb", 80.25, 1, 2), ("test_stsb", 79.0, 1, 2)])
+    pending = tmp_path / "pending"
+    hand_over(spool.unsent(), spool.folder, str(pending), run_id)
+    send_kept(uri, run_id, pending, 0)
+    assert client.get_run(run_id).data.metrics == {"best_dev_stsb": 80.25, "test_stsb": 79.0}
+    assert not (pending / PENDING / run_id).exists()
+    send_kept(uri, run_id, tmp_path / "none", 0)  # nothing was left: nothing to send
+    broken = pending / PENDING / run_id / "000001-0123456789ab"
+    broken.mkdir(parents=True)
+    (broken / "journal.jsonl").write_text("not a write\n")  # refused: kept aside, not sent
+    with (
+        pytest.raises(UnsentWrites, match=f"did not all reach .* \\(run {run_id}\\)"),
+        pytest.warns(UserWarning, match="1 write\\(s\\) not sent"),
+    ):
+        send_kept(uri, run_id, pending, 0)
