@@ -34,6 +34,12 @@ def reproduce_parser(study) -> None:
         help="log the reproduction's model as the trial did (default: not; the weights' hash is compared)",
     )
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="rerun even when the rebuilt configuration differs from the trial's logged params (beyond "
+        "its method file's hash); without it that exits 2",
+    )
+    p.add_argument(
         "--rtol", type=float, default=1e-6, help="relative tolerance of 'within tolerance' (default 1e-6)"
     )
     p.add_argument(
@@ -44,7 +50,8 @@ def reproduce_parser(study) -> None:
 def cmd_study_reproduce(args: argparse.Namespace) -> int:
     """0 when the reproduction's results are bitwise equal or within the tolerance (``--check-only``: when
     nothing drifted), 1 when they differ, one of the original's is missing or nothing could be compared,
-    2 when the trial cannot be rebuilt from the record."""
+    2 when the trial cannot be rebuilt from the record (or, without ``--force``, the rebuild differs from
+    the trial's logged configuration)."""
     from clsr.study.analyse.reproduce import FAILED, render
     from clsr.study.analyse.reproduction import NotReproducible
     from clsr.study.reproduce import UnsentWrites, reproduce
@@ -55,6 +62,7 @@ def cmd_study_reproduce(args: argparse.Namespace) -> int:
         done = reproduce(
             args.run, args.point, args.seed, args.tracking_uri, args.rtol, args.atol,
             say=lambda line: print(terminal(line), flush=True), check_only=args.check_only, log_model=args.log_model,
+            force=args.force,
         )  # fmt: skip
     except NotReproducible as err:
         print(f"error: {terminal(str(err))}", file=sys.stderr)

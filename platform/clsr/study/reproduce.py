@@ -26,7 +26,13 @@ from clsr.study.analyse.reproduce import (
     package_differences,
     package_line,
 )
-from clsr.study.analyse.reproduction import RecordedTrial, find_trial_run, rebuild
+from clsr.study.analyse.reproduction import (
+    NotReproducible,
+    RecordedTrial,
+    changed_params,
+    find_trial_run,
+    rebuild,
+)
 from clsr.study.analyse.runs import Trial
 from clsr.tracking.environment import ENV_ARTIFACTS
 from clsr.tracking.escape import visible
@@ -67,11 +73,14 @@ def reproduce(
     say: Callable[[str], None] = print,
     check_only: bool = False,
     log_model: bool = False,
+    force: bool = False,
 ) -> Reproduction:
     """Rebuild, check, rerun and compare the trial ``target`` names (a child run id, or a study name with
     ``point`` and ``seed``); ``say`` gets the lines printed on the way (plain: escape them for where they
     go). ``check_only``: stop after the check (nothing trained, nothing written to MLflow); ``log_model``:
-    log the reproduction's model as the trial did (``eval.log_model``; else not: a reproduction checks)."""
+    log the reproduction's model as the trial did (``eval.log_model``; else not: a reproduction checks);
+    ``force``: rerun even when the rebuilt configuration differs from the trial's logged params in more
+    than the method file's hash (else ``NotReproducible``, before anything is checked or trained)."""
     if point is not None or seed is not None:  # a study name, or a file: its name and tracking_uri
         from clsr.study.analyse.frame import study_name_and_uri
 
@@ -87,6 +96,12 @@ def reproduce(
             say(f"configuration differs: {key} logged {logged[:200]!r}, rebuilt {here[:200]!r}")
         if not recorded.differences:
             say("configuration: the rebuilt one equals the trial's logged params")
+        if not check_only and not force and (changed := changed_params(recorded)):
+            raise NotReproducible(
+                f"the rebuilt configuration differs from the trial's logged params in "
+                f"{', '.join(changed)[:500]} (the record's resolved.yaml may predate an edited resume): "
+                f"pass --force to rerun anyway"
+            )
         if (workers := recorded.study.resources.workers_per_trial) > 1:
             say(
                 f"note: the trial trained on {workers} workers (DDP); this rerun trains in one process, so its "

@@ -29,6 +29,7 @@ from clsr.tracking.study_runs import MAX_PARAM_LENGTH, SUPERSEDED_TAG, children,
 
 PARENT = "mlflow.parentRunId"
 UNRECORDED = "-"
+METHOD_HASH = "method.sha256"  # the method file's hash: an edit since the trial is drift, not another trial
 
 
 class NotReproducible(LookupError):
@@ -166,6 +167,13 @@ def _under(recorded: dict[str, Any], section: str, ablation: str) -> Any:
     """``recorded[section][ablation]``, or None when either is missing or no mapping."""
     found = recorded.get(section)
     return found.get(ablation) if isinstance(found, dict) else None
+
+
+def changed_params(recorded: RecordedTrial) -> list[str]:
+    """The params whose rebuilt value differs from the trial's logged one, the method file's hash aside:
+    the rebuild is another configuration than the one that trained (an edited resume changed it, and
+    ``resolved.yaml`` holds the first attempt's), so a rerun of it reproduces nothing."""
+    return [key for key, _, _ in recorded.differences if key != METHOD_HASH]
 
 
 def config_differences(config: TrialConfig, params: dict[str, str]) -> list[tuple[str, str, str]]:

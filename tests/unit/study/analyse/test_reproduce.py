@@ -5,6 +5,7 @@ null override kept, a logged value that differs named; and the side-by-side verd
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -25,7 +26,7 @@ from clsr.study.analyse.reproduce import (
     package_line,
     render,
 )
-from clsr.study.analyse.reproduction import NotReproducible, find_trial_run, rebuild
+from clsr.study.analyse.reproduction import NotReproducible, changed_params, find_trial_run, rebuild
 from clsr.study.analyse.runs import Trial
 from clsr.study.plan.load import load_documents
 from clsr.study.plan.study_plan import plan_study
@@ -96,6 +97,36 @@ def test_a_logged_value_the_rebuild_does_not_give_is_named(record, tmp_path):
     rebuilt = rebuild(client, client.get_run(other), tmp_path)
     assert rebuilt.config == plan.trials[0].config
     assert rebuilt.differences == (("method.temperature", "0.1", "0.05"),)
+
+
+def test_a_rebuild_unlike_the_trials_logged_configuration_is_not_rerun_without_force(
+    record, tmp_path, monkeypatch, capsys
+):
+    import clsr.study.reproduce as module
+    from clsr.cli.study_reproduce import cmd_study_reproduce
+
+    uri, client, plan, runs = record
+    edited = runs[(plan.trials[2].label, 1)]  # trained at 0.1 while resolved.yaml says 0.05: an edited resume
+    client.set_tag(edited, "clsr.point", plan.trials[0].label)
+    checked = []
+    monkeypatch.setattr(module, "check", lambda recorded, *_: checked.append(recorded) or 1 / 0)
+    args = argparse.Namespace(point=None, seed=None, tracking_uri=uri, rtol=1e-6, atol=1e-9)
+    args.check_only = args.log_model = args.force = False
+    assert cmd_study_reproduce(argparse.Namespace(**vars(args), run=edited)) == 2
+    out, err = capsys.readouterr()
+    assert "configuration differs: method.temperature logged '0.1', rebuilt '0.05'" in out
+    assert err.splitlines()[-1] == (  # one line (MLflow's download progress aside)
+        "error: the rebuilt configuration differs from the trial's logged params in method.temperature "
+        "(the record's resolved.yaml may predate an edited resume): pass --force to rerun anyway"
+    )
+    assert checked == []  # refused before anything is checked or trained
+    args.force = True
+    with pytest.raises(ZeroDivisionError):  # --force: on to the check (here, a planted failure)
+        cmd_study_reproduce(argparse.Namespace(**vars(args), run=edited))
+    assert [c.run_id for c in checked] == [edited]
+    edited_file = ("method.sha256", "a" * 64, "b" * 64)  # a method file edited since: drift, not refused
+    assert changed_params(replace(checked[0], differences=(edited_file,))) == []
+    assert changed_params(checked[0]) == ["method.temperature"]
 
 
 def test_what_is_no_trial_or_not_found_is_refused_by_name(record, tmp_path):
@@ -172,7 +203,7 @@ def test_missing_results_are_never_bitwise_equal_and_exit_1(monkeypatch, capsys)
     from clsr.cli.study_reproduce import cmd_study_reproduce
 
     args = argparse.Namespace(run="x", point=None, seed=None, tracking_uri=None, rtol=1e-6, atol=1e-9)
-    args.check_only = args.log_model = False
+    args.check_only = args.log_model = args.force = False
     for comparison in (c, empty):
         done = module.Reproduction(SimpleNamespace(run_id="a"), False, "b", comparison)
         monkeypatch.setattr(module, "reproduce", lambda *_, done=done, **__: done)
