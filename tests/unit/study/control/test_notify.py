@@ -104,6 +104,17 @@ def test_the_url_is_refused_on_the_command_line(tmp_path):
     assert load_study(study_file(tmp_path, {"url": URL}, "b.yaml"), [("notify", None)]).notify is None
 
 
+@pytest.mark.parametrize("notify", [{"url": URL}, URL])
+def test_the_url_is_masked_in_the_study_file_text_when_turned_off_on_the_command_line(tmp_path, notify):
+    """``--set notify=null``: the study has no notify, and the file's text (MLflow's study.yaml) is
+    masked all the same, the URL given as a section or as a bare string."""
+    path = study_file(tmp_path, notify)
+    text = path.read_text()
+    study = load_study(path, [("notify", None)])
+    assert study.notify is None and SECRET in text
+    assert SECRET not in study.masked(text) and study.masked(text).count(SHOWN) == 1
+
+
 def test_the_url_is_masked_in_every_dump_and_out_of_the_fingerprint(tmp_path):
     study = load_study(study_file(tmp_path, {"url": URL}))
     dumped = yaml.safe_dump(resolved_summary(study))  # resolved.yaml
