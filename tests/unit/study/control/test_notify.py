@@ -96,12 +96,16 @@ def test_a_bad_notify_is_one_line_naming_file_and_field_without_the_secret(tmp_p
 
 def test_the_url_is_refused_on_the_command_line(tmp_path):
     path = study_file(tmp_path, None)
-    for key, value in (("notify.url", URL), ("notify", {"url": URL})):
+    for key, value in (("notify.url", URL), ("notify", {"url": URL}), ("notify", URL), ("notify", [URL])):
         with pytest.raises(
             StudyError, match="the webhook URL is a credential; give notify in the study file"
         ):
             load_study(path, [(key, value)])
     assert load_study(study_file(tmp_path, {"url": URL}, "b.yaml"), [("notify", None)]).notify is None
+    on = load_study(
+        study_file(tmp_path, {"url": URL}, "c.yaml"), [("notify.on", ["failed"]), ("notify.timeout_s", 2)]
+    )
+    assert on.notify.on == ["failed"] and on.notify.timeout_s == 2 and on.notify.url.get_secret_value() == URL
 
 
 @pytest.mark.parametrize("notify", [{"url": URL}, URL])
@@ -113,6 +117,17 @@ def test_the_url_is_masked_in_the_study_file_text_when_turned_off_on_the_command
     study = load_study(path, [("notify", None)])
     assert study.notify is None and SECRET in text
     assert SECRET not in study.masked(text) and study.masked(text).count(SHOWN) == 1
+
+
+@pytest.mark.parametrize(
+    ("notify", "field"), [(URL, "notify"), ({"url": URL, "on": URL}, "notify.on"), ([URL], "notify")]
+)
+def test_a_notify_not_a_section_is_refused_without_echoing_the_url(tmp_path, notify, field):
+    path = study_file(tmp_path, notify)  # e.g. `notify: https://hooks.slack.com/services/...`
+    with pytest.raises(StudyError) as err:
+        load_study(path)
+    (line,) = err.value.problems
+    assert line.startswith(f"{field}: ") and SECRET not in str(err.value), line
 
 
 def test_the_url_is_masked_in_every_dump_and_out_of_the_fingerprint(tmp_path):
