@@ -247,6 +247,32 @@ def test_failed_trials_are_told_once_and_a_resume_does_not_tell_earlier_ones(tmp
     assert early not in body["text"]
 
 
+def test_a_trial_that_fails_again_on_a_resume_is_told(tmp_path):
+    """A resume reopens the failed trial's run (same run id, same name): failing again is a new failure."""
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    parent = start_parent_run(client, "notified", str(tmp_path / "runs"), None)
+    trial = ("temp:0.1:1", "temp/0.1/seed=1", {}, {"x": 1})
+    run_id = open_child_run(uri, parent, *trial)
+    close_run(uri, run_id, "failed", "RuntimeError: the earlier attempt")
+    earlier = client.get_run(run_id).info.end_time - 60_000  # an earlier attempt's end: a minute before
+    client.set_terminated(run_id, "FAILED", end_time=earlier)
+    with WebhookServer() as server:
+        hook = notifier(server, run_id=parent)
+        hook.note_failed_before(client)  # the resume starts: the earlier failure is not told
+        hook.tell_failed(client)
+        assert open_child_run(uri, parent, *trial) == run_id  # reopened
+        hook.tell_failed(client)  # running again: nothing to tell
+        close_run(uri, run_id, "failed", "RuntimeError: NaN loss again")
+        hook.tell_failed(client)
+        hook.tell_failed(client)  # told once
+        (body,) = server.bodies()
+    assert client.get_run(run_id).info.end_time > earlier
+    assert body["text"] == (
+        f"clsr study notified: 1 trial(s) failed\n• temp/0.1/seed=1 ({run_id}): RuntimeError: NaN loss again"
+    )
+
+
 def test_the_end_tells_the_state_and_the_verdicts_only_once_finished(tmp_path):
     uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
