@@ -6,7 +6,8 @@ Slack's mrkdwn wants, control characters shown as escapes, since trial names and
 record), and ``event``, ``study`` and ``run_id`` for a program. Events:
 
 * ``failed``: trials whose runs closed failed, told after each Tune experiment and at the study's end
-  (one message for all those new since the last; a resume does not tell the earlier attempt's again);
+  (one message for all those new since the last; a resume does not tell the earlier attempt's again,
+  but a trial whose reopened run fails again is told);
 * ``finished``: the study's end as its parent run records it (finished, failed, interrupted, timed out);
 * ``verdicts``: each row's verdicts against the paper, once the study finished (the report's lines).
 
@@ -56,6 +57,7 @@ class Message:
 class FailedTrial:
     name: str  # its run's name: ablation, point, seed
     error: str  # the first line of its clsr.error, masked
+    key: tuple[str, int | None] = ("", None)  # (run id, end time): a resumed run's new failure is new
 
 
 def slack_text(text: str) -> str:
@@ -101,7 +103,9 @@ class Notifier:
     timeout_s: float
     study: str
     run_id: str
-    told: set[str] = field(default_factory=set)  # failed runs already told (or failed before this driver)
+    # failures already told (or there before this driver), as (run id, end time): a resume reopens a
+    # trial's run, so a run that fails again ends at a new time and is told
+    told: set[tuple[str, int | None]] = field(default_factory=set)
     sent: list[Message] = field(default_factory=list)  # what went out, for the driver's own record
 
     @classmethod
@@ -133,19 +137,19 @@ class Notifier:
     def note_failed_before(self, client) -> None:
         """The runs already failed when this driver starts (a resume's earlier attempts): not told again."""
         if self.wants("failed"):
-            self.told |= {t.name for t in _failed(children(client, self.run_id))}
+            self.told |= {t.key for t in _failed(children(client, self.run_id))}
 
     def tell_failed(self, client) -> None:
         """One message for the trials whose runs closed failed since the last; never raises."""
         if not self.wants("failed"):
             return
         try:
-            fresh = [t for t in _failed(children(client, self.run_id)) if t.name not in self.told]
+            fresh = [t for t in _failed(children(client, self.run_id)) if t.key not in self.told]
         except Exception as err:  # noqa: BLE001 - MLflow not answering: the next check tells them
             print(f"warning: notify (failed): could not read the trials' runs: {mask_uri(str(err))[:200]}")
             return
         if fresh:
-            self.told |= {t.name for t in fresh}
+            self.told |= {t.key for t in fresh}
             self.post(failed_message(self.study, self.run_id, fresh))
 
 
@@ -153,12 +157,13 @@ def _failed(runs: Iterable) -> list[FailedTrial]:
     failed = []
     for run in runs:
         tags = run.data.tags
-        if tags.get("clsr.status") != "failed" or SUPERSEDED_TAG in tags:
-            continue
+        if tags.get("clsr.status") != "failed" or SUPERSEDED_TAG in tags or run.info.status == "RUNNING":
+            continue  # RUNNING: its status tag is written, its end (and end time) not yet
         # the last line of a traceback names the error; a one-line reason is its own last line
         error = next((line for line in reversed(tags.get("clsr.error", "").splitlines()) if line.strip()), "")
         name = run.info.run_name or run.info.run_id
-        failed.append(FailedTrial(f"{name} ({run.info.run_id})", mask_uri(error.strip())[:MAX_ERROR]))
+        key = (run.info.run_id, run.info.end_time)
+        failed.append(FailedTrial(f"{name} ({run.info.run_id})", mask_uri(error.strip())[:MAX_ERROR], key))
     return failed
 
 

@@ -149,7 +149,7 @@ def _format_pydantic(
         if e["type"] == "extra_forbidden":
             message = f"unknown key {parts[-1]!r}{did_you_mean(root, raw_loc)}"
         given = e.get("input")
-        secret = parts[:2] == ["notify", "url"]  # a credential: its own message shows it masked
+        secret = parts[:1] == ["notify"]  # may be the URL (a bare string too): its own message masks it
         hidden = e["type"] == "missing" or isinstance(given, dict) or secret
         shown = "" if hidden else f" (given: {_shown(given)})"
         problems.append(f"{where}: {message}{shown}")
@@ -431,7 +431,7 @@ def documents_from_dict(
     raw: dict[str, Any], source: str, study_dir: Path, overrides: list[tuple[str, Any]] = ()
 ) -> StudyDocuments:
     for key, value in overrides:
-        if key == "notify.url" or (key == "notify" and isinstance(value, dict)):  # argv: anyone's to read
+        if key == "notify.url" or (key == "notify" and value is not None):  # argv: anyone's to read
             raise StudyError(source, [f"--set {key}: the webhook URL is a credential; give notify in the "
                                       f"study file, not on the command line (--set notify=null turns it off)"])  # fmt: skip
         raw = set_dotted(raw, f"base.{key}" if key.split(".")[0] in SECTIONS else key, value)

@@ -3,7 +3,8 @@ its verdicts are ready (``clsr.study.control.notify`` posts; ``clsr.tracking.web
 
 The URL is a credential: it is a ``SecretStr`` (its repr and dumps show ``scheme://host/***``), validated
 here with the rest of the file, its refusals naming it masked; ``Study.masked`` masks it in the study
-file's text (MLflow's ``study.yaml``).
+file's text (MLflow's ``study.yaml``), found in that text itself (``file_urls``), so also where
+``--set notify=null`` turned it off.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_serializer, field_validator, model_validator
 
 from clsr.study.spec.strict import Strict
+from clsr.study.spec.yaml_safe import YAMLSafetyError, load_yaml
 from clsr.tracking.webhook import DEFAULT_TIMEOUT_S, check_url, shown_url
 
 EVENTS = ("failed", "finished", "verdicts")
@@ -68,3 +70,22 @@ class Notify(Strict):
     @field_serializer("url")
     def _masked(self, url: SecretStr) -> str:
         return shown_url(url.get_secret_value())
+
+
+def file_urls(text: str) -> list[str]:
+    """The notify URLs a study file's text holds (``notify.url``, or ``notify`` given as a bare string;
+    also in its ``smoke`` section), whether or not they survived the overrides: what its text is masked for."""
+    try:
+        raw = load_yaml(text)
+    except YAMLSafetyError:
+        return []
+    sections = [raw] if isinstance(raw, dict) else []
+    if sections and isinstance(raw.get("smoke"), dict):
+        sections.append(raw["smoke"])
+    urls = []
+    for section in sections:
+        notify = section.get("notify")
+        url = notify.get("url") if isinstance(notify, dict) else notify
+        if isinstance(url, str) and url:
+            urls.append(url)
+    return urls

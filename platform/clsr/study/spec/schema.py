@@ -14,7 +14,7 @@ from clsr.config.trial import Seed
 from clsr.methods import get_method
 from clsr.study.spec.ablation import Ablation, AdaptiveSeeds, Confirm
 from clsr.study.spec.budget import Budget
-from clsr.study.spec.notify import Notify
+from clsr.study.spec.notify import Notify, file_urls
 from clsr.study.spec.paths import absolute_in_sections
 from clsr.study.spec.strict import MAX_TRIALS, Strict
 from clsr.study.spec.tuning import MULTI_OBJECTIVE_SAMPLERS, ReportOptions, Resources, Scheduler, Search
@@ -220,9 +220,10 @@ class Study(Strict):
 
     def masked(self, text: str) -> str:
         """``text`` (the study file's, an error) with this study's secrets shown masked: the notify URL
-        (whose secret is its path, which ``mask_uri`` cannot see), then what ``mask_uri`` masks."""
-        if self.notify is not None:
-            url = self.notify.url.get_secret_value()
+        (whose secret is its path, which ``mask_uri`` cannot see), then what ``mask_uri`` masks. The URLs
+        are read from ``text`` itself too: ``--set notify=null`` leaves this study without one."""
+        urls = file_urls(text) + ([self.notify.url.get_secret_value()] if self.notify is not None else [])
+        for url in sorted(set(urls), key=len, reverse=True):  # a URL that holds another: the longer first
             text = text.replace(url, shown_url(url))
         return mask_uri(text)
 

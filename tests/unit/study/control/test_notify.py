@@ -96,12 +96,38 @@ def test_a_bad_notify_is_one_line_naming_file_and_field_without_the_secret(tmp_p
 
 def test_the_url_is_refused_on_the_command_line(tmp_path):
     path = study_file(tmp_path, None)
-    for key, value in (("notify.url", URL), ("notify", {"url": URL})):
+    for key, value in (("notify.url", URL), ("notify", {"url": URL}), ("notify", URL), ("notify", [URL])):
         with pytest.raises(
             StudyError, match="the webhook URL is a credential; give notify in the study file"
         ):
             load_study(path, [(key, value)])
     assert load_study(study_file(tmp_path, {"url": URL}, "b.yaml"), [("notify", None)]).notify is None
+    on = load_study(
+        study_file(tmp_path, {"url": URL}, "c.yaml"), [("notify.on", ["failed"]), ("notify.timeout_s", 2)]
+    )
+    assert on.notify.on == ["failed"] and on.notify.timeout_s == 2 and on.notify.url.get_secret_value() == URL
+
+
+@pytest.mark.parametrize("notify", [{"url": URL}, URL])
+def test_the_url_is_masked_in_the_study_file_text_when_turned_off_on_the_command_line(tmp_path, notify):
+    """``--set notify=null``: the study has no notify, and the file's text (MLflow's study.yaml) is
+    masked all the same, the URL given as a section or as a bare string."""
+    path = study_file(tmp_path, notify)
+    text = path.read_text()
+    study = load_study(path, [("notify", None)])
+    assert study.notify is None and SECRET in text
+    assert SECRET not in study.masked(text) and study.masked(text).count(SHOWN) == 1
+
+
+@pytest.mark.parametrize(
+    ("notify", "field"), [(URL, "notify"), ({"url": URL, "on": URL}, "notify.on"), ([URL], "notify")]
+)
+def test_a_notify_not_a_section_is_refused_without_echoing_the_url(tmp_path, notify, field):
+    path = study_file(tmp_path, notify)  # e.g. `notify: https://hooks.slack.com/services/...`
+    with pytest.raises(StudyError) as err:
+        load_study(path)
+    (line,) = err.value.problems
+    assert line.startswith(f"{field}: ") and SECRET not in str(err.value), line
 
 
 def test_the_url_is_masked_in_every_dump_and_out_of_the_fingerprint(tmp_path):
@@ -219,6 +245,32 @@ def test_failed_trials_are_told_once_and_a_resume_does_not_tell_earlier_ones(tmp
         f"clsr study notified: 1 trial(s) failed\n• temp/0.1/seed=1 ({crashed}): RuntimeError: store http://u:***@db/x down"
     )
     assert early not in body["text"]
+
+
+def test_a_trial_that_fails_again_on_a_resume_is_told(tmp_path):
+    """A resume reopens the failed trial's run (same run id, same name): failing again is a new failure."""
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    parent = start_parent_run(client, "notified", str(tmp_path / "runs"), None)
+    trial = ("temp:0.1:1", "temp/0.1/seed=1", {}, {"x": 1})
+    run_id = open_child_run(uri, parent, *trial)
+    close_run(uri, run_id, "failed", "RuntimeError: the earlier attempt")
+    earlier = client.get_run(run_id).info.end_time - 60_000  # an earlier attempt's end: a minute before
+    client.set_terminated(run_id, "FAILED", end_time=earlier)
+    with WebhookServer() as server:
+        hook = notifier(server, run_id=parent)
+        hook.note_failed_before(client)  # the resume starts: the earlier failure is not told
+        hook.tell_failed(client)
+        assert open_child_run(uri, parent, *trial) == run_id  # reopened
+        hook.tell_failed(client)  # running again: nothing to tell
+        close_run(uri, run_id, "failed", "RuntimeError: NaN loss again")
+        hook.tell_failed(client)
+        hook.tell_failed(client)  # told once
+        (body,) = server.bodies()
+    assert client.get_run(run_id).info.end_time > earlier
+    assert body["text"] == (
+        f"clsr study notified: 1 trial(s) failed\n• temp/0.1/seed=1 ({run_id}): RuntimeError: NaN loss again"
+    )
 
 
 def test_the_end_tells_the_state_and_the_verdicts_only_once_finished(tmp_path):
