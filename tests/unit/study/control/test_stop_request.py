@@ -3,12 +3,16 @@ command, read by the driver's watch, obeyed by a starting trial; the reason tagg
 
 from __future__ import annotations
 
+import signal
+import threading
+
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
 from clsr.study.control import watch as watch_module
+from clsr.study.control.interrupt import Interrupts
 from clsr.study.control.stop_request import HOLD_TAG, STOP_TAG, held_by, read_request
 from clsr.study.control.watch import BUDGET, STOP_REQUEST, StudyWatch
 from clsr.study.plan.load import load_study
@@ -146,3 +150,27 @@ def test_a_wall_budget_goes_by_the_plans_projection_before_any_trial_finished(re
     assert watch.hold[0] == BUDGET and watch.hold[1].startswith("budget.wall 1s: 0.0 min run + ")
     assert stops.reasons == [BUDGET]  # nothing runs: the study stops at once
     assert client.get_run(parent).data.tags[HOLD_TAG] == watch.hold[1]
+
+
+def test_a_self_requested_stop_arms_no_watchdog_and_waits_for_tunes_handler():
+    asked = threading.Event()
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # as before any fit: the default kills the process
+        with Interrupts() as interrupts, interrupts.experiment():
+            interrupts.stop_for(BUDGET)  # no fit listens yet: no signal (this process lives on)
+            assert interrupts.reason == BUDGET and interrupts.exit_code == 0
+            signal.signal(signal.SIGUSR1, lambda *_: asked.set())  # the fit's handler, as tune.py's
+            assert asked.wait(60)  # then Tune is asked
+            interrupts.stop_for(STOP_REQUEST)  # a second stop changes nothing
+            assert interrupts.reason == BUDGET
+        assert "clsr-grace" not in {t.name for t in threading.enumerate()}  # no os._exit to come
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
+def test_a_stop_asked_while_the_record_is_written_is_nothing():
+    with Interrupts() as interrupts:
+        interrupts.recording = True
+        interrupts.stop_for(BUDGET)
+        assert not interrupts.stopped
