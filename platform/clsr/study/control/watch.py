@@ -25,6 +25,7 @@ from clsr.tracking.escape import terminal
 from clsr.tracking.study_runs import children
 
 POLL_S = 10.0  # between reads of the record (tests shorten it)
+CLOSE_S = 30.0  # how long closing waits for a poll in progress
 BUDGET, STOP_REQUEST = "budget", "stop_request"  # the reasons a study stops by, as Interrupts records them
 
 
@@ -51,7 +52,11 @@ class StudyWatch:
         return self
 
     def close(self) -> None:
+        """No further poll; a poll in progress ends first (its hold or stop is not written after the
+        study's record), unless the record does not answer within ``CLOSE_S``."""
         self._done.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(CLOSE_S)
 
     def _loop(self) -> None:
         while not self._done.wait(POLL_S):

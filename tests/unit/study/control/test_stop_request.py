@@ -174,3 +174,22 @@ def test_a_stop_asked_while_the_record_is_written_is_nothing():
         interrupts.recording = True
         interrupts.stop_for(BUDGET)
         assert not interrupts.stopped
+
+
+def test_close_waits_for_the_poll_in_progress(record, monkeypatch):
+    study, uri, _, parent, _ = record
+    watch = StudyWatch(study, uri, parent, Stops())
+    monkeypatch.setattr(watch_module, "POLL_S", 0.01)
+    polling, release, polled = threading.Event(), threading.Event(), []
+
+    def slow_poll() -> None:
+        polling.set()
+        release.wait(60)
+        polled.append(True)
+
+    monkeypatch.setattr(watch, "poll", slow_poll)
+    watch.start()
+    assert polling.wait(60)
+    threading.Timer(0.2, release.set).start()
+    watch.close()
+    assert polled == [True] and not watch._thread.is_alive()
