@@ -14,6 +14,7 @@ import statistics
 from dataclasses import dataclass
 
 from clsr.study.spec.schema import Study
+from clsr.tracking.tags import EARLIER_S_TAG, OPENED_TAG
 
 PRIOR_GPU = "h100"  # the device `study plan` prices a GPU trial on before any trial has finished
 COUNTED = ("finished", "stopped", "failed", "timed_out", "interrupted")  # statuses of trials that ran
@@ -73,13 +74,25 @@ def over_budget(study: Study, used: Spent, next_s: float, gpus_per_trial: float)
 
 
 def trial_times(runs: list, now_ms: int) -> list[TrialTime]:
-    """The record's child runs as ``TrialTime`` (an open run counts up to ``now_ms``)."""
+    """The record's child runs as ``TrialTime`` (an open run counts up to ``now_ms``). A retried or
+    resumed trial reopens its run, which keeps its first start: its seconds are its earlier attempts'
+    (``EARLIER_S_TAG``) plus the last one's, measured by the trial itself (``trial_wall_s``) once it
+    ended, else from its last opening (``OPENED_TAG``). A run with neither (a record written before
+    them) counts from its run's start."""
     times = []
     for run in runs:
-        info = run.info
-        status = "running" if info.status == "RUNNING" else run.data.tags.get("clsr.status", "")
+        info, tags = run.info, run.data.tags
+        status = "running" if info.status == "RUNNING" else tags.get("clsr.status", "")
         end = info.end_time if info.end_time and status != "running" else now_ms
-        times.append(TrialTime(status, max(0, end - (info.start_time or end)) / 1000))
+        earlier = float(tags.get(EARLIER_S_TAG, 0))
+        measured = run.data.metrics.get("trial_wall_s")
+        if status != "running" and measured is not None:
+            seconds = earlier + measured
+        elif OPENED_TAG in tags:
+            seconds = earlier + max(0, end - int(tags[OPENED_TAG])) / 1000
+        else:
+            seconds = max(0, end - (info.start_time or end)) / 1000
+        times.append(TrialTime(status, seconds))
     return times
 
 
