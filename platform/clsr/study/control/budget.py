@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 
 from clsr.study.spec.schema import Study
-from clsr.tracking.tags import EARLIER_S_TAG, OPENED_TAG
+from clsr.tracking.tags import EARLIER_S_TAG, OPENED_TAG, SUPERSEDED_TAG
 
 PRIOR_GPU = "h100"  # the device `study plan` prices a GPU trial on before any trial has finished
 COUNTED = ("finished", "stopped", "failed", "timed_out", "interrupted")  # statuses of trials that ran
@@ -26,6 +26,7 @@ class TrialTime:
 
     status: str
     seconds: float
+    superseded: bool = False  # replaced by an edited resume: its time was spent, its failure is not one
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Spent:
 
     elapsed_s: float  # this driver's wall time
     gpu_hours: float  # every trial run's time open x GPUs per trial
-    failed: int  # trials failed past their retries
+    failed: int  # trial runs closed failed (a failure Tune retries counts until the retry reopens it)
     finished_s: tuple[float, ...]  # run times of the trials that finished
 
 
@@ -43,7 +44,7 @@ def spent(trials: list[TrialTime], elapsed_s: float, gpus_per_trial: float) -> S
     return Spent(
         elapsed_s,
         sum(t.seconds for t in ran) * gpus_per_trial / 3600,
-        sum(t.status == "failed" for t in trials),
+        sum(t.status == "failed" and not t.superseded for t in trials),
         tuple(t.seconds for t in trials if t.status == "finished"),
     )
 
@@ -92,7 +93,7 @@ def trial_times(runs: list, now_ms: int) -> list[TrialTime]:
             seconds = earlier + max(0, end - int(tags[OPENED_TAG])) / 1000
         else:
             seconds = max(0, end - (info.start_time or end)) / 1000
-        times.append(TrialTime(status, seconds))
+        times.append(TrialTime(status, seconds, SUPERSEDED_TAG in tags))
     return times
 
 

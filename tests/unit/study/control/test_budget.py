@@ -23,7 +23,7 @@ from clsr.study.plan.load import load_study
 from clsr.study.spec.budget import wall_seconds
 from clsr.study.spec.schema import StudyError
 from clsr.tracking.study_runs import children, close_run, open_child_run, start_parent_run
-from clsr.tracking.tags import EARLIER_S_TAG, OPENED_TAG
+from clsr.tracking.tags import EARLIER_S_TAG, OPENED_TAG, SUPERSEDED_TAG
 from tests.support.stores import sqlite_uri
 from tests.unit.study.spec.test_study_validation import GOOD, write
 
@@ -165,3 +165,11 @@ def test_reopening_a_trials_run_sums_its_earlier_attempt(tmp_path):
     [times] = trial_times(children(client, parent), 0)
     assert times.status == "finished"
     assert times.seconds == pytest.approx(float(reopened.data.tags[EARLIER_S_TAG]) + 7.0)
+
+
+def test_a_superseded_runs_failure_is_not_counted_but_its_time_is():
+    trials = [TrialTime("failed", 60.0, superseded=True), TrialTime("failed", 60.0)]
+    used = spent(trials, 0.0, 1.0)
+    assert used.failed == 1 and used.gpu_hours == pytest.approx(120 / 3600)
+    superseded = a_run("FAILED", 1000, 2000, {"clsr.status": "failed", SUPERSEDED_TAG: "3"})
+    assert trial_times([superseded], 2000) == [TrialTime("failed", 1.0, superseded=True)]
