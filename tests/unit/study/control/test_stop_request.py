@@ -193,3 +193,32 @@ def test_close_waits_for_the_poll_in_progress(record, monkeypatch):
     threading.Timer(0.2, release.set).start()
     watch.close()
     assert polled == [True] and not watch._thread.is_alive()
+
+
+def test_a_record_that_does_not_answer_at_start_is_a_warning(record, monkeypatch, capsys):
+    study, uri, _, parent, _ = record
+
+    class Down:
+        def __init__(self, uri):
+            pass
+
+        def get_run(self, run_id):
+            raise ConnectionError("the tracking server is down")
+
+    monkeypatch.setattr(watch_module, "PatientClient", Down)
+    watch = StudyWatch(study, uri, parent, Stops()).start()
+    watch.close()
+    assert "warning: could not clear an earlier driver's stop request (ConnectionError: the tracking" in (
+        capsys.readouterr().out
+    )
+
+
+def test_the_command_stops_the_smoke_run(record, capsys):
+    study, uri, client, parent, path = record
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "smoke": {"seeds": [1]}}))
+    smoke = load_study(path, smoke=True)
+    smoke_parent = start_parent_run(client, smoke.name, "runs-smoke", None)
+    assert main(["study", "stop", str(path), "--smoke", "--ablation", "lr"]) == 0
+    assert f"asked study '{smoke.name}' (run {smoke_parent})" in capsys.readouterr().out
+    assert client.get_run(smoke_parent).data.tags[STOP_TAG] == "lr"
+    assert STOP_TAG not in client.get_run(parent).data.tags
