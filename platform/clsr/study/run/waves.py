@@ -257,8 +257,9 @@ def adaptive_rounds(
             trials = round_trials(study, ablation, load_trials(client, ctx.parent_run_id))
             keys = frozenset(key_of(t) for t in trials)
             if not trials or keys == last:
-                break  # nothing to add, or the last round finished none of its trials: a resume goes on
-            last = keys
+                break  # nothing to add, or a new round finished none of its trials: a resume goes on
+            # a resume's round may restore an earlier driver's experiment of other trials: not compared
+            last = frozenset() if _restorable(ctx, f"{ablation}-seeds{k}") else keys
             rows = len({t.label for t in trials})
             print(f"ablations.{ablation}: round {k} adds a seed to {rows} row(s) (CI wider than "
                   f"±{spec.until_ci:g} or verdict inconclusive)")  # fmt: skip
@@ -269,6 +270,12 @@ def adaptive_rounds(
             _fit(study, round_ctx, None, f"{ablation}-seeds{k}", interrupts, console)
             if interrupts.reason == "lease_lost":
                 return
+
+
+def _restorable(ctx: StudyContext, name: str) -> bool:
+    from ray import tune
+
+    return tune.Tuner.can_restore(f"{ctx.storage.rstrip('/')}/{name}")
 
 
 def _fit(

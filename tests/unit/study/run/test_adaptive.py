@@ -240,3 +240,11 @@ def test_a_round_that_finished_none_of_its_trials_is_not_built_again(tmp_path, m
     study, ctx, client, parent, fits = _three_seeds(tmp_path, monkeypatch)  # _fit finishes no trial
     waves.adaptive_rounds(study, ctx, ["pooling"], SimpleNamespace(check=lambda: None, reason=None), client)
     assert fits == ["pooling-seeds2"]  # not pooling-seeds3 with the same trial keys
+
+
+def test_a_resumed_round_that_restores_an_earlier_experiment_does_not_end_the_rounds(tmp_path, monkeypatch):
+    study, ctx, client, parent, fits = _three_seeds(tmp_path, monkeypatch)
+    # an earlier driver's pooling-seeds2 (other trials) is restored: the next round is still built
+    monkeypatch.setattr(waves, "_restorable", lambda ctx, name: name == "pooling-seeds2")
+    waves.adaptive_rounds(study, ctx, ["pooling"], SimpleNamespace(check=lambda: None, reason=None), client)
+    assert fits == ["pooling-seeds2", "pooling-seeds3"]
