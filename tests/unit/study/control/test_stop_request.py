@@ -25,7 +25,7 @@ TWO = {**GOOD, "ablations": {"temp": GOOD["ablations"]["temp"], "lr": {"grid": {
 
 
 class Stops:
-    """What the watch asks of the driver's Interrupts (the real one ends the process after a grace)."""
+    """What the watch asks of the driver's Interrupts (the real one signals the running Tune fit)."""
 
     def __init__(self):
         self.reasons: list[str] = []
