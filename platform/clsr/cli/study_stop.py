@@ -15,6 +15,7 @@ def stop_parser(study) -> None:
     )
     stop.add_argument("study", help="study YAML file (its name and tracking_uri find the record)")
     stop.add_argument("--ablation", default=None, help="stop this ablation only; the others go on")
+    stop.add_argument("--smoke", action="store_true", help="stop the study's --smoke run (<name>-smoke)")
     stop.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
 
 
@@ -31,7 +32,7 @@ def cmd_study_stop(args: argparse.Namespace) -> int:
     from clsr.tracking.study_runs import resolve_tracking_uri
 
     try:
-        study = load_study(args.study, [parse_override(o) for o in args.overrides])
+        study = load_study(args.study, [parse_override(o) for o in args.overrides], smoke=args.smoke)
     except (StudyError, ValueError) as err:
         print(err, file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -29,7 +30,9 @@ from clsr.tracking.secrets import mask_uri
 from clsr.tracking.tags import (  # noqa: F401 (the names every reader of study runs imports from here)
     ALSO_TAG,
     CHECKPOINT_TAG,
+    EARLIER_S_TAG,
     FINGERPRINT_TAG,
+    OPENED_TAG,
     PARENT_TAG,
     STORAGE_TAG,
     SUPERSEDED_TAG,
@@ -146,15 +149,31 @@ def _open_child_run(
     client = MlflowClient(uri)
     experiment = client.get_run(parent_run_id).info.experiment_id
     existing = child_run_for_trial(client, experiment, parent_run_id, trial_id)
+    now_ms = int(time.time() * 1000)
     if existing is not None:
+        # a retry or resume keeps the run's start_time: what it was open for until now is summed apart
+        tags, info = existing.data.tags, existing.info
+        opened = int(tags.get(OPENED_TAG, info.start_time or now_ms))
+        earlier = float(tags.get(EARLIER_S_TAG, 0)) + max(0, (info.end_time or opened) - opened) / 1000
+        client.set_tag(info.run_id, EARLIER_S_TAG, f"{earlier:.1f}")
+        client.set_tag(info.run_id, OPENED_TAG, str(now_ms))
         client.update_run(existing.info.run_id, status="RUNNING")
         client.set_tag(existing.info.run_id, "clsr.status", "running")
         if "clsr.error" in existing.data.tags:  # why the last attempt ended; this one starts clean
             client.delete_tag(existing.info.run_id, "clsr.error")
         return existing.info.run_id
-    all_tags = {"mlflow.parentRunId": parent_run_id, TRIAL_TAG: trial_id, "clsr.status": "running", **tags}
+    all_tags = {
+        "mlflow.parentRunId": parent_run_id,
+        TRIAL_TAG: trial_id,
+        "clsr.status": "running",
+        OPENED_TAG: now_ms,
+        **tags,
+    }
     run = client.create_run(
-        experiment, run_name=run_name, tags={k: mask_uri(str(v)) for k, v in all_tags.items()}
+        experiment,
+        start_time=now_ms,
+        run_name=run_name,
+        tags={k: mask_uri(str(v)) for k, v in all_tags.items()},
     )
     flat = [Param(k, mask_uri(str(v))[:MAX_PARAM_LENGTH]) for k, v in flatten(params).items()]
     for start in range(0, len(flat), 100):  # MLflow's per-request param limit

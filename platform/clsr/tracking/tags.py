@@ -11,6 +11,8 @@ FINGERPRINT_TAG = "clsr.fingerprint"  # sha-256 over every resolved trial (clsr.
 TIMED_OUT_ATTEMPT_TAG = "clsr.timed_out_attempt"  # the lease generation in which a trial timed out
 CHECKPOINT_TAG = "clsr.checkpoint"  # a finished trial's last checkpoint (local path or URI)
 ALSO_TAG = "clsr.also"  # the other [ablation, point] pairs a run of identical trials stands for (JSON)
+OPENED_TAG = "clsr.opened_ms"  # when a trial's run was last (re)opened, ms since the epoch
+EARLIER_S_TAG = "clsr.earlier_attempts_s"  # seconds its run was open before it was reopened
 
 
 def last_error_line(tags: dict[str, str]) -> str:

@@ -14,6 +14,7 @@ import statistics
 from dataclasses import dataclass
 
 from clsr.study.spec.schema import Study
+from clsr.tracking.tags import EARLIER_S_TAG, OPENED_TAG, SUPERSEDED_TAG
 
 PRIOR_GPU = "h100"  # the device `study plan` prices a GPU trial on before any trial has finished
 COUNTED = ("finished", "stopped", "failed", "timed_out", "interrupted")  # statuses of trials that ran
@@ -25,6 +26,7 @@ class TrialTime:
 
     status: str
     seconds: float
+    superseded: bool = False  # replaced by an edited resume: its time was spent, its failure is not one
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class Spent:
 
     elapsed_s: float  # this driver's wall time
     gpu_hours: float  # every trial run's time open x GPUs per trial
-    failed: int  # trials failed past their retries
+    failed: int  # trial runs closed failed (a failure Tune retries counts until the retry reopens it)
     finished_s: tuple[float, ...]  # run times of the trials that finished
 
 
@@ -42,7 +44,7 @@ def spent(trials: list[TrialTime], elapsed_s: float, gpus_per_trial: float) -> S
     return Spent(
         elapsed_s,
         sum(t.seconds for t in ran) * gpus_per_trial / 3600,
-        sum(t.status == "failed" for t in trials),
+        sum(t.status == "failed" and not t.superseded for t in trials),
         tuple(t.seconds for t in trials if t.status == "finished"),
     )
 
@@ -73,13 +75,25 @@ def over_budget(study: Study, used: Spent, next_s: float, gpus_per_trial: float)
 
 
 def trial_times(runs: list, now_ms: int) -> list[TrialTime]:
-    """The record's child runs as ``TrialTime`` (an open run counts up to ``now_ms``)."""
+    """The record's child runs as ``TrialTime`` (an open run counts up to ``now_ms``). A retried or
+    resumed trial reopens its run, which keeps its first start: its seconds are its earlier attempts'
+    (``EARLIER_S_TAG``) plus the last one's, measured by the trial itself (``trial_wall_s``) once it
+    ended, else from its last opening (``OPENED_TAG``). A run with neither (a record written before
+    them) counts from its run's start."""
     times = []
     for run in runs:
-        info = run.info
-        status = "running" if info.status == "RUNNING" else run.data.tags.get("clsr.status", "")
+        info, tags = run.info, run.data.tags
+        status = "running" if info.status == "RUNNING" else tags.get("clsr.status", "")
         end = info.end_time if info.end_time and status != "running" else now_ms
-        times.append(TrialTime(status, max(0, end - (info.start_time or end)) / 1000))
+        earlier = float(tags.get(EARLIER_S_TAG, 0))
+        measured = run.data.metrics.get("trial_wall_s")
+        if status != "running" and measured is not None:
+            seconds = earlier + measured
+        elif OPENED_TAG in tags:
+            seconds = earlier + max(0, end - int(tags[OPENED_TAG])) / 1000
+        else:
+            seconds = max(0, end - (info.start_time or end)) / 1000
+        times.append(TrialTime(status, seconds, SUPERSEDED_TAG in tags))
     return times
 
 

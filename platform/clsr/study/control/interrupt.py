@@ -54,6 +54,7 @@ class Interrupts:
         self.record_written = False
         self._previous: dict[int, object] = {}
         self._first: tuple[int, float] | None = None  # the stopping signal and when it came
+        self._usr1_before: object = None  # SIGUSR1's handler as the running experiment began
         self._timer = threading.Timer(study_timeout_s, self._time_up) if study_timeout_s else None
 
     def __enter__(self) -> Interrupts:
@@ -101,10 +102,16 @@ class Interrupts:
         self._stop("lease_lost", LEASE_LOST_EXIT, from_thread=True)
 
     def stop_for(self, reason: str) -> None:
-        """A stop the study asks of itself (its budget spent, ``platform study stop``): as a signal's,
-        from the watch's thread, with exit status 0 (the study did what it was told)."""
-        if not self.stopped:
-            self._stop(reason, 0, from_thread=True)
+        """A stop the study asks of itself (its budget spent, ``platform study stop``), from the watch's
+        thread, with exit status 0 (the study did what it was told): Tune is asked to stop as for a
+        signal, but no watchdog ends the process (the driver is healthy: it closes its record and posts
+        its notices itself). Nothing once the record is being written."""
+        if self.recording or self.stopped:
+            return
+        self.reason, self.exit_code = reason, 0
+        self.link.tell(stopping=reason)
+        print(f"\n{reason}: stopping the study; the wave loop starts no further experiment", file=sys.stderr)
+        self._ask_tune()
 
     def _time_up(self) -> None:
         print("\nstudy_timeout_s reached", file=sys.stderr)
@@ -120,9 +127,33 @@ class Interrupts:
             file=sys.stderr,
         )
         if self.in_experiment:
-            os.kill(os.getpid(), signal.SIGUSR1)  # Tune's own graceful stop (tune.py registers SIGUSR1)
+            self._ask_tune()
         elif not self.recording and not from_thread:
             raise Interrupted(reason)
+
+    def _ask_tune(self) -> None:
+        """SIGUSR1 to the running fit (tune.py registers a handler for it as each fit starts, and never
+        takes it back): sent only once this experiment's fit has installed its own handler, since
+        before that the signal would reach the default action (the process killed) or an earlier
+        fit's; until then a thread waits for it. Outside an experiment ``check`` stops the wave loop."""
+        if self._fit_listening():
+            os.kill(os.getpid(), signal.SIGUSR1)
+        elif self.in_experiment:
+            threading.Thread(target=self._ask_tune_later, name="clsr-ask-tune", daemon=True).start()
+
+    def _fit_listening(self) -> bool:
+        return self.in_experiment and signal.getsignal(signal.SIGUSR1) not in (
+            self._usr1_before,
+            signal.SIG_DFL,
+            signal.SIG_IGN,
+            None,
+        )
+
+    def _ask_tune_later(self) -> None:
+        while self.in_experiment and not self._fit_listening():
+            time.sleep(0.2)
+        if self._fit_listening():
+            os.kill(os.getpid(), signal.SIGUSR1)
 
     def _give_up_later(self) -> None:
         time.sleep(self.GRACE_S)
@@ -148,6 +179,7 @@ class Interrupts:
     def experiment(self) -> Iterator[None]:
         """Around a Tune experiment's ``fit``: a stop asked for now goes to Tune (SIGUSR1)."""
         self.check()
+        self._usr1_before = signal.getsignal(signal.SIGUSR1)  # this fit's handler replaces it
         self.in_experiment = True
         try:
             yield

@@ -22,9 +22,11 @@ from clsr.study.control.stop_request import HOLD_TAG, STOP_TAG, read_request
 from clsr.study.plan.projection import gpus_per_trial
 from clsr.study.spec.schema import Study
 from clsr.tracking.escape import terminal
+from clsr.tracking.patient import PatientClient
 from clsr.tracking.study_runs import children
 
 POLL_S = 10.0  # between reads of the record (tests shorten it)
+CLOSE_S = 30.0  # how long closing waits for a poll in progress
 BUDGET, STOP_REQUEST = "budget", "stop_request"  # the reasons a study stops by, as Interrupts records them
 
 
@@ -41,17 +43,28 @@ class StudyWatch:
         self._thread = threading.Thread(target=self._loop, name="clsr-watch", daemon=True)
 
     def start(self) -> StudyWatch:
-        """A new driver's requests start empty: an earlier driver's stop (a resume) is not this one's."""
-        client = MlflowClient(self.uri)
-        tags = client.get_run(self.parent_run_id).data.tags
-        for tag in (STOP_TAG, HOLD_TAG):
-            if tag in tags:
-                client.delete_tag(self.parent_run_id, tag)
+        """A new driver's requests start empty: an earlier driver's stop (a resume) is not this one's.
+        The record not answering (past the driver's patience) is a warning, never the driver's end."""
+        try:
+            client = PatientClient(self.uri)
+            tags = client.get_run(self.parent_run_id).data.tags
+            for tag in (STOP_TAG, HOLD_TAG):
+                if tag in tags:
+                    client.delete_tag(self.parent_run_id, tag)
+        except Exception as err:  # noqa: BLE001 - an earlier stop request may then stand
+            print(
+                f"warning: could not clear an earlier driver's stop request ({type(err).__name__}: "
+                f"{terminal(str(err)[:200])})"
+            )
         self._thread.start()
         return self
 
     def close(self) -> None:
+        """No further poll; a poll in progress ends first (its hold or stop is not written after the
+        study's record), unless the record does not answer within ``CLOSE_S``."""
         self._done.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(CLOSE_S)
 
     def _loop(self) -> None:
         while not self._done.wait(POLL_S):

@@ -14,6 +14,7 @@ from clsr.study.control.console import Console
 from clsr.study.control.interrupt import Interrupted, Interrupts
 from clsr.study.control.notify import Notifier, ended_message, verdict_lines, verdicts_message
 from clsr.study.control.ray_session import init_ray
+from clsr.study.control.stop_request import held_by
 from clsr.study.control.watch import StudyWatch
 from clsr.study.plan.distinct import also_keys, merge_identical, run_keys
 from clsr.study.plan.resolve import UpstreamMissing, missing_upstream, resolve_trial
@@ -33,6 +34,7 @@ from clsr.study.run.experiment import build_tuner, errors_of, expand_trials
 from clsr.study.run.shared import prepare_shared, shared_inputs
 from clsr.study.run.trial import StudyContext, key_of
 from clsr.study.spec.schema import Outputs, Study
+from clsr.tracking.escape import terminal
 from clsr.tracking.patient import PatientClient
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.study_runs import SUPERSEDED_TAG, children, finished_outputs
@@ -245,12 +247,19 @@ def adaptive_rounds(
 
     for ablation in [a for a in wave if study.adaptive_of(a) is not None]:
         spec = study.adaptive_of(ablation)
+        last: frozenset[str] = frozenset()
         for k in range(2, spec.max - spec.min + 2):  # each round adds a seed: at most max - min rounds
             interrupts.check()
+            if (why := held_by(client.get_run(ctx.parent_run_id).data.tags, ablation)) is not None:
+                print(f"ablations.{ablation}: no further seed round ({terminal(why)})")
+                break  # its trials would not start: a round of the same trials again, run twice on resume
             replay(ctx.tracking_uri, ctx.storage)  # the last round's results may wait in their journals
             trials = round_trials(study, ablation, load_trials(client, ctx.parent_run_id))
-            if not trials:
-                break
+            keys = frozenset(key_of(t) for t in trials)
+            if not trials or keys == last:
+                break  # nothing to add, or a new round finished none of its trials: a resume goes on
+            # a resume's round may restore an earlier driver's experiment of other trials: not compared
+            last = frozenset() if _restorable(ctx, f"{ablation}-seeds{k}") else keys
             rows = len({t.label for t in trials})
             print(f"ablations.{ablation}: round {k} adds a seed to {rows} row(s) (CI wider than "
                   f"±{spec.until_ci:g} or verdict inconclusive)")  # fmt: skip
@@ -261,6 +270,12 @@ def adaptive_rounds(
             _fit(study, round_ctx, None, f"{ablation}-seeds{k}", interrupts, console)
             if interrupts.reason == "lease_lost":
                 return
+
+
+def _restorable(ctx: StudyContext, name: str) -> bool:
+    from ray import tune
+
+    return tune.Tuner.can_restore(f"{ctx.storage.rstrip('/')}/{name}")
 
 
 def _fit(

@@ -3,8 +3,12 @@ would pass) against hand computations, and the ``budget:`` section refused in on
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import yaml
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
 
 from clsr.study.control.budget import (
     Spent,
@@ -13,10 +17,14 @@ from clsr.study.control.budget import (
     over_budget,
     prior_seconds,
     spent,
+    trial_times,
 )
 from clsr.study.plan.load import load_study
 from clsr.study.spec.budget import wall_seconds
 from clsr.study.spec.schema import StudyError
+from clsr.tracking.study_runs import children, close_run, open_child_run, start_parent_run
+from clsr.tracking.tags import EARLIER_S_TAG, OPENED_TAG, SUPERSEDED_TAG
+from tests.support.stores import sqlite_uri
 from tests.unit.study.spec.test_study_validation import GOOD, write
 
 
@@ -112,3 +120,56 @@ def test_the_prior_is_study_plans_mean_trial(tmp_path):
     plans = project(study, None, 1, "h100", progress=lambda _line: None).plans
     assert seconds == pytest.approx(sum(p.seconds for p in plans) / len(plans))
     assert seconds > 0 and "study plan's cost model" in how
+
+
+DAY_MS = 86_400_000
+
+
+def a_run(status, start_ms, end_ms, tags=None, metrics=None):
+    info = SimpleNamespace(status=status, start_time=start_ms, end_time=end_ms)
+    return SimpleNamespace(info=info, data=SimpleNamespace(tags=tags or {}, metrics=metrics or {}))
+
+
+def test_a_trial_resumed_days_later_is_charged_its_attempts_not_the_days_between():
+    now = 10 * DAY_MS
+    resumed = {"clsr.status": "finished", OPENED_TAG: str(now - 120_000), EARLIER_S_TAG: "300.0"}
+    runs = [
+        a_run("FINISHED", 0, now, resumed, {"trial_wall_s": 100.0}),  # measured by the trial itself
+        a_run("FINISHED", 0, now, {**resumed, "clsr.status": "failed"}),  # no measure: from its reopening
+        a_run("RUNNING", 0, None, {OPENED_TAG: str(now - 60_000), EARLIER_S_TAG: "30.0"}),
+        a_run("FINISHED", now - 50_000, now, {"clsr.status": "finished"}),  # an older record: its start
+    ]
+    assert trial_times(runs, now) == [
+        TrialTime("finished", 400.0),
+        TrialTime("failed", 420.0),
+        TrialTime("running", 90.0),
+        TrialTime("finished", 50.0),
+    ]
+
+
+def test_reopening_a_trials_run_sums_its_earlier_attempt(tmp_path):
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    parent = start_parent_run(client, "budget-test", str(tmp_path / "runs"), None)
+    run_id = open_child_run(uri, parent, "t-0", "t-0", {}, {})
+    close_run(uri, run_id, "failed", "boom")
+    first = client.get_run(run_id)
+    assert first.data.tags[OPENED_TAG] == str(first.info.start_time)
+    assert open_child_run(uri, parent, "t-0", "t-0", {}, {}) == run_id  # Tune's retry
+    reopened = client.get_run(run_id)
+    attempt_s = (first.info.end_time - int(first.data.tags[OPENED_TAG])) / 1000
+    assert float(reopened.data.tags[EARLIER_S_TAG]) == pytest.approx(attempt_s, abs=0.05)
+    assert int(reopened.data.tags[OPENED_TAG]) >= first.info.end_time
+    client.log_batch(run_id, metrics=[Metric("trial_wall_s", 7.0, 0, 0)])
+    close_run(uri, run_id, "finished")
+    [times] = trial_times(children(client, parent), 0)
+    assert times.status == "finished"
+    assert times.seconds == pytest.approx(float(reopened.data.tags[EARLIER_S_TAG]) + 7.0)
+
+
+def test_a_superseded_runs_failure_is_not_counted_but_its_time_is():
+    trials = [TrialTime("failed", 60.0, superseded=True), TrialTime("failed", 60.0)]
+    used = spent(trials, 0.0, 1.0)
+    assert used.failed == 1 and used.gpu_hours == pytest.approx(120 / 3600)
+    superseded = a_run("FAILED", 1000, 2000, {"clsr.status": "failed", SUPERSEDED_TAG: "3"})
+    assert trial_times([superseded], 2000) == [TrialTime("failed", 1.0, superseded=True)]

@@ -3,12 +3,16 @@ command, read by the driver's watch, obeyed by a starting trial; the reason tagg
 
 from __future__ import annotations
 
+import signal
+import threading
+
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
 from clsr.cli import main
 from clsr.study.control import watch as watch_module
+from clsr.study.control.interrupt import Interrupts
 from clsr.study.control.stop_request import HOLD_TAG, STOP_TAG, held_by, read_request
 from clsr.study.control.watch import BUDGET, STOP_REQUEST, StudyWatch
 from clsr.study.plan.load import load_study
@@ -21,7 +25,7 @@ TWO = {**GOOD, "ablations": {"temp": GOOD["ablations"]["temp"], "lr": {"grid": {
 
 
 class Stops:
-    """What the watch asks of the driver's Interrupts (the real one ends the process after a grace)."""
+    """What the watch asks of the driver's Interrupts (the real one signals the running Tune fit)."""
 
     def __init__(self):
         self.reasons: list[str] = []
@@ -146,3 +150,75 @@ def test_a_wall_budget_goes_by_the_plans_projection_before_any_trial_finished(re
     assert watch.hold[0] == BUDGET and watch.hold[1].startswith("budget.wall 1s: 0.0 min run + ")
     assert stops.reasons == [BUDGET]  # nothing runs: the study stops at once
     assert client.get_run(parent).data.tags[HOLD_TAG] == watch.hold[1]
+
+
+def test_a_self_requested_stop_arms_no_watchdog_and_waits_for_tunes_handler():
+    asked = threading.Event()
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # as before any fit: the default kills the process
+        with Interrupts() as interrupts, interrupts.experiment():
+            interrupts.stop_for(BUDGET)  # no fit listens yet: no signal (this process lives on)
+            assert interrupts.reason == BUDGET and interrupts.exit_code == 0
+            signal.signal(signal.SIGUSR1, lambda *_: asked.set())  # the fit's handler, as tune.py's
+            assert asked.wait(60)  # then Tune is asked
+            interrupts.stop_for(STOP_REQUEST)  # a second stop changes nothing
+            assert interrupts.reason == BUDGET
+        assert "clsr-grace" not in {t.name for t in threading.enumerate()}  # no os._exit to come
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
+def test_a_stop_asked_while_the_record_is_written_is_nothing():
+    with Interrupts() as interrupts:
+        interrupts.recording = True
+        interrupts.stop_for(BUDGET)
+        assert not interrupts.stopped
+
+
+def test_close_waits_for_the_poll_in_progress(record, monkeypatch):
+    study, uri, _, parent, _ = record
+    watch = StudyWatch(study, uri, parent, Stops())
+    monkeypatch.setattr(watch_module, "POLL_S", 0.01)
+    polling, release, polled = threading.Event(), threading.Event(), []
+
+    def slow_poll() -> None:
+        polling.set()
+        release.wait(60)
+        polled.append(True)
+
+    monkeypatch.setattr(watch, "poll", slow_poll)
+    watch.start()
+    assert polling.wait(60)
+    threading.Timer(0.2, release.set).start()
+    watch.close()
+    assert polled == [True] and not watch._thread.is_alive()
+
+
+def test_a_record_that_does_not_answer_at_start_is_a_warning(record, monkeypatch, capsys):
+    study, uri, _, parent, _ = record
+
+    class Down:
+        def __init__(self, uri):
+            pass
+
+        def get_run(self, run_id):
+            raise ConnectionError("the tracking server is down")
+
+    monkeypatch.setattr(watch_module, "PatientClient", Down)
+    watch = StudyWatch(study, uri, parent, Stops()).start()
+    watch.close()
+    assert "warning: could not clear an earlier driver's stop request (ConnectionError: the tracking" in (
+        capsys.readouterr().out
+    )
+
+
+def test_the_command_stops_the_smoke_run(record, capsys):
+    study, uri, client, parent, path = record
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "smoke": {"seeds": [1]}}))
+    smoke = load_study(path, smoke=True)
+    smoke_parent = start_parent_run(client, smoke.name, "runs-smoke", None)
+    assert main(["study", "stop", str(path), "--smoke", "--ablation", "lr"]) == 0
+    assert f"asked study '{smoke.name}' (run {smoke_parent})" in capsys.readouterr().out
+    assert client.get_run(smoke_parent).data.tags[STOP_TAG] == "lr"
+    assert STOP_TAG not in client.get_run(parent).data.tags

@@ -19,6 +19,7 @@ from statsmodels.stats.weightstats import DescrStatsW
 
 from clsr.study.analyse.rows import ablation_report
 from clsr.study.analyse.runs import load_trials
+from clsr.study.control.stop_request import STOP_TAG
 from clsr.study.plan.fingerprint import fingerprint
 from clsr.study.plan.load import load_study
 from clsr.study.plan.resolve import count_trials, seed_notes
@@ -207,3 +208,43 @@ def test_rounds_add_seeds_to_wide_rows_only_up_to_max(tmp_path, monkeypatch, cap
     assert rows["cls"].seeds == [1, 2, 3] and rows["cls"].missing() == []
     assert rows["avg"].stats["best_dev_stsb"].n == 5
     assert rows["avg"].trials_text() == "5/5 ok"
+
+
+def _three_seeds(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    study = load(tmp_path, STUDY)
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    parent = start_parent_run(client, NAME, str(tmp_path / "runs"), "adaptive test")
+    for label in ("cls", "avg"):
+        for seed in study.seeds_of("pooling"):
+            add_trial(uri, client, parent, label, seed)
+    fits = []
+    monkeypatch.setattr(waves, "_fit", lambda study, ctx, ablation, name, *a, **k: fits.append(name))
+    monkeypatch.setattr(waves, "shared_inputs", lambda *a, **k: {})
+    ctx = StudyContext(study, uri, parent, str(tmp_path / "runs"), [], {}, {})
+    return study, ctx, client, parent, fits
+
+
+def test_a_held_ablation_gets_no_seed_round(tmp_path, monkeypatch, capsys):
+    study, ctx, client, parent, fits = _three_seeds(tmp_path, monkeypatch)
+    client.set_tag(parent, STOP_TAG, "pooling")
+    waves.adaptive_rounds(study, ctx, ["pooling"], SimpleNamespace(check=lambda: None, reason=None), client)
+    assert fits == []
+    assert "ablations.pooling: no further seed round (platform study stop: ablation(s) pooling)" in (
+        capsys.readouterr().out
+    )
+
+
+def test_a_round_that_finished_none_of_its_trials_is_not_built_again(tmp_path, monkeypatch):
+    study, ctx, client, parent, fits = _three_seeds(tmp_path, monkeypatch)  # _fit finishes no trial
+    waves.adaptive_rounds(study, ctx, ["pooling"], SimpleNamespace(check=lambda: None, reason=None), client)
+    assert fits == ["pooling-seeds2"]  # not pooling-seeds3 with the same trial keys
+
+
+def test_a_resumed_round_that_restores_an_earlier_experiment_does_not_end_the_rounds(tmp_path, monkeypatch):
+    study, ctx, client, parent, fits = _three_seeds(tmp_path, monkeypatch)
+    # an earlier driver's pooling-seeds2 (other trials) is restored: the next round is still built
+    monkeypatch.setattr(waves, "_restorable", lambda ctx, name: name == "pooling-seeds2")
+    waves.adaptive_rounds(study, ctx, ["pooling"], SimpleNamespace(check=lambda: None, reason=None), client)
+    assert fits == ["pooling-seeds2", "pooling-seeds3"]
