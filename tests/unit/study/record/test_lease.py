@@ -426,10 +426,11 @@ def test_a_lost_lease_stops_the_running_experiment_and_the_driver_exits_75():
         """
         import os, signal, sys, threading, time
         from clsr.study.control.interrupt import Interrupts
-        signal.signal(signal.SIGUSR1, lambda *_: print("tune asked to stop", flush=True))
         Interrupts.GRACE_S = 0.5
         with Interrupts() as interrupts:
             with interrupts.experiment():
+                # Tune's fit registers its SIGUSR1 handler as it starts (tune.py), inside the experiment
+                signal.signal(signal.SIGUSR1, lambda *_: print("tune asked to stop", flush=True))
                 threading.Thread(target=interrupts.lease_lost, args=("taken over",)).start()
                 time.sleep(5)  # Tune's fit, until the grace ends the process
         print("not reached")
