@@ -162,13 +162,11 @@ def assert_environment(client, parent, children) -> None:
     import importlib.metadata
     import platform
 
-    import torch
-
     import clsr
 
     expected = {
         "env.python": platform.python_version(),
-        "env.torch": torch.__version__,
+        "env.torch": importlib.metadata.version("torch"),  # the distribution's (env.cuda names the build)
         "env.transformers": importlib.metadata.version("transformers"),
         "env.clsr": clsr.__version__,
         "env.gpu": "none",  # the smoke trials run on CPU

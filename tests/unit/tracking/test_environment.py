@@ -20,7 +20,9 @@ def test_the_params_are_the_values_python_and_torch_report():
     params = env.params()
     assert params["env.python"] == platform.python_version()
     assert params["env.os"] == platform.platform()
-    assert params["env.torch"] == torch.__version__
+    # the installed distribution's version (what pip reinstalls; environment.txt's), not torch.__version__,
+    # which adds the build's local label on a PyPI CUDA wheel (2.11.0+cu130 for 2.11.0): env.cuda says that
+    assert params["env.torch"] == importlib.metadata.version("torch")
     assert params["env.cuda"] == (torch.version.cuda or "none")
     assert params["env.cudnn"] == str(torch.backends.cudnn.version() or "none")
     assert params["env.transformers"] == importlib.metadata.version("transformers")

@@ -169,7 +169,10 @@ def test_an_evaluation_only_point_scores_the_untouched_model_and_trains_nothing(
     assert {"data.sickr_dev.sha256", "data.stsb.sha256"} <= set(params)
     assert "data.train.sha256" not in params  # evaluation only: no training rows were read
     # and where it ran (issue 55): this process's own platform and torch, no GPU, its package list
-    assert (params["env.python"], params["env.torch"]) == (platform.python_version(), torch.__version__)
+    assert (params["env.python"], params["env.torch"]) == (
+        platform.python_version(),
+        importlib.metadata.version("torch"),
+    )
     assert (params["env.gpu"], params["env.gpu_count"], params["env.clsr"]) == ("none", "0", clsr.__version__)
     lock = client.download_artifacts(run_id, "environment/environment.txt", str(tmp_path))
     assert f"torch=={importlib.metadata.version('torch')}" in Path(lock).read_text().splitlines()
