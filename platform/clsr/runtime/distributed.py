@@ -3,6 +3,7 @@ the final evaluation the ranks share."""
 
 from __future__ import annotations
 
+import copy
 import pickle
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -93,8 +94,12 @@ def _builtin_like(err: Exception) -> Exception:
 
 
 def _picklable(value: Any) -> bool:
-    try:  # rule 2 holds: these bytes were pickled by this process, just now
-        pickle.loads(pickle.dumps(value))
+    """Whether ``value`` survives the trip to rank 0: it pickles, and its reduce recipe rebuilds it
+    (``copy.deepcopy`` runs the recipe unpickling would, e.g. an exception whose ``__init__`` wants other
+    arguments than its ``args``) without unpickling anything."""
+    try:
+        pickle.dumps(value)
+        copy.deepcopy(value)
     except Exception:
         return False
     return True
