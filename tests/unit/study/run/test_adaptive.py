@@ -176,14 +176,8 @@ def add_trial(uri: str, client: MlflowClient, parent: str, label: str, seed: int
 
 
 def test_rounds_add_seeds_to_wide_rows_only_up_to_max(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    study = load(tmp_path, STUDY)
-    uri = sqlite_uri(tmp_path / "mlflow.db")
-    client = MlflowClient(uri)
-    parent = start_parent_run(client, NAME, str(tmp_path / "runs"), "adaptive test")
-    for label in ("cls", "avg"):
-        for seed in study.seeds_of("pooling"):
-            add_trial(uri, client, parent, label, seed)
+    study, ctx, client, parent, _ = _three_seeds(tmp_path, monkeypatch)
+    uri = ctx.tracking_uri
     fits = []
 
     def fake_fit(study, ctx, ablation, name, interrupts, console=None):
@@ -192,8 +186,6 @@ def test_rounds_add_seeds_to_wide_rows_only_up_to_max(tmp_path, monkeypatch, cap
             add_trial(uri, client, parent, t.label, t.seed)
 
     monkeypatch.setattr(waves, "_fit", fake_fit)
-    monkeypatch.setattr(waves, "shared_inputs", lambda *a, **k: {})
-    ctx = StudyContext(study, uri, parent, str(tmp_path / "runs"), [], {}, {})
     interrupts = SimpleNamespace(check=lambda: None, reason=None)
     waves.adaptive_rounds(study, ctx, ["pooling"], interrupts, client)
     assert fits == [("pooling-seeds2", [("avg", 4)]), ("pooling-seeds3", [("avg", 5)])]
