@@ -110,6 +110,5 @@ def prior_seconds(study: Study) -> tuple[float, str]:
     priced = [p.seconds for p in projection.plans if p.work is not None]
     if not priced:
         return 0.0, "not projected (no trial could be priced here)"
-    return statistics.mean(
-        priced
-    ), f"{statistics.mean(priced) / 60:.1f} min a trial (study plan's cost model)"
+    mean_s = statistics.mean(priced)
+    return mean_s, f"{mean_s / 60:.1f} min a trial (study plan's cost model)"
