@@ -56,7 +56,7 @@ def test_matryoshka_runs_beside_its_inner_method_and_is_scored_truncated(tmp_pat
 
 def test_the_scaffolds_study_runs_unchanged(tmp_path):
     """``platform method new my_loss`` and then ``platform study run my_loss.yaml`` as written: its method
-    beside simcse_unsup over its 2 seeds (4 in-process trials, about 3 minutes)."""
+    beside simcse_unsup over its 2 seeds (4 in-process trials, about 2 minutes)."""
     from clsr.cli import main
 
     assert main(["method", "new", "my_loss", "--dir", str(tmp_path)]) == 0
