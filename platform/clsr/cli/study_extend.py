@@ -51,7 +51,7 @@ def extend_problem(path: str, study, ablation: str) -> str | None:
     from mlflow.tracking import MlflowClient
 
     from clsr.study.record.reader import study_parent
-    from clsr.tracking.study_runs import resolve_tracking_uri
+    from clsr.tracking.study_runs import check_reachable, resolve_tracking_uri
 
     if ablation not in study.ablations:
         return f"{path}: --ablation: no ablation {ablation!r} (allowed: {', '.join(study.ablations)})"
@@ -62,7 +62,12 @@ def extend_problem(path: str, study, ablation: str) -> str | None:
             f"{path}: --ablation: {ablation!r} is a listed (grid) ablation; only a sampled one (with a space) "
             f"can be extended (allowed: {allowed})"
         )
-    parent = study_parent(MlflowClient(resolve_tracking_uri(study.tracking_uri)), study.name)
+    uri = resolve_tracking_uri(study.tracking_uri)
+    try:
+        check_reachable(uri)
+    except ConnectionError as err:
+        return f"{path}: {err}"
+    parent = study_parent(MlflowClient(uri), study.name)
     if parent is None:
         return f"{path}: study {study.name!r} has no record to extend; `platform study run` it first"
     if parent.info.status != "FINISHED":

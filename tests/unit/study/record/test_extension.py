@@ -185,6 +185,7 @@ def test_the_command_refuses_in_one_line_before_anything_starts(tmp_path, monkey
 
     study = study_of(tmp_path, tracking_uri=sqlite_uri(tmp_path / "mlflow.db"))
     path = str(tmp_path / "study.yaml")
+    capsys.readouterr()  # MLflow's own lines as it made the store
     assert main(["study", "extend", path, "--ablation", "lr", "--samples", "0"]) == 2
     assert capsys.readouterr().err.strip() == f"{path}: --samples: 0; give 1 or more"
     problems = {
@@ -206,3 +207,17 @@ def test_the_command_refuses_in_one_line_before_anything_starts(tmp_path, monkey
     assert "is RUNNING, not finished: `platform study resume` it first" in unfinished
     assert all("\n" not in p for p in [*problems.values(), unfinished])
     assert refusal(argparse.Namespace(action="resume"), study) is None
+
+
+def test_an_extension_narrows_its_search_instead_of_starting_it_again(store):
+    """An attempt that edited a sampled ablation's space searches it again (``<ablation>-v<attempt>``),
+    unless that attempt extended the ablation: then its finished runs are the extension's warm start."""
+    from clsr.study.plan.fingerprint import STUDY_ENTRY
+    from clsr.study.record.attempts import search_versions
+
+    client, parent, _ = store
+    client.log_dict(parent, {"lr[space] seed=1": "a", STUDY_ENTRY: "s"}, "fingerprint.json")
+    client.log_dict(parent, {"lr[space] seed=1": "b", STUDY_ENTRY: "s"}, "fingerprint-v2.json")
+    assert search_versions(client, parent) == {"lr": 2}
+    record_extension(client, parent, "lr", 2, attempt=2)
+    assert search_versions(client, parent) == {}
