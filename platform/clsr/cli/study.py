@@ -1,5 +1,6 @@
-"""``platform study ...``: run, resume, sync, validate, report, plan, compare and promote a study, reproduce
-one of its trials (``clsr.cli.study_reproduce``); write its JSON Schema and its reference."""
+"""``platform study ...``: run, resume, extend (``clsr.cli.study_extend``), sync, validate, report, plan, compare
+and promote a study, reproduce one of its trials (``clsr.cli.study_reproduce``); write its JSON Schema and
+its reference."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def add_parsers(commands) -> None:
     """``platform study`` and its actions, in the order ``platform study --help`` lists them."""
     study = commands.add_parser(
         "study",
-        help="run, resume, sync, validate, report, plan, compare, promote a study or reproduce one of its trials",
+        help="run, resume, extend, sync, validate, report, plan, compare, promote a study or reproduce one of its trials",
     ).add_subparsers(dest="action", required=True)
     _run_parsers(study)
     _validate_parser(study)
