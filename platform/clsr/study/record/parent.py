@@ -266,7 +266,12 @@ def take_over(
             + f"\neither revert the file to the recorded one (MLflow run {parent_run_id}, artifact "
             f"{recorded_study_file(client, parent_run_id)}), or resume with --allow-changes: finished trials that "
             f"did not change are kept, changed and added ones run as a new wave, changed and removed "
-            f"ones are marked superseded (an edited sampled ablation is searched again)"
+            f"ones are marked superseded (an edited sampled ablation is searched again"
+            + (
+                f"; {extend.ablation}, being extended, keeps its finished trials inside its space)"
+                if extend
+                else ")"
+            )
         )
     refuse_live_rivals(client, uri, study, parent_run_id)
     lease = Lease(uri, parent_run_id, study.name, command_pid)
