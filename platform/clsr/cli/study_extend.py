@@ -62,6 +62,13 @@ def extend_problem(path: str, study, ablation: str) -> str | None:
             f"{path}: --ablation: {ablation!r} is a listed (grid) ablation; only a sampled one (with a space) "
             f"can be extended (allowed: {allowed})"
         )
+    confirmed_by = [name for name, a in study.ablations.items() if a.confirm and a.confirm.of == ablation]
+    if confirmed_by:  # its top-k ranked again, under new rank labels: confirmed configurations run twice
+        return (
+            f"{path}: --ablation: {ablation!r} is confirmed by {', '.join(confirmed_by)} (confirm.of), whose "
+            f"points are its ranked best: an extension would rank them again and rerun confirmed ones; "
+            f"extend a search no confirm stage takes from"
+        )
     uri = resolve_tracking_uri(study.tracking_uri)
     try:
         check_reachable(uri)

@@ -35,7 +35,11 @@ STUDY = {
     "base": {"model": {"name": "minilm"}, "trainer": {"batch_size": 16, "max_steps": 20}},
     "seeds": [1, 2],
     "search": {"algorithm": "optuna", "num_samples": 2},
-    "ablations": {"lr": {"space": SPACE}, "best": {"confirm": {"of": "lr", "top_k": 1}, "seeds": [7]}},
+    "ablations": {
+        "lr": {"space": SPACE},
+        "other": {"space": SPACE},
+        "best": {"confirm": {"of": "other", "top_k": 1}},
+    },
 }
 
 
@@ -110,7 +114,7 @@ def test_the_warm_start_averages_seeds_and_leaves_out_what_the_sampler_must_not_
     add(1, 5e-3, 16, 0.9)  # a value an edit took out of the space: counted, not given
     add(2, 5e-4, 16, 0.5, status="failed")  # not finished
     add(1, 3e-5, 8, 0.9, **{"clsr.superseded": "v2"})  # an earlier search's
-    add(1, 3e-5, 8, 0.9, ablation="best")  # another ablation
+    add(1, 3e-5, 8, 0.9, ablation="other")  # another ablation
     warm = warm_start(study_of(tmp_path), "lr", runs(client, parent))
     given = sorted(zip([c["trainer.lr"] for c in warm.configurations], warm.rewards, strict=True))
     assert given == [(2e-5, pytest.approx(0.7)), (5e-4, pytest.approx(0.7))]
@@ -193,9 +197,9 @@ def test_the_command_refuses_in_one_line_before_anything_starts(tmp_path, monkey
         "grid": refusal(args_of(path, "best"), study),
         "no record": refusal(args_of(path), study),
     }
-    assert problems["unknown"] == f"{path}: --ablation: no ablation 'nope' (allowed: lr, best)"
+    assert problems["unknown"] == f"{path}: --ablation: no ablation 'nope' (allowed: lr, other, best)"
     assert problems["grid"].startswith(f"{path}: --ablation: 'best' is a listed (grid) ablation")
-    assert "(allowed: lr)" in problems["grid"]
+    assert "(allowed: lr, other)" in problems["grid"]
     assert (
         problems["no record"] == f"{path}: study 'ext' has no record to extend; `platform study run` it first"
     )
