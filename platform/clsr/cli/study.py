@@ -1,5 +1,6 @@
-"""``platform study ...``: run, resume, sync, validate, report, plan, compare and promote a study, reproduce
-one of its trials (``clsr.cli.study_reproduce``); write its JSON Schema and its reference."""
+"""``platform study ...``: run, resume, extend (``clsr.cli.study_extend``), sync, validate, report, plan, compare
+and promote a study, reproduce one of its trials (``clsr.cli.study_reproduce``); write its JSON Schema and
+its reference."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from clsr.cli.study_extend import extend_parser, refusal, request_of
 from clsr.cli.study_plan import cmd_study_plan, plan_parser
 from clsr.cli.study_reproduce import cmd_study_reproduce, reproduce_parser
 from clsr.cli.study_stop import cmd_study_stop, stop_parser
@@ -18,7 +20,7 @@ def add_parsers(commands) -> None:
     """``platform study`` and its actions, in the order ``platform study --help`` lists them."""
     study = commands.add_parser(
         "study",
-        help="run, resume, sync, validate, report, plan, compare, promote a study or reproduce one of its trials",
+        help="run, resume, extend, sync, validate, report, plan, compare, promote a study or reproduce one of its trials",
     ).add_subparsers(dest="action", required=True)
     _run_parsers(study)
     _validate_parser(study)
@@ -29,6 +31,7 @@ def add_parsers(commands) -> None:
     _schema_parsers(study)
     plan_parser(study)
     stop_parser(study)
+    extend_parser(study)
 
 
 def _run_parsers(study) -> None:
@@ -214,7 +217,7 @@ def _validate_summary(valid: int, needs_hub: list[str], failed: int) -> str:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    """``platform study <action>``: the action's command (run and resume share one)."""
+    """``platform study <action>``: the action's command (run, resume and extend share one)."""
     actions = {
         "validate": cmd_study_validate,
         "compare": _cmd_compare_or_promote,
@@ -296,6 +299,9 @@ def cmd_study_run(args: argparse.Namespace) -> int:
     from clsr.study.run.supervise import supervise
 
     link = DriverLink.from_environment()  # read once, here, and out of os.environ for Ray's processes
+    if (problem := refusal(args)) is not None:  # study extend's count: before the driver starts
+        print(problem, file=sys.stderr)
+        return 2
     if not link.is_child:  # the driver runs as a child: whatever ends it, the record gets closed
         return supervise(args.argv)  # the child validates: this process stays light (no torch)
     from clsr.study.spec.schema import StudyError  # imports the methods, hence torch
@@ -303,8 +309,12 @@ def cmd_study_run(args: argparse.Namespace) -> int:
     try:
         documents = _load_documents(args.study, args.overrides, smoke=args.smoke)  # the plan's cache
         study = documents.study
+        problem = refusal(args, study)  # study extend: its ablation and record
     except (StudyError, ValueError) as err:
         print(err, file=sys.stderr)
+        return 2
+    if problem is not None:
+        print(problem, file=sys.stderr)
         return 2
     from clsr.study.plan.resolve import planned_trials
     from clsr.study.spec.schema import CONFIRM_TRIALS
@@ -330,7 +340,7 @@ def _run_study(args: argparse.Namespace, study, link, documents=None) -> int:
     console = Console(link)  # this command's terminal: one quiet switch for both runs of --or-run
 
     started = time.perf_counter()
-    resume = args.action == "resume"
+    resume = args.action in ("resume", "extend")  # an extension resumes the finished record
     study_text = Path(args.study).read_text(errors="replace")
     again = shlex.join(
         ["platform", "study", "resume", args.study, *(f for o in args.overrides for f in ("--set", o))]
@@ -348,6 +358,7 @@ def _run_study(args: argparse.Namespace, study, link, documents=None) -> int:
             verbose=args.verbose,
             console=console,
             documents=documents,
+            extend=request_of(args),
         )
     except NoEarlierRun:
         if not (resume and args.or_run):

@@ -108,14 +108,26 @@ def search_versions(client, parent_run_id: str) -> dict[str, int]:
     names = attempt_artifacts(client, parent_run_id, "fingerprint", ".json")
     if len(names) < 2:  # never resumed edited
         return {}
+    extended = extended_at(client, parent_run_id)  # an extension narrows its ablation's search
     searched: dict[str, int] = {}
     before: dict[str, str] = {}
     for version, name in names.items():
         now = mlflow_artifacts_json(client, parent_run_id, name)
         if before:
-            searched |= dict.fromkeys(changed_searches(before, compare(before, now)), version)
+            again = changed_searches(before, compare(before, now))
+            searched |= dict.fromkeys([a for a in again if (a, version) not in extended], version)
         before = now
     return searched
+
+
+def extended_at(client, parent_run_id: str) -> set[tuple[str, int]]:
+    """(ablation, attempt) of each ``study extend`` the record holds (``extend-vN.json``)."""
+    found = set()
+    for version, name in attempt_artifacts(client, parent_run_id, "extend", ".json").items():
+        entry = mlflow_artifacts_json(client, parent_run_id, name)
+        if isinstance(entry, dict) and isinstance(ablation := entry.get("ablation"), str):
+            found.add((ablation, version))
+    return found
 
 
 def record_edit(
@@ -127,14 +139,16 @@ def record_edit(
     current: dict[str, str],
     changes: Changes,
     attempt: int,
+    extending: frozenset[str] = frozenset(),
 ) -> frozenset[str]:
-    """An edited resume's attempt, recorded: the changed and removed trials' runs (and an edited search's,
+    """An edited resume's attempt, recorded (``extending``: sampled ablations this attempt extends, whose
+    edited space narrows their search rather than starting it again): the changed and removed trials' runs (and an edited search's,
     with the points confirmations took from it) superseded, its fingerprint and study file kept as
     ``-v<attempt>``. Returns the trial keys old experiments must not run (their new versions run in a
     new wave); none when nothing changed."""
     if not changes:
         return frozenset()
-    searched_again = changed_searches(recorded, changes)
+    searched_again = [name for name in changed_searches(recorded, changes) if name not in extending]
     # the best points a confirm ablation took from an edited search are chosen again from the new one
     confirming = {
         n: a.confirm.of for n, a in study.ablations.items() if a.confirm and a.confirm.of in searched_again

@@ -29,6 +29,7 @@ from clsr.study.plan.resolve import point_label
 from clsr.study.plan.study_plan import TrialSpec
 from clsr.study.record import reader
 from clsr.study.record.attempts import record_edit, recorded_fingerprint, recorded_study_file, search_versions
+from clsr.study.record.extension import ExtendRequest, record_extension
 from clsr.study.record.lease import HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, leased, watch
 from clsr.study.record.parent_summary import log_parent_summary
 from clsr.study.record.runs_view import log_trials_view
@@ -239,10 +240,13 @@ def take_over(
     current: dict[str, str],
     allow_changes: bool,
     command_pid: Callable[[], int] = os.getpid,
+    extend: ExtendRequest | None = None,
 ):
     """The study's parent run, its lease taken (a killed driver's stale one too), the trial keys old
     experiments must not run (an edited resume: their new versions run in a new wave), and the sampled
-    ablations searched again since the study started, each with the attempt that started its search."""
+    ablations searched again since the study started, each with the attempt that started its search.
+    ``extend``: recorded as this attempt's extension (``study extend``); an edit of its ablation's space
+    narrows its search (its finished trials kept) instead of starting it again."""
     parent = study_parent(client, study, current)
     if parent is None:
         raise NoEarlierRun(
@@ -262,7 +266,12 @@ def take_over(
             + f"\neither revert the file to the recorded one (MLflow run {parent_run_id}, artifact "
             f"{recorded_study_file(client, parent_run_id)}), or resume with --allow-changes: finished trials that "
             f"did not change are kept, changed and added ones run as a new wave, changed and removed "
-            f"ones are marked superseded (an edited sampled ablation is searched again)"
+            f"ones are marked superseded (an edited sampled ablation is searched again"
+            + (
+                f"; {extend.ablation}, being extended, keeps its finished trials inside its space)"
+                if extend
+                else ")"
+            )
         )
     refuse_live_rivals(client, uri, study, parent_run_id)
     lease = Lease(uri, parent_run_id, study.name, command_pid)
@@ -286,7 +295,12 @@ def take_over(
         close_run(uri, run_id, "interrupted", "the study's driver stopped without closing this run")
     if closed:
         print(f"closed {len(closed)} run(s) a stopped driver had left RUNNING; their trials resume")
-    skip = record_edit(client, study, study_text, parent_run_id, recorded, current, changes, attempt)
+    extending = frozenset([extend.ablation] if extend else [])
+    skip = record_edit(
+        client, study, study_text, parent_run_id, recorded, current, changes, attempt, extending
+    )
+    if extend is not None:
+        record_extension(client, parent_run_id, extend.ablation, extend.samples, attempt)
     sampled = any(a.space for a in study.ablations.values())
     return (parent_run_id, storage, lease, skip, search_versions(client, parent_run_id) if sampled else {})
 

@@ -12,6 +12,7 @@ from clsr.study.control.console import Console
 from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import grid_points, trial_document
 from clsr.study.plan.study_plan import TrialSpec
+from clsr.study.record.extension import ExtensionRound, WarmStart
 from clsr.study.run.trial import StudyContext, key_of, run_trial
 from clsr.study.run.tune_point import point_of, sampled_point, spec_of
 from clsr.study.run.tune_state import repair_before_restore
@@ -62,10 +63,15 @@ def _distribution(dist) -> Any:
     return tune.choice(dist.choice)
 
 
-def _search_alg(study: Study, ablation: str | None = None):
+def _search_alg(
+    study: Study,
+    ablation: str | None = None,
+    extension: ExtensionRound | None = None,
+    warm: WarmStart | None = None,
+):
     from clsr.study.run.search import search_alg
 
-    return search_alg(study, ablation)
+    return search_alg(study, ablation, extension, warm)
 
 
 def _scheduler(study: Study, ablation: str | None, trials: list[TrialSpec] | None = None):
@@ -95,8 +101,12 @@ def build_tuner(
     restore: bool,
     name: str | None = None,
     console: Console | None = None,
+    extension: ExtensionRound | None = None,
+    warm: WarmStart | None = None,
 ):
-    tuner = _build_tuner(study, ctx, ablation, restore, name)
+    """The experiment's Tuner, restored when it can be; ``extension``: a ``study extend`` round's (its
+    configurations, its sampler given ``warm``), when it is new."""
+    tuner = _build_tuner(study, ctx, ablation, restore, name, extension, warm)
     if console is not None and console.quiet is not None:
         quiet_tuner(tuner, study, name or ablation or "grid")
     return tuner
@@ -132,7 +142,13 @@ def max_steps(study: Study) -> dict[str, int | None]:
 
 
 def _build_tuner(
-    study: Study, ctx: StudyContext, ablation: str | None, restore: bool, name: str | None = None
+    study: Study,
+    ctx: StudyContext,
+    ablation: str | None,
+    restore: bool,
+    name: str | None = None,
+    extension: ExtensionRound | None = None,
+    warm: WarmStart | None = None,
 ):
     from ray import tune
 
@@ -160,9 +176,10 @@ def _build_tuner(
             # several objectives: the searcher holds them (Tune's TuneConfig takes one)
             metric=study.metric if len(study.objectives) == 1 else None,
             mode=study.mode if len(study.objectives) == 1 else None,
-            search_alg=_search_alg(study, ablation),
+            search_alg=_search_alg(study, ablation, extension, warm),
             scheduler=_scheduler(study, ablation, ctx.trials),
-            num_samples=tune_samples(study, ablation),  # optuna: configurations × seeds (Repeater)
+            # optuna: configurations × seeds (Repeater); an extension's configurations, not the search's
+            num_samples=tune_samples(study, ablation, extension.samples if extension else None),
             max_concurrent_trials=study.concurrency,
             # in-process trials: the next trial runs in the finished one's process, not a fresh one that
             # imports torch, transformers and MLflow again (~8 s of a CPU each); trials keep no state

@@ -13,6 +13,7 @@ from clsr.study.control.interrupt import Interrupts
 from clsr.study.control.ray_session import cluster_address, init_ray, shipped_methods
 from clsr.study.plan.resolve import StudyDocuments
 from clsr.study.plan.study_plan import plan_study
+from clsr.study.record.extension import ExtendRequest, extension_rounds
 from clsr.study.record.parent import StudyOutcome, start_record, take_over
 from clsr.study.run.storage_checks import check_cloud_storage, check_local_storage_on_cluster, is_cloud
 from clsr.study.run.waves import run_waves
@@ -40,12 +41,14 @@ def run_study(
     verbose: bool = True,
     console: Console | None = None,
     documents: StudyDocuments | None = None,
+    extend: ExtendRequest | None = None,
 ) -> StudyOutcome:
     """Run (or resume) a study: one driver holds the study's lease; SIGINT/SIGTERM stop it with a
     truthful record (``StudyOutcome.stopped_by``). ``verbose=False`` (the command's default): Ray's and
     Tune's output to ``<storage>/driver.log``, a progress table of the platform's on the terminal.
     ``console``: the command's (``Console``); a fresh one when not given. ``documents``: the trials
-    validation resolved (``load_documents``), which the plan keeps; resolved here when not given."""
+    validation resolved (``load_documents``), which the plan keeps; resolved here when not given.
+    ``extend``: a resume that adds a round of samples to a finished search (``platform study extend``)."""
     console = console if console is not None else Console()
     from clsr.study.run.tune_compat import check_stack
 
@@ -57,7 +60,7 @@ def run_study(
         console.quiet = DriverLog()
         console.quiet.start()
     try:
-        return _run_study(study, study_text, resume, allow_changes, new, console, documents)
+        return _run_study(study, study_text, resume, allow_changes, new, console, documents, extend)
     finally:
         if console.quiet is not None and console.quiet.path is None:  # ended before its storage: to stderr
             console.quiet.close()
@@ -72,6 +75,7 @@ def _run_study(
     new: bool,
     console: Console | None = None,
     documents: StudyDocuments | None = None,
+    extend: ExtendRequest | None = None,
 ) -> StudyOutcome:
     console = console if console is not None else Console()
     # validated (load_study), and the tracking server answers ...
@@ -89,13 +93,21 @@ def _run_study(
     with Interrupts(study.study_timeout_s, console.link) as interrupts:
         if resume:
             parent_run_id, storage, lease, skip, searches = take_over(
-                client, uri, study, study_text, plan.fingerprint, allow_changes, console.link.command_pid
+                client,
+                uri,
+                study,
+                study_text,
+                plan.fingerprint,
+                allow_changes,
+                console.link.command_pid,
+                extend,
             )
+            extensions = extension_rounds(client, parent_run_id)
         else:
             parent_run_id, storage, lease = start_record(
                 client, uri, study, study_text, plan.fingerprint, new, console.link.command_pid
             )
-            skip, searches = frozenset(), {}
+            skip, searches, extensions = frozenset(), {}, []
         if console.quiet is not None:
             from clsr.study.run.progress import log_path
 
@@ -110,7 +122,17 @@ def _run_study(
         )
         try:
             return run_waves(
-                plan, uri, parent_run_id, storage, lease, skip, searches, interrupts, console, shipped
+                plan,
+                uri,
+                parent_run_id,
+                storage,
+                lease,
+                skip,
+                searches,
+                interrupts,
+                console,
+                shipped,
+                extensions,
             )
         finally:
             lease.release()

@@ -22,6 +22,7 @@ from ray.tune.search.optuna import OptunaSearch
 from ray.tune.search.repeater import TRIAL_INDEX
 
 from clsr import runtime_dir
+from clsr.study.record.extension import ExtensionRound, WarmStart
 from clsr.study.spec.schema import Study
 
 
@@ -85,6 +86,16 @@ class SignedOptunaSearch(OptunaSearch):
                 f.write(state)
             super().restore(inner)
 
+    def add_evaluated_point(self, parameters: dict, value, **kwargs) -> None:
+        """A finished configuration told to Optuna as a completed trial (an extension's warm start);
+        several objectives: their values (Tune's passes one value on)."""
+        if isinstance(value, list):
+            from clsr.study.run.tune_compat import add_completed_trial
+
+            add_completed_trial(self, parameters, value)
+            return
+        super().add_evaluated_point(parameters, value, **kwargs)
+
 
 def sampled_points(study: Study, ablation: str) -> list[dict[str, Any]]:
     """``search.points_to_evaluate`` as configs of the ablation's param space (``point.overrides``)."""
@@ -110,25 +121,41 @@ def optuna_sampler(study: Study, seed: int):
     return optuna.samplers.TPESampler(seed=seed, **startup)
 
 
-def search_alg(study: Study, ablation: str | None):
-    """The Tune search algorithm of one experiment; None: Tune's default (grid studies)."""
+def search_alg(
+    study: Study,
+    ablation: str | None,
+    extension: ExtensionRound | None = None,
+    warm: WarmStart | None = None,
+):
+    """The Tune search algorithm of one experiment; None: Tune's default (grid studies). ``extension``:
+    a round of ``study extend``, its own sampler seed, the search's ``points_to_evaluate`` not again;
+    ``warm``: the record's finished configurations, told to Optuna as completed trials."""
     if ablation is None or study.search.algorithm == "grid":
         return None
     seeds = study.seeds_of(ablation)
+    seed = seeds[0] if extension is None else extension.sampler_seed(seeds[0])
+    given = sampled_points(study, ablation) if extension is None else []
     if study.search.algorithm == "random":
         from ray.tune.search.basic_variant import BasicVariantGenerator
 
         return BasicVariantGenerator(
-            points_to_evaluate=sampled_points(study, ablation) or None,
+            points_to_evaluate=given or None,
             constant_grid_search=True,  # a configuration's seeds share its sampled values
             max_concurrent=study.concurrency or 0,  # Tune ignores max_concurrent_trials for a generator
-            random_state=seeds[0],
+            random_state=seed,
         )
-    points = [flat(p) for p in sampled_points(study, ablation)]
+    points = [flat(p) for p in given]
+    rewards = None
+    if warm is not None and warm.configurations:  # evaluated already: added to Optuna, not run again
+        points = [flat({"point": {"overrides": c}}) for c in warm.configurations]
+        rewards = list(warm.rewards)
     several = study.objectives if len(study.objectives) > 1 else None
     objectives = {"metric": [m for m, _ in several], "mode": [d for _, d in several]} if several else {}
     searcher = SignedOptunaSearch(
-        sampler=optuna_sampler(study, seeds[0]), points_to_evaluate=points or None, **objectives
+        sampler=optuna_sampler(study, seed),
+        points_to_evaluate=points or None,
+        evaluated_rewards=rewards,
+        **objectives,
     )  # several objectives: Optuna's multi-objective study, each told to it (Tune's TuneConfig has none)
     return SeedRepeater(searcher, seeds) if len(seeds) > 1 else searcher
 
@@ -144,12 +171,13 @@ def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def tune_samples(study: Study, ablation: str | None) -> int:
+def tune_samples(study: Study, ablation: str | None, configurations: int | None = None) -> int:
     """Tune's num_samples: 1 for a grid; configurations for random (each expanded over the seed grid);
-    configurations × seeds for optuna (Repeater counts every repeat)."""
+    configurations × seeds for optuna (Repeater counts every repeat). ``configurations``: an
+    extension's (else the search's ``num_samples``)."""
     if ablation is None:
         return 1
-    n = study.search.num_samples
+    n = configurations or study.search.num_samples
     return n * len(study.seeds_of(ablation)) if study.search.algorithm == "optuna" else n
 
 

@@ -19,6 +19,10 @@ touch; ``.ci/run`` runs the tests on 2.57 too): the same unless its docstring sa
   private lists (``ray.train._internal.checkpoint_manager._CheckpointManager``).
 * ``autoscaler_events``, ``route_worker_output``, ``route_ray_messages`` (Ray 2.60): the driver's
   handling of its workers' output and Ray's messages (``ray._private.worker``).
+* ``add_completed_trial``, ``optuna_trials`` (Ray 2.60): ``OptunaSearch._ot_study`` and ``_space``: a finished
+  configuration of several objectives added to Optuna as a completed trial (Tune's ``add_evaluated_point``
+  passes its one value as Optuna's ``value``, which a multi-objective study refuses); the Optuna study's
+  trials read back (what an extension's sampler was given).
 * ``HEAD_NODE_RESOURCE`` (Ray 2.60): the head node's built-in resource
   (``ray._common.constants.HEAD_NODE_RESOURCE_NAME``).
 * ``PicklableNSGAIISampler`` (Optuna 5.1): the genetic samplers' base class (``optuna.samplers._ga``) holds a
@@ -211,6 +215,24 @@ def route_ray_messages(handler: Callable[..., None]) -> bool:
         return False
     ray_worker.print_to_stdstream = handler
     return True
+
+
+def add_completed_trial(searcher, parameters: dict[str, Any], values: list[float]) -> None:
+    """A configuration of several objectives told to ``OptunaSearch``'s Optuna study as a completed trial,
+    as Tune's ``add_evaluated_point`` does for one. Touches ``OptunaSearch._ot_study`` and ``_space``
+    (Ray 2.60)."""
+    trial = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.COMPLETE,
+        values=values,
+        params=parameters,
+        distributions=searcher._space,
+    )
+    searcher._ot_study.add_trial(trial)
+
+
+def optuna_trials(searcher) -> list[optuna.trial.FrozenTrial]:
+    """The trials of ``OptunaSearch``'s Optuna study (given and sampled). Touches ``_ot_study`` (Ray 2.60)."""
+    return searcher._ot_study.get_trials(deepcopy=False)
 
 
 # --- scheduling ---

@@ -20,6 +20,7 @@ from clsr.study.plan.distinct import also_keys, merge_identical, run_keys
 from clsr.study.plan.resolve import UpstreamMissing, missing_upstream, resolve_trial
 from clsr.study.plan.study_plan import StudyPlan, TrialSpec
 from clsr.study.record.attempts import superseded_at
+from clsr.study.record.extension import ExtensionRound, current_rounds, warm_start
 from clsr.study.record.lease import Lease
 from clsr.study.record.parent import (
     StudyOutcome,
@@ -93,10 +94,11 @@ def run_waves(
     interrupts: Interrupts,
     console: Console | None = None,
     py_modules: list[str] | tuple[str, ...] = (),
+    extensions: list[ExtensionRound] | tuple[ExtensionRound, ...] = (),
 ) -> StudyOutcome:
     """Each experiment of the plan in turn (its ``waves``); ``searches``: the sampled ablations an edited resume
     searched again, with the attempt that started their search (``clsr.study.record.attempts.search_versions``);
-    ``py_modules``: the study's method code every worker imports (``shipped_methods``)."""
+    ``py_modules``: the study's method code every worker imports; ``extensions``: ``study extend``'s rounds."""
     console = console if console is not None else Console()
     client = PatientClient(uri)
     console.notifier = notifier = _notifier(plan.study, client, parent_run_id)
@@ -134,6 +136,8 @@ def run_waves(
                 lease.generation, skip,
             )  # fmt: skip
             _fit(study, ctx, ablation, name, interrupts, console)
+            for extension in current_rounds(extensions, ablation, searches):  # `study extend`'s rounds
+                _fit_extension(study, ctx, extension, extension.experiment(name), interrupts, console)
             if ablation is None:  # an edited resume: the changed and added trials, as their own wave
                 _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id, console)
                 adaptive_rounds(study, ctx, wave, interrupts, client, console)
@@ -334,3 +338,43 @@ def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_i
     close_lost_trials(client, ctx.tracking_uri, parent_run_id, errors_of(results))
     if console is not None and console.notifier is not None:
         console.notifier.tell_failed(client)
+
+
+def _fit_extension(
+    study: Study,
+    ctx: StudyContext,
+    extension: ExtensionRound,
+    name: str,
+    interrupts: Interrupts,
+    console: Console | None = None,
+) -> None:
+    """A ``study extend`` round as its own Tune experiment: new, its sampler warm-started with the record's
+    finished configurations of the ablation inside its space; else restored, as Tune saved it (its
+    finished trials are not run again)."""
+    if interrupts.reason == "lease_lost":
+        return
+    warm = None
+    fresh = not _restorable(ctx, name)
+    if fresh and study.search.algorithm == "optuna":
+        warm = warm_start(
+            study, extension.ablation, children(MlflowClient(ctx.tracking_uri), ctx.parent_run_id)
+        )
+        given = (
+            f"the sampler is given {len(warm.configurations)} finished configuration(s) ({warm.runs_inside} "
+            f"run(s)); {warm.runs_outside} finished run(s) outside the space as it is now stay in the "
+            f"record, not given"
+        )
+    else:
+        given = "random search learns nothing: drawn with the round's own seed"
+    if fresh:
+        print(f"ablations.{extension.ablation}: extension {extension.round} ({name}): "
+              f"{extension.samples} more configuration(s); {given}")  # fmt: skip
+    with interrupts.experiment():
+        tuner = build_tuner(study, ctx, extension.ablation, True, name, console, extension, warm)
+        results = tuner.fit()
+    if interrupts.reason == "lease_lost":
+        return
+    plain = MlflowClient(ctx.tracking_uri)
+    close_lost_trials(plain, ctx.tracking_uri, ctx.parent_run_id, errors_of(results))
+    if console is not None and console.notifier is not None:
+        console.notifier.tell_failed(plain)

@@ -52,3 +52,15 @@ def typed_value(dist: Distribution, text: str) -> Any:
                 return option
         raise ValueError(f"{text!r} is none of the choices {dist.choice}")
     return int(text) if dist.randint else float(text)
+
+
+def contains(dist: Distribution, value: Any) -> bool:
+    """Whether a typed value (``typed_value``) lies in the distribution as it is now: one of the choices,
+    an int within randint's inclusive bounds, a number within uniform's or loguniform's. An edited
+    space's finished trials are given to a sampler only when this holds (Optuna refuses the others)."""
+    if dist.choice is not None:
+        return any(type(option) is type(value) and option == value for option in dist.choice)
+    if dist.randint is not None:
+        return isinstance(value, int) and dist.randint[0] <= value <= dist.randint[1]
+    low, high = dist.uniform or dist.loguniform
+    return isinstance(value, int | float) and math.isfinite(value) and low <= value <= high

@@ -256,3 +256,23 @@ def test_nsga2_drops_its_lock_when_pickled_and_makes_a_new_one():
     generations = {t.system_attrs.get(key) for t in study.trials}
     assert generations == {0, 1, 2}
     assert type(getattr(loaded, PicklableNSGAIISampler._LOCK)).__name__ == "lock"
+
+
+def test_an_extensions_finished_configurations_of_several_objectives_are_completed_optuna_trials(tmp_path):
+    """``add_completed_trial`` and ``optuna_trials``: a warm start of two objectives reaches Optuna's
+    multi-objective study as completed trials with both values, the searcher still sampling after it."""
+    from clsr.study.record.extension import ExtensionRound, WarmStart
+    from clsr.study.run.experiment import param_space
+    from clsr.study.run.search import search_alg
+    from clsr.study.run.tune_compat import optuna_trials
+
+    study = study_of(
+        tmp_path, seeds=[1], metric=["best_dev_stsb", "test_sts_avg"], scheduler={"type": "fifo"}
+    )
+    warm = WarmStart([{"trainer.lr": 2e-5, "trainer.batch_size": 16}], [[0.7, 0.6]], 1, 0)
+    searcher = search_alg(study, "lr", ExtensionRound("lr", 1, 1, 2), warm)
+    searcher.set_search_properties(None, None, param_space(study, "lr"))
+    (given,) = optuna_trials(searcher)
+    assert given.state.name == "COMPLETE" and given.values == [0.7, 0.6]
+    assert searcher.suggest("t1")["point"]["overrides"]["trainer.batch_size"] in (16, 32)
+    assert len(optuna_trials(searcher)) == 2
