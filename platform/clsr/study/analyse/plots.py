@@ -1,8 +1,9 @@
 """The report's plots, as PNG files: per ablation the main metric against the ablated value (seeds as
-dots, the mean with its CI, the paper's numbers), the learning curves of every trial (training loss
-and the dev score it selected on, from MLflow's metric histories), and the Pareto front of a study
-searched on several objectives. Figures are drawn on matplotlib's Agg canvas, without pyplot's global
-state, so reports can be built in threads and on servers.
+dots, the mean with its CI, the paper's numbers), the learning curves of every point (training loss
+and the dev score it selected on, from MLflow's metric histories: the mean over seeds with its CI band
+per step), and the Pareto front of a study searched on several objectives. Figures are drawn on
+matplotlib's Agg canvas, without pyplot's global state, so reports can be built in threads and on
+servers.
 """
 
 from __future__ import annotations
@@ -202,9 +203,10 @@ def plot_curves(
     ab: AblationReport, study: Study, client: MlflowClient, path: Path, kept: Histories | None = None
 ) -> Path | None:
     """Training loss and the dev score against the step: a colour per point, its finished seeds' mean
-    with a band of its 95% CI per step (a point with one finished seed: its line), dashed lines for
-    trials that did not finish; steps on whole numbers, the loss on a log axis where it spans two decades
-    or more. ``kept``: ended trials' histories across refreshes (``histories``)."""
+    with a band of its 95% CI per step (a point with one finished seed: its line; an ``average_over``
+    row: over its folds' runs), dashed lines for trials that did not finish; steps on whole numbers,
+    the loss on a log axis where it spans two decades or more. ``kept``: ended trials' histories across
+    refreshes (``histories``)."""
     from matplotlib import colormaps
     from matplotlib.ticker import MaxNLocator
 
@@ -219,13 +221,11 @@ def plot_curves(
     for i, row in enumerate(ab.rows):
         colour, label = colours(i % colours.N), plot_label(row.label)
         for ax, key in zip(axes, keys, strict=True):
-            marker = {"marker": "o" if key != "loss" else None, "ms": 3}
             done = [s for t in row.runs() if t.ok and (s := _series(curves, t, key, windows)) is not None]
             if done:
                 band = seed_band(done)
-                if key == "loss" or len(band.steps) >= 30:
-                    marker["marker"] = None
-                ax.plot(band.steps, band.mean, color=colour, lw=1.2, label=label, **marker)
+                marker = "o" if key != "loss" and len(band.steps) < 30 else None
+                ax.plot(band.steps, band.mean, color=colour, lw=1.2, marker=marker, ms=3, label=label)
                 ax.fill_between(band.steps, band.low, band.high, color=colour, alpha=0.2, lw=0)
                 drawn[key].append(band.mean)
                 label = None
