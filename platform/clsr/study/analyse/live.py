@@ -24,11 +24,25 @@ from mlflow.tracking import MlflowClient
 from clsr.study.analyse.plots import Histories
 from clsr.study.analyse.report import log_report, write_report
 from clsr.study.analyse.rows import build_report, mark_partial
+from clsr.study.plan.study_plan import StudyPlan
 from clsr.study.spec.schema import Study
 from clsr.tracking.escape import terminal
 from clsr.tracking.secrets import mask_uri
 
 FINISH_S = 60.0  # how long the study's end waits for the final report
+
+
+def planned_trials(plan: StudyPlan) -> int:
+    """The trials a plan runs (the report's m): its runnable grid trials, and each sampled ablation's
+    ``num_samples`` and each confirmation's ``top_k`` configurations × their seeds (an adaptive
+    ablation's first seeds: a report counts the trials it finds when they are more)."""
+    study, sampled = plan.study, 0
+    for name, ablation in study.ablations.items():
+        if ablation.space:
+            sampled += study.search.num_samples * len(study.seeds_of(name))
+        elif ablation.confirm is not None:
+            sampled += ablation.confirm.top_k * len(study.seeds_of(name))
+    return len(plan.trials) + sampled
 
 
 class LiveReport:

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from mlflow.tracking import MlflowClient
 
-from clsr.study.analyse.live import LiveReport
+from clsr.study.analyse.live import LiveReport, planned_trials
 from clsr.study.control.console import Console
 from clsr.study.control.interrupt import Interrupted, Interrupts
 from clsr.study.control.notify import Notifier, ended_message, verdict_lines, verdicts_message
@@ -107,7 +107,7 @@ def run_waves(
     init_ray(console, py_modules)
     interrupts.install()  # after ray.init, which replaces the SIGTERM handler
     watch = StudyWatch(study, uri, parent_run_id, interrupts).start()  # budget: and `study stop`
-    live = LiveReport.of(study, uri, parent_run_id, plan.documents.counts()[0], lambda: lease.lost is None)
+    live = LiveReport.of(study, uri, parent_run_id, planned_trials(plan), lambda: lease.lost is None)
     status = "FINISHED"
     try:
         for index, (name, ablation, wave) in enumerate(plan.waves):

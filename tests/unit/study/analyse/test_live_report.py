@@ -162,3 +162,19 @@ def test_live_every_defaults_to_five_minutes_and_null_turns_it_off(tmp_path):
     assert load_study(path).report.live_every_s is None
     path.write_text(yaml.safe_dump({**STUDY, "report": {"live_every": "90s"}}, sort_keys=False))
     assert load_study(path).report.live_every_s == 90
+
+
+def test_the_planned_trials_are_the_plans_runnable_ones_and_each_searchs_samples():
+    from clsr.study.analyse.live import planned_trials
+    from clsr.study.plan.load import load_documents
+    from clsr.study.plan.study_plan import plan_study
+
+    smoke = load_documents("studies/smoke.yaml")
+    assert planned_trials(plan_study(smoke.study, smoke)) == smoke.counts()[0] == 2
+    tuning = load_documents("studies/simcse_tuning.yaml")
+    plan = plan_study(tuning.study, tuning)
+    searched = tuning.study.search.num_samples * len(tuning.study.seeds_of("lr_batch"))
+    confirmed = tuning.study.ablations["confirmed"].confirm.top_k * len(tuning.study.seeds_of("confirmed"))
+    assert (searched, confirmed) == (32, 15)
+    assert planned_trials(plan) == len(plan.trials) + searched + confirmed  # the paper row: plan.trials
+    assert {t.ablation for t in plan.trials} <= {"confirmed"}
