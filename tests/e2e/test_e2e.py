@@ -129,7 +129,8 @@ def test_smoke_study_end_to_end(smoke_study):
 
     client, parents, children = runs_of(uri, "smoke")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} == {
+    # report/: the live report's, where the study outlasted report.live_every (a slow machine)
+    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} - {"report"} == {
         "study.yaml",
         "resolved.yaml",
         "fingerprint.json",

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -102,15 +103,14 @@ def study(smoke_study):
     return experiment, parents[0], children
 
 
-@pytest.fixture(scope="module")
-def mlflow_ui(smoke_study, tmp_path_factory):
-    """``mlflow server`` on 127.0.0.1 over the smoke study's store; yields its base URL; stopped after."""
-    folder = smoke_study.folder
+@contextlib.contextmanager
+def serve_mlflow(uri: str, folder: Path, log_path: Path) -> Iterator[str]:
+    """``mlflow server`` on 127.0.0.1 over the store at ``uri``; yields its base URL once healthy; stopped
+    after. Its artifact root and working folder: ``folder``."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("mlflow-server") / "server.log"
     cmd = [
         sys.executable, "-m", "mlflow", "server",
-        "--backend-store-uri", smoke_study.uri,
+        "--backend-store-uri", uri,
         "--default-artifact-root", str(folder / "mlruns"),
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
     ]  # fmt: skip
@@ -149,6 +149,14 @@ def mlflow_ui(smoke_study, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def mlflow_ui(smoke_study, tmp_path_factory):
+    """``mlflow server`` on 127.0.0.1 over the smoke study's store; yields its base URL; stopped after."""
+    log_path = tmp_path_factory.mktemp("mlflow-server") / "server.log"
+    with serve_mlflow(smoke_study.uri, smoke_study.folder, log_path) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def browser():
     expect.set_options(timeout=TIMEOUT_MS)
     with sync_playwright() as pw:
@@ -160,15 +168,20 @@ def browser():
         chromium.close()
 
 
-@pytest.fixture
-def page(browser):
+def new_page(browser):
+    """A page in a fresh context, as a first-time visitor who has already seen the assistant panel."""
     context = browser.new_context(viewport={"width": 1800, "height": 1000}, locale="en-US", timezone_id="UTC")
     # The UI opens its "MLflow Assistant" side panel on a first visit from localhost; as if already seen.
     context.add_init_script("localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true')")
     context.set_default_timeout(TIMEOUT_MS)
-    page = context.new_page()
+    return context.new_page()
+
+
+@pytest.fixture
+def page(browser):
+    page = new_page(browser)
     yield page
-    context.close()
+    page.context.close()
 
 
 @contextlib.contextmanager
@@ -270,7 +283,9 @@ def test_the_studys_view_shows_the_trials_with_its_metric_and_params(
     with screenshot(page, "experiment_runs_default", tmp_path):
         page.goto(f"{mlflow_ui}/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning")
         expect(page.locator(f'[role="row"][row-id="{parent.info.run_id}"]').first).to_be_visible()
-        expect(page.get_by_text(f"{1 + len(children)} matching runs")).to_be_visible()  # the lease not among them
+        expect(
+            page.get_by_text(f"{1 + len(children)} matching runs")
+        ).to_be_visible()  # the lease not among them
         expect(page.locator(f'[role="row"][row-id="{leases[0].info.run_id}"]')).to_have_count(0)
 
 

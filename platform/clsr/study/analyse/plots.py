@@ -1,17 +1,21 @@
 """The report's plots, as PNG files: per ablation the main metric against the ablated value (seeds as
-dots, the mean with its CI, the paper's numbers), the learning curves of every trial (training loss
-and the dev score it selected on, from MLflow's metric histories), and the Pareto front of a study
-searched on several objectives. Figures are drawn on matplotlib's Agg canvas, without pyplot's global
-state, so reports can be built in threads and on servers.
+dots, the mean with its CI, the paper's numbers), the learning curves of every point (training loss
+and the dev score it selected on, from MLflow's metric histories: the mean over seeds with its CI band
+per step), and the Pareto front of a study searched on several objectives. Figures are drawn on
+matplotlib's Agg canvas, without pyplot's global state, so reports can be built in threads and on
+servers.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from mlflow.tracking import MlflowClient
+from scipy.stats import t as t_dist
 
 from clsr.study.analyse.rows import AblationReport, Row
 from clsr.study.analyse.runs import Trial
@@ -114,15 +118,58 @@ def dev_metric(ab: AblationReport, study: Study) -> str | None:
     return next((m for m in [*wanted, *sorted(present)] if m in present and m.startswith("dev_")), None)
 
 
-def histories(client: MlflowClient, trials: list[Trial], keys: list[str]) -> dict[str, dict[str, np.ndarray]]:
-    """run id -> metric -> (steps, values), sorted by step, for the metrics each run logged."""
-    out: dict[str, dict[str, np.ndarray]] = {}
+Histories = dict[str, dict[str, np.ndarray]]  # run id -> metric -> (steps, values), sorted by step
+
+
+def histories(
+    client: MlflowClient, trials: list[Trial], keys: list[str], kept: Histories | None = None
+) -> Histories:
+    """run id -> metric -> (steps, values), sorted by step, for the metrics each run logged. ``kept``: the
+    histories of trials that had ended when read, kept across a live report's refreshes (an ended trial
+    logs nothing more), read once and stored there."""
+    out: Histories = {}
     for trial in trials:
+        ended = trial.status not in ("running", "unknown")
         for key in keys:
-            if key in trial.metrics:
-                points = sorted((m.step, m.value) for m in client.get_metric_history(trial.run_id, key))
-                out.setdefault(trial.run_id, {})[key] = np.array(points, dtype=float).reshape(-1, 2)
+            if key not in trial.metrics:
+                continue
+            if kept is not None and key in kept.get(trial.run_id, {}):
+                out.setdefault(trial.run_id, {})[key] = kept[trial.run_id][key]
+                continue
+            points = sorted((m.step, m.value) for m in client.get_metric_history(trial.run_id, key))
+            out.setdefault(trial.run_id, {})[key] = np.array(points, dtype=float).reshape(-1, 2)
+            if kept is not None and ended:
+                kept.setdefault(trial.run_id, {})[key] = out[trial.run_id][key]
     return out
+
+
+@dataclass(frozen=True)
+class SeedBand:
+    """One point's curve over its seeds: per step the mean, its Student-t ``CONFIDENCE`` interval (nan
+    where fewer than two seeds logged the step: no spread, no band) and how many seeds logged it."""
+
+    steps: np.ndarray
+    mean: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    n: np.ndarray
+
+
+def seed_band(curves: list[np.ndarray]) -> SeedBand:
+    """The mean and t-interval over seeds, step by step, of ``curves`` ((steps, values) arrays, one per
+    seed); a value that is not finite (a diverged loss) counts as not logged."""
+    steps = np.unique(np.concatenate([c[:, 0] for c in curves]))
+    table = np.full((len(curves), len(steps)), np.nan)
+    for i, curve in enumerate(curves):
+        table[i, np.searchsorted(steps, curve[:, 0])] = curve[:, 1]
+    table[~np.isfinite(table)] = np.nan
+    n = np.sum(np.isfinite(table), axis=0)
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # a step of one seed: no std, nan as wanted
+        mean = np.nanmean(table, axis=0)
+        half = t_dist.ppf((1 + CONFIDENCE) / 2, n - 1) * np.nanstd(table, axis=0, ddof=1) / np.sqrt(n)
+    half = np.where(n >= 2, half, np.nan)
+    return SeedBand(steps, mean, mean - half, mean + half, n)
 
 
 def _smooth(values: np.ndarray) -> tuple[np.ndarray, int]:
@@ -142,36 +189,51 @@ def spans_decades(series: list[np.ndarray], decades: float = 2.0) -> bool:
     return bool(np.log10(values.max() / values.min()) >= decades)
 
 
-def plot_curves(ab: AblationReport, study: Study, client: MlflowClient, path: Path) -> Path | None:
-    """Training loss and the dev score against the step for every trial; a colour per point, dashed
-    lines for trials that did not finish; steps on whole numbers, the loss on a log axis where it spans
-    two decades or more."""
+def _series(curves: Histories, trial: Trial, key: str, windows: set[int]) -> np.ndarray | None:
+    """The trial's (steps, values) of ``key`` as drawn: the loss as its running mean."""
+    data = curves.get(trial.run_id, {}).get(key)
+    if data is None or not len(data):
+        return None
+    values, window = _smooth(data[:, 1]) if key == "loss" else (data[:, 1], 1)
+    windows.add(window)
+    return np.column_stack([data[window - 1 :, 0], values])
+
+
+def plot_curves(
+    ab: AblationReport, study: Study, client: MlflowClient, path: Path, kept: Histories | None = None
+) -> Path | None:
+    """Training loss and the dev score against the step: a colour per point, its finished seeds' mean
+    with a band of its 95% CI per step (a point with one finished seed: its line; an ``average_over``
+    row: over its folds' runs), dashed lines for trials that did not finish; steps on whole numbers,
+    the loss on a log axis where it spans two decades or more. ``kept``: ended trials' histories across
+    refreshes (``histories``)."""
     from matplotlib import colormaps
     from matplotlib.ticker import MaxNLocator
 
     dev = dev_metric(ab, study)
     keys = ["loss"] + ([dev] if dev else [])
-    curves = histories(client, ab.trials, keys)
+    curves = histories(client, ab.trials, keys, kept)
     if not curves:
         return None
     fig, axes = _figure(12.0, 4.2, len(keys))
     colours = colormaps["tab10" if len(ab.rows) <= 10 else "tab20"]
     windows, drawn = {1}, {key: [] for key in keys}
     for i, row in enumerate(ab.rows):
-        colour, labelled = colours(i % colours.N), False
-        for trial in row.runs():
-            for ax, key in zip(axes, keys, strict=True):
-                data = curves.get(trial.run_id, {}).get(key)
-                if data is None or not len(data):
-                    continue
-                values, window = _smooth(data[:, 1]) if key == "loss" else (data[:, 1], 1)
-                windows.add(window)
-                drawn[key].append(values)
-                steps = data[window - 1 :, 0]
-                ax.plot(steps, values, color=colour, lw=1.0, ls="-" if trial.ok else "--",
-                        marker="o" if key != "loss" and len(steps) < 30 else None, ms=3,
-                        label=None if labelled else plot_label(row.label))  # fmt: skip
-                labelled = True
+        colour, label = colours(i % colours.N), plot_label(row.label)
+        for ax, key in zip(axes, keys, strict=True):
+            done = [s for t in row.runs() if t.ok and (s := _series(curves, t, key, windows)) is not None]
+            if done:
+                band = seed_band(done)
+                marker = "o" if key != "loss" and len(band.steps) < 30 else None
+                ax.plot(band.steps, band.mean, color=colour, lw=1.2, marker=marker, ms=3, label=label)
+                ax.fill_between(band.steps, band.low, band.high, color=colour, alpha=0.2, lw=0)
+                drawn[key].append(band.mean)
+                label = None
+            for trial in (t for t in row.runs() if not t.ok):
+                if (series := _series(curves, trial, key, windows)) is not None:
+                    ax.plot(series[:, 0], series[:, 1], color=colour, lw=1.0, ls="--", label=label)
+                    drawn[key].append(series[:, 1])
+                    label = None
     smoothed = f" (running mean of {max(windows)} steps)" if max(windows) > 1 else ""
     for ax, key in zip(axes, keys, strict=True):
         ax.set_xlabel("step")
@@ -184,6 +246,9 @@ def plot_curves(ab: AblationReport, study: Study, client: MlflowClient, path: Pa
         ax.grid(alpha=0.3)
     handles = [h for ax in axes for h in ax.get_legend_handles_labels()[0]]
     fig.legend(handles=handles, loc="outside lower center", fontsize=7, ncol=min(4, max(1, len(handles))))
-    fig.suptitle(f"{ab.name}: learning curves (dashed: trial did not finish)")
+    fig.suptitle(
+        f"{ab.name}: learning curves, mean over finished seeds with its {CONFIDENCE:.0%} CI band "
+        "(dashed: trial did not finish)"
+    )
     fig.savefig(path, dpi=110)
     return path

@@ -63,6 +63,7 @@ def render_text(report: StudyReport) -> str:
     """What the terminal shows: per ablation the summary and the detail tables, then cost."""
     out = [
         f"study {report.study.name!r}: parent run {report.parent_run_id} at {report.tracking_uri}",
+        *([report.partial.line] if report.partial else []),
         *report.notes,
     ]
     for ab in report.ablations:
@@ -98,9 +99,11 @@ def markdown_table(table: Table) -> str:
 
 
 def render_markdown(report: StudyReport, images: dict[str, list[Path]]) -> str:
+    partial = report.partial
     out = [
-        f"# Study report: {report.study.name}",
+        f"# Study report{f' ({partial.mark})' if partial else ''}: {report.study.name}",
         "",
+        *([f"**{partial.mark}** {md_escape(partial.detail)}", ""] if partial else []),
         f"Parent run `{report.parent_run_id}` at `{report.tracking_uri}`; built {report.created}.",
         *(md_escape(n) for n in report.notes),
     ]
@@ -137,6 +140,7 @@ td.paper-choice{background:#fff8dc} td.reference.col0{font-weight:bold}
 td.significant{color:#a00000} td.incomplete.col2{background:#fde2e2}
 td.total{font-weight:bold} .notes{color:#555;font-size:13px} img{max-width:100%;margin:.5em 0}
 .wide{max-width:100%;overflow-x:auto} .wide table{margin-top:0}
+.partial{background:#fff3cd;border:1px solid #e0c060;padding:.5em .8em}
 """  # .wide: a table wider than the window scrolls inside its box, not the page
 
 
@@ -156,8 +160,10 @@ def render_html(report: StudyReport, images: dict[str, list[Path]]) -> str:
     """One page, no outside files: inline CSS, PNGs embedded as base64. Each ablation opens on its table
     (after the one line naming the paper table), its statistics and notes under a heading below."""
     esc = escape.html_text
+    mark = f" ({report.partial.mark})" if report.partial else ""
     parts = [
-        f"<h1>Study report: {esc(report.study.name)}</h1>",
+        f"<h1>Study report{esc(mark)}: {esc(report.study.name)}</h1>",
+        *([f'<p class="partial">{esc(report.partial.line)}</p>'] if report.partial else []),
         f'<p class="notes">Parent run <code>{esc(report.parent_run_id)}</code> at '
         f"<code>{esc(report.tracking_uri)}</code>; built {esc(report.created)}.</p>",
         *(f'<p class="notes">{esc(n)}</p>' for n in report.notes),
@@ -186,7 +192,7 @@ def render_html(report: StudyReport, images: dict[str, list[Path]]) -> str:
             parts += [f"<h3>{esc(ab.name)}: how to read the table</h3>"]
             parts += [f'<p class="notes">{esc(n)}</p>' for n in reading]
     parts += ["<h2>Cost</h2>", html_table(cost_table(report))]
-    title = esc(f"Study report: {report.study.name}")
+    title = esc(f"Study report{mark}: {report.study.name}")
     return (
         f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{title}</title><style>{CSS}</style>'
         f"</head><body>\n" + "\n".join(parts) + "\n</body></html>\n"
@@ -271,6 +277,7 @@ def json_cell(row: Row, metric: str) -> dict[str, Any]:
         "verdict": None if judged is None else {
             "kind": judged.kind, "direction": judged.direction, "text": judged.short,
             "tost_p": judged.p_value, "tolerance": judged.tolerance, "seeds_needed": judged.seeds_needed,
+            "provisional": judged.provisional,
         },
     }  # fmt: skip
 
@@ -355,6 +362,14 @@ def json_report(report: StudyReport) -> dict[str, Any]:
             "parent_run_id": report.parent_run_id,
             "tracking_uri": report.tracking_uri,
             "created": report.created,
+            "partial": None
+            if report.partial is None
+            else {
+                "finished": report.partial.finished,
+                "planned": report.partial.planned,
+                "every": report.partial.every,
+                "text": report.partial.mark,
+            },
             "notes": report.notes,
             "confidence": CONFIDENCE,
             "alpha": ALPHA,

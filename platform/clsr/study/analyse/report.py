@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from clsr.study.analyse.plots import plot_curves, plot_main_metric, plot_pareto
+from clsr.study.analyse.plots import Histories, plot_curves, plot_main_metric, plot_pareto
 from clsr.study.analyse.render import CSV_FIELDS, csv_rows, render_html, render_json, render_markdown
 from clsr.study.analyse.rows import StudyReport, build_report
 from clsr.study.analyse.runs import open_study_runs, study_from_run
@@ -28,15 +28,17 @@ from clsr.study.spec.schema import Study
 from clsr.tracking.study_runs import resolve_tracking_uri
 
 
-def write_report(report: StudyReport, client: MlflowClient, out: Path) -> list[Path]:
+def write_report(
+    report: StudyReport, client: MlflowClient, out: Path, kept: Histories | None = None
+) -> list[Path]:
     """report.md, report.csv, report.html, report.json and the PNGs under ``out``; returns the files
-    written."""
+    written. ``kept``: the ended trials' metric histories, kept across a live report's refreshes."""
     out.mkdir(parents=True, exist_ok=True)
     images: dict[str, list[Path]] = {}
     for ab in report.ablations:
         made = [
             plot_main_metric(ab, out / f"{ab.name}_main.png"),
-            plot_curves(ab, report.study, client, out / f"{ab.name}_curves.png"),
+            plot_curves(ab, report.study, client, out / f"{ab.name}_curves.png", kept),
             plot_pareto(ab, out / f"{ab.name}_pareto.png"),
         ]
         images[ab.name] = [p for p in made if p is not None]

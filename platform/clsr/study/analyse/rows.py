@@ -412,6 +412,32 @@ def mark_rows(report: AblationReport) -> None:
         rows[points.index(reference)].reference = True
 
 
+@dataclass(frozen=True)
+class Partial:
+    """A report built while its study runs (``clsr.study.analyse.live``): ``finished`` of the ``planned``
+    trials ended finished so far, ``every``: how often it is refreshed (the study file's)."""
+
+    finished: int
+    planned: int
+    every: str
+
+    @property
+    def mark(self) -> str:
+        return f"partial: {self.finished} of {self.planned} trials"
+
+    @property
+    def detail(self) -> str:
+        return (
+            f"finished; the study is running and this report is rebuilt every {self.every} and at each "
+            f"wave's end. Verdicts of rows whose planned seeds have not all ended are provisional, as are "
+            f"the tests against the reference row and the effects."
+        )
+
+    @property
+    def line(self) -> str:
+        return f"{self.mark} {self.detail}"
+
+
 @dataclass
 class StudyReport:
     """Everything one report shows, before it is rendered."""
@@ -424,6 +450,24 @@ class StudyReport:
     notes: list[str]
     wall_s: float | None = None  # the parent run's start to end: the study's own wall time
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    partial: Partial | None = None  # built mid-study (mark_partial); None: the study's report as it ended
+
+
+def mark_partial(report: StudyReport, planned: int, every: str) -> None:
+    """The report as a partial one: the trials finished of those planned (at least as many as found,
+    an adaptive round's or a confirmation's seeds counting), and the verdicts of every row still waiting
+    for a seed (an adaptive ablation's rows always: a round may add one) marked provisional."""
+    finished = 0
+    for ab in report.ablations:
+        adaptive = report.study.adaptive_of(ab.name) is not None
+        for row in ab.rows:
+            runs = row.runs()
+            finished += sum(t.ok for t in runs)
+            waiting = adaptive or row.missing() or any(t.status == "running" for t in runs)
+            if waiting:
+                row.verdicts = {m: replace(v, provisional=True) for m, v in row.verdicts.items()}
+    seen = sum(len(row.runs()) for ab in report.ablations for row in ab.rows)
+    report.partial = Partial(finished, max(planned, seen), every)
 
 
 def build_report(study: Study, client: MlflowClient, parent_run_id: str, uri: str) -> StudyReport:

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from mlflow.tracking import MlflowClient
 
+from clsr.study.analyse.live import LiveReport, planned_trials
 from clsr.study.control.console import Console
 from clsr.study.control.interrupt import Interrupted, Interrupts
 from clsr.study.control.notify import Notifier, ended_message, verdict_lines, verdicts_message
@@ -108,9 +109,12 @@ def run_waves(
     init_ray(console, py_modules)
     interrupts.install()  # after ray.init, which replaces the SIGTERM handler
     watch = StudyWatch(study, uri, parent_run_id, interrupts).start()  # budget: and `study stop`
+    live = LiveReport.of(study, uri, parent_run_id, planned_trials(plan), lambda: lease.lost is None)
     status = "FINISHED"
     try:
-        for name, ablation, wave in plan.waves:
+        for index, (name, ablation, wave) in enumerate(plan.waves):
+            if index:  # the report of the wave before, as this one starts
+                live.wave_ended()
             interrupts.check()
             if ablation in searches:  # searched again: a new experiment, not the old search restored
                 name = f"{name}-v{searches[ablation]}"
@@ -157,6 +161,7 @@ def run_waves(
             outcome = close_study(client, uri, parent_run_id, storage, study, stop, status, lease)
             interrupts.record_written = True
             console.link.tell(settled=True)
+        live.finish(final=outcome.stopped_by != "lease_lost")  # replaces the partial one, on our record only
         if notifier is not None and outcome.stopped_by != "lease_lost":  # a failed study's too
             tell_end(notifier, plan.study, client, uri, outcome)
     if outcome.stopped_by is None and not outcome.pending_records:  # finished: resumable state not needed

@@ -88,7 +88,8 @@ class Study(Strict):
     report: ReportOptions = Field(
         default_factory=ReportOptions,
         description="how the report judges rows against the papers: `tolerance` (default 0.5, points of "
-        "the metric), the equivalence margin of each row's reproduction verdict",
+        "the metric), the equivalence margin of each row's reproduction verdict; and `live_every` "
+        "(default '5m'), how often the running study's partial report on its parent run is refreshed",
     )
     scheduler: Scheduler = Field(default_factory=Scheduler)
     resources: Resources = Field(default_factory=Resources)

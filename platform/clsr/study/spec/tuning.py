@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from clsr.study.spec.budget import wall_seconds
 from clsr.study.spec.strict import MAX_TRIALS, Strict
 
 
@@ -151,7 +152,8 @@ class Scheduler(Strict):
 
 
 class ReportOptions(Strict):
-    """How ``platform study report`` judges the rows against the papers' numbers."""
+    """How ``platform study report`` judges the rows against the papers' numbers, and how often the
+    running study's driver refreshes its partial report on the parent run."""
 
     tolerance: float = Field(
         0.5,
@@ -160,3 +162,22 @@ class ReportOptions(Strict):
         description="equivalence margin, in points of the metric (scores x 100): a row is reproduced when "
         "a two one-sided tests (TOST) p < 0.05 puts its mean over seeds within paper ± tolerance",
     )
+    live_every: str | None = Field(
+        "5m",
+        description="while the study runs, the driver rebuilds the report from the trials finished so far "
+        "and logs it on the parent run (report/, marked 'partial: n of m trials') at most this often and at "
+        "each wave's end, e.g. '5m', '30s' (units s, m, h, d); the final report replaces it at the end; "
+        "null: no live report",
+    )
+
+    @field_validator("live_every", mode="before")
+    @classmethod
+    def _interval(cls, every: object) -> object:
+        if every is not None:
+            wall_seconds(every if isinstance(every, str) else str(every))
+        return every
+
+    @property
+    def live_every_s(self) -> float | None:
+        """``live_every`` in seconds; None: no live report."""
+        return None if self.live_every is None else wall_seconds(self.live_every)

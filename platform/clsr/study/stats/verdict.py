@@ -57,10 +57,16 @@ class Verdict:
     paper: float
     tolerance: float
     seeds_needed: int | None = None  # inconclusive rows of n >= 2: the plug-in estimate; None: none found
+    provisional: bool = False  # a partial report's row whose planned seeds have not all ended
 
     @property
     def short(self) -> str:
-        """A table cell: ``reproduced``, ``not reproduced (below)``, ``inconclusive (~8 seeds)``."""
+        """A table cell: ``reproduced``, ``not reproduced (below)``, ``inconclusive (~8 seeds)``; a
+        provisional one says so first."""
+        return f"provisional: {self._judged}" if self.provisional else self._judged
+
+    @property
+    def _judged(self) -> str:
         if self.kind == NOT_REPRODUCED:
             return f"{self.kind} ({self.direction})"
         if self.kind == REPRODUCED:
