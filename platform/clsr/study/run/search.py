@@ -8,6 +8,10 @@ Tune's ``Repeater``: Optuna suggests a configuration once, Tune runs it once per
 the mean over the seeds of the study's metric (``numpy.nanmean``, as Repeater does). Random search
 learns nothing: each sampled configuration is simply run with every seed (Tune's own random variants,
 the seed a grid over the sampled values, ``constant_grid_search``).
+
+``search.prune_seeds``: the seeds of a configuration run in turn and a paired test may stop it between
+them (``clsr.study.control.seed_pruning``); random search then samples with Optuna's ``RandomSampler``,
+so that both algorithms go through one searcher that is told each configuration's outcome.
 """
 
 from __future__ import annotations
@@ -115,6 +119,8 @@ def search_alg(study: Study, ablation: str | None):
     if ablation is None or study.search.algorithm == "grid":
         return None
     seeds = study.seeds_of(ablation)
+    if study.search.prune_seeds is not None:
+        return pruning_search(study, ablation)
     if study.search.algorithm == "random":
         from ray.tune.search.basic_variant import BasicVariantGenerator
 
@@ -133,6 +139,23 @@ def search_alg(study: Study, ablation: str | None):
     return SeedRepeater(searcher, seeds) if len(seeds) > 1 else searcher
 
 
+def pruning_search(study: Study, ablation: str):
+    """Seed-aware pruning around Optuna's searcher (random: its RandomSampler, seeded as Tune's would be)."""
+    import optuna
+
+    from clsr.study.control.seed_pruning import SeedPruningSearcher
+
+    seeds = study.seeds_of(ablation)
+    sampler = (
+        optuna.samplers.RandomSampler(seed=seeds[0])
+        if study.search.algorithm == "random"
+        else optuna_sampler(study, seeds[0])
+    )
+    points = [flat(p) for p in sampled_points(study, ablation)]
+    searcher = SignedOptunaSearch(sampler=sampler, points_to_evaluate=points or None)
+    return SeedPruningSearcher(searcher, seeds, study.search.prune_seeds, study.search.num_samples)
+
+
 def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """A nested config as OptunaSearch names its parameters (Tune's ``/``-joined paths)."""
     out: dict[str, Any] = {}
@@ -146,11 +169,13 @@ def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def tune_samples(study: Study, ablation: str | None) -> int:
     """Tune's num_samples: 1 for a grid; configurations for random (each expanded over the seed grid);
-    configurations × seeds for optuna (Repeater counts every repeat)."""
+    configurations × seeds for optuna (Repeater counts every repeat) and for pruned seeds (at most: a
+    pruned configuration's searcher says FINISHED sooner)."""
     if ablation is None:
         return 1
     n = study.search.num_samples
-    return n * len(study.seeds_of(ablation)) if study.search.algorithm == "optuna" else n
+    per_seed = study.search.algorithm == "optuna" or study.search.prune_seeds is not None
+    return n * len(study.seeds_of(ablation)) if per_seed else n
 
 
 def seed_space(study: Study, ablation: str) -> Any:
@@ -159,7 +184,7 @@ def seed_space(study: Study, ablation: str) -> Any:
     from ray import tune
 
     seeds = study.seeds_of(ablation)
-    if study.search.algorithm == "random" and len(seeds) > 1:
+    if study.search.algorithm == "random" and len(seeds) > 1 and study.search.prune_seeds is None:
         return tune.grid_search(seeds)
     return seeds[0]
 

@@ -1,0 +1,140 @@
+"""The seed-pruning searcher around a real OptunaSearch: seeds in turn, pruning between them, Optuna told
+PRUNED, its state through Tune's own save and restore, and the spec's one-line refusals."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from ray import tune
+
+from clsr.study.control.seed_pruning import SeedPruningSearcher
+from clsr.study.run.search import SignedOptunaSearch
+from clsr.study.spec.tuning import PruneSeeds
+
+SPACE = {"point": {"overrides": {"trainer.lr": tune.choice([1e-5, 1e-4])}, "seed": 1}}
+METRIC = "best_dev_stsb"
+
+
+def searcher(rule=None, configurations=3) -> SeedPruningSearcher:
+    base = SignedOptunaSearch(sampler=optuna.samplers.RandomSampler(seed=0))
+    built = SeedPruningSearcher(base, [1, 2, 3], rule or PruneSeeds(test="ttest", p=0.1), configurations)
+    assert built.set_search_properties(METRIC, "max", SPACE)
+    return built
+
+
+def test_seeds_run_in_turn_and_a_worse_configuration_is_pruned():
+    s = searcher()
+    first = s.suggest("a1")
+    second = s.suggest("b1")  # a1 still running: a new configuration fills the slot
+    assert [first["point"]["seed"], second["point"]["seed"]] == [1, 1]
+    s.on_trial_complete("a1", {METRIC: 70.0})
+    assert s.suggest("a2")["point"]["seed"] == 2  # a's next seed before any new configuration
+    assert s.suggest("a2b") is not None and len(s.configurations) == 3
+    assert s.suggest("none") is None  # every configuration waits on a running seed; no more to sample
+    s.on_trial_complete("a2", {METRIC: 72.0})
+    assert s.suggest("a3")["point"]["overrides"] == first["point"]["overrides"]
+    s.on_trial_complete("a3", {METRIC: 71.0})
+    s.on_trial_complete("b1", {METRIC: 60.0})  # one seed: below min_seeds, no test
+    assert s.pruned() == []
+    s.on_trial_complete("a2b", {METRIC: 71.5})
+    s.suggest("b2")
+    s.on_trial_complete("b2", {METRIC: 61.5})
+    (pruned,) = s.pruned()
+    assert pruned.trial_ids == ["b1", "b2"] and pruned.pruned.startswith("ttest p=")
+    assert s.saved_trials() == 1
+    states = [t.state for t in s.searcher._ot_study.trials]
+    assert states[:2] == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED]
+    assert s.searcher._ot_study.trials[0].value == pytest.approx(71.0)
+    assert "1 of 3 configurations" in s.summary("lr") and "1 of 9 trials saved" in s.summary("lr")
+    s.suggest("c2")
+    s.on_trial_complete("c2", {METRIC: 73.0})
+    s.suggest("c3")
+    assert s.suggest("wait") is None  # c3 runs
+    s.on_trial_complete("c3", {METRIC: 72.0})
+    assert s.suggest("end") == SeedPruningSearcher.FINISHED
+
+
+def test_state_survives_tunes_save_and_restore(tmp_path, monkeypatch):
+    from ray.tune.search.search_generator import SearchGenerator
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    before = searcher()
+    for trial, value in (("a1", 70.0), ("a2", 72.0), ("a3", 71.0)):
+        before.suggest(trial)
+        before.on_trial_complete(trial, {METRIC: value})
+    before.suggest("b1")
+    before.on_trial_complete("b1", {METRIC: 60.0})
+    before.suggest("b2")  # running when the driver stops
+    SearchGenerator(before).save_to_dir(str(tmp_path), "s1")
+    after = searcher()
+    SearchGenerator(after).restore_from_dir(str(tmp_path))
+    after.on_trial_complete("b2", {METRIC: 61.0})
+    assert [c.trial_ids for c in after.pruned()] == [["b1", "b2"]]
+    assert after.get_state() != before.get_state()
+    assert [t.state for t in after.searcher._ot_study.trials][1] == optuna.trial.TrialState.PRUNED
+
+
+def test_a_seed_that_reported_nothing_is_left_out_of_the_mean_and_prunes_nothing():
+    s = searcher()
+    for trial, value in (("a1", 70.0), ("a2", None), ("a3", 72.0)):
+        s.suggest(trial)
+        s.on_trial_complete(trial, {METRIC: value} if value else None, error=value is None)
+    assert s.searcher._ot_study.trials[0].value == pytest.approx(71.0)
+    s.suggest("b1")
+    s.on_trial_complete("b1", {METRIC: 10.0})
+    s.suggest("b2")
+    s.on_trial_complete("b2", {METRIC: 11.0})
+    assert s.pruned() == []  # the best has a seed with no score: no test (as WilcoxonPruner)
+
+
+@pytest.mark.parametrize(
+    ("seeds", "prune", "changes", "fragment"),
+    [
+        (
+            [1, 2, 3],
+            {"test": "wilcoxon", "p": 0.1},
+            {},
+            "prunes after 4 seeds, so ablation 'lr' needs at least 5",
+        ),
+        ([1, 2], {"test": "ttest"}, {}, "needs at least 3 seeds (given: 2)"),
+        ([1, 2, 3], {"test": "ttest"}, {"metric": ["best_dev_stsb", "loss_avg"]}, "needs one metric"),
+        (
+            [1, 2, 3],
+            {"test": "ttest"},
+            {"scheduler": {"type": "asha"}, "metric": "loss_avg"},
+            "scheduler fifo",
+        ),
+        ([1, 2, 3], {"test": "t"}, {}, "wilcoxon"),
+        ([1, 2, 3], {"test": "ttest", "p": 1.5}, {}, "less than 1"),
+        ([1, 2, 3], {"test": "ttest", "min_seeds": 1}, {}, "greater than or equal to 2"),
+    ],
+)
+def test_bad_prune_seeds_are_refused_in_one_line(tmp_path, seeds, prune, changes, fragment):
+    from clsr.study.spec.schema import StudyError
+    from tests.unit.study.run.test_search import study_of
+
+    with pytest.raises(StudyError) as err:
+        study_of(tmp_path, seeds=seeds, search={"prune_seeds": prune}, **changes)
+    assert str(err.value).startswith("1 problem(s)") and fragment in str(err.value)
+
+
+def test_grid_refuses_and_a_sampled_study_builds_the_pruning_searcher(tmp_path):
+    from clsr.study.run.search import search_alg, seed_space, tune_samples
+    from clsr.study.spec.schema import StudyError
+    from tests.unit.study.run.test_search import study_of
+
+    with pytest.raises(StudyError, match="prune_seeds is for algorithm random or optuna"):
+        study_of(tmp_path, search={"algorithm": "grid", "prune_seeds": {"test": "ttest"}})
+    for algorithm, sampler in (
+        ("random", optuna.samplers.RandomSampler),
+        ("optuna", optuna.samplers.TPESampler),
+    ):
+        study = study_of(tmp_path, search={"algorithm": algorithm, "prune_seeds": {"test": "ttest"}})
+        built = search_alg(study, "lr")
+        assert isinstance(built, SeedPruningSearcher) and isinstance(built.searcher._sampler, sampler)
+        assert (built.limit, built.seeds, tune_samples(study, "lr"), seed_space(study, "lr")) == (
+            4,
+            [1, 2, 3],
+            12,
+            1,
+        )
