@@ -25,8 +25,7 @@ from ray.tune.search import Searcher
 
 from clsr.study.spec.tuning import PruneSeeds
 from clsr.study.stats.seed_pruning import paired_prune
-
-PRUNED_TAG = "clsr.pruned"  # on every finished seed's run of a pruned configuration: why, with its p
+from clsr.tracking.tags import PRUNED_TAG
 
 
 @dataclass

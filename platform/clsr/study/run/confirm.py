@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from clsr.study.control.seed_pruning import PRUNED_TAG
 from clsr.study.plan.point import GridPoint
 from clsr.study.plan.resolve import point_label
 from clsr.study.spec.schema import Study
 from clsr.study.spec.space import typed_value
 from clsr.tracking.study_runs import SUPERSEDED_TAG, children
+from clsr.tracking.tags import PRUNED_TAG
 
 
 def configuration(study: Study, of: str, params: dict[str, str]) -> dict[str, Any]:

@@ -481,7 +481,7 @@ def test_an_edited_resume_searches_a_changed_search_again_and_keeps_grid_edits(t
 def test_a_configuration_seed_pruning_stopped_is_never_confirmed(tmp_path, store):
     """Its finished seeds are runs like any other; their clsr.pruned tag keeps it out of the ranking,
     even where its seeds so far average best."""
-    from clsr.study.control.seed_pruning import PRUNED_TAG
+    from clsr.tracking.tags import PRUNED_TAG
 
     client, parent, add = store
     a, b, c = fill(add)
