@@ -115,7 +115,7 @@ def main() -> None:
         "",
         f"`python benchmarks/prune_seeds.py`, {time.strftime('%Y-%m-%d')}, CPU only, 2 cores shared with other "
         f"jobs (load average {load:.1f} at the end). The same random search without and with "
-        f"`search.prune_seeds: {PRUNE}`: a tiny random BERT, unsupervised SimCSE, 6 steps per trial, "
+        "`search.prune_seeds: {test: ttest, p: 0.2, min_seeds: 2}`: a tiny random BERT, unsupervised SimCSE, 6 steps per trial, "
         f"`loss_avg` minimised; {len(LRS)} configurations fixed by `points_to_evaluate` (learning rates "
         f"{', '.join(f'{x:g}' for x in LRS)}: the last two a planted bad region that cannot move the "
         f"weights) x {len(SEEDS)} seeds, two trials at a time.",
