@@ -138,3 +138,39 @@ def test_grid_refuses_and_a_sampled_study_builds_the_pruning_searcher(tmp_path):
             12,
             1,
         )
+
+
+def test_the_recorder_tags_each_seed_run_of_a_pruned_configuration_again_after_a_restore(tmp_path):
+    """A real MLflow store: the runs of the pruned configuration's two seeds get clsr.pruned, the best
+    configuration's do not; a recorder unpickled (as from Tune's saved Tuner) tags them again."""
+    import pickle
+    from types import SimpleNamespace
+
+    from mlflow import MlflowClient
+
+    from clsr.study.control.seed_pruning import PruneRecorder
+    from clsr.study.plan.fingerprint import trial_key
+    from clsr.tracking.study_runs import open_child_run
+    from clsr.tracking.tags import PRUNED_TAG
+    from tests.support.stores import sqlite_uri
+
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    parent = client.create_run(client.create_experiment("p")).info.run_id
+    s, trials, runs = searcher(), [], {}
+    for trial_id, value in (("a1", 70.0), ("a2", 72.0), ("a3", 71.0), ("b1", 60.0), ("b2", 61.0)):
+        config = s.suggest(trial_id)
+        point = {**config["point"], "ablation": "lr"}
+        trials.append(SimpleNamespace(trial_id=trial_id, config={"point": point}))
+        key = trial_key("lr", f"sample {trial_id}", point["seed"])
+        runs[trial_id] = open_child_run(uri, parent, key, key, {}, {})
+        s.on_trial_complete(trial_id, {METRIC: value})
+    recorder = PruneRecorder(s, uri, parent)
+    recorder.on_trial_complete(5, trials, trials[-1])
+    tags = {t: client.get_run(r).data.tags.get(PRUNED_TAG) for t, r in runs.items()}
+    assert [t for t, why in tags.items() if why] == ["b1", "b2"] and tags["b1"].startswith("ttest p=")
+    for trial_id in ("b1", "b2"):  # as if the driver died before it tagged them
+        client.delete_tag(runs[trial_id], PRUNED_TAG)
+    restored = pickle.loads(pickle.dumps(recorder))
+    restored.on_trial_complete(6, trials, trials[-1])
+    assert [t for t, r in runs.items() if PRUNED_TAG in client.get_run(r).data.tags] == ["b1", "b2"]
