@@ -37,7 +37,8 @@ def configuration(study: Study, of: str, params: dict[str, str]) -> dict[str, An
 def rank_configurations(study: Study, of: str, runs: list) -> tuple[list[dict[str, Any]], list[str]]:
     """The sampled ablation ``of``'s finished configurations, best first: ``{"label", "overrides",
     "mean", "seeds"}`` each (the mean over its seeds' runs of ``study.metric``), and one note per run
-    left out. A configuration that seed pruning stopped (``clsr.pruned``) is never ranked. ``runs``: the study's child runs (any ablation).
+    left out. ``runs``: the study's child runs (any ablation). A configuration that seed pruning
+    stopped (``clsr.pruned``) is never ranked: its seeds so far were worse than the best's.
 
     One objective: by its mean, by ``study.mode``. Several: by Pareto front over the objectives' means
     (the front first, then the front of the rest, and so on), within a front by the first objective;

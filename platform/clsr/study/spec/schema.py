@@ -306,7 +306,8 @@ class Study(Strict):
                 raise ValueError(
                     f"search.prune_seeds: test {rule.test} with p {rule.p:g} and min_seeds {rule.min_seeds} "
                     f"prunes after {fewest} seeds, so ablation {name!r} needs at least {fewest + 1} seeds "
-                    f"(given: {len(self.seeds_of(name))}); add seeds, raise p, or use test ttest"
+                    f"(given: {len(self.seeds_of(name))}); add seeds"
+                    + (", raise p, or use test ttest" if rule.test == "wilcoxon" else " or lower min_seeds")
                 )
 
     def _check_confirm(self, name: str, confirm: Confirm) -> None:

@@ -123,6 +123,8 @@ def test_grid_refuses_and_a_sampled_study_builds_the_pruning_searcher(tmp_path):
     from clsr.study.spec.schema import StudyError
     from tests.unit.study.run.test_search import study_of
 
+    five = study_of(tmp_path, seeds=[1, 2, 3, 4, 5], search={"prune_seeds": {"test": "wilcoxon"}})
+    assert five.search.prune_seeds.fewest_seeds() == 4  # 2^-4 < 0.1: the fifth seed is the one saved
     with pytest.raises(StudyError, match="prune_seeds is for algorithm random or optuna"):
         study_of(tmp_path, search={"algorithm": "grid", "prune_seeds": {"test": "ttest"}})
     for algorithm, sampler in (
