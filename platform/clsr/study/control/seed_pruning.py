@@ -25,6 +25,7 @@ from ray.tune.search import Searcher
 
 from clsr.study.spec.tuning import PruneSeeds
 from clsr.study.stats.seed_pruning import paired_prune
+from clsr.tracking.secrets import mask_uri
 from clsr.tracking.tags import PRUNED_TAG
 
 
@@ -142,7 +143,9 @@ class SeedPruningSearcher(Searcher):
 class PruneRecorder(Callback):
     """Tags each finished seed's MLflow run of a pruned configuration with ``clsr.pruned`` (why), once a
     seed's completion made the searcher prune it (Tune tells the searcher before its callbacks). A
-    resumed driver tags them all again (the same value): a driver killed between the two loses none."""
+    resumed driver tags them all again (the same value): a driver killed between the two loses none.
+    A failed write is a warning, tried again at the next completion: an exception in a Tune callback
+    would mark the finished trial errored."""
 
     def __init__(self, searcher: SeedPruningSearcher, tracking_uri: str, parent_run_id: str):
         self.searcher = searcher
@@ -158,7 +161,11 @@ class PruneRecorder(Callback):
         for configuration in self.searcher.pruned():
             for trial_id in configuration.trial_ids:
                 if trial_id not in self.tagged and trial_id in by_id:
-                    self._tag(by_id[trial_id], configuration.pruned or "")
+                    try:
+                        self._tag(by_id[trial_id], configuration.pruned or "")
+                    except Exception as err:  # the tracking server away: the next completion tries again
+                        print(f"warning: seed pruning: {trial_id} not tagged yet: {mask_uri(str(err))[:200]}")
+                        return
                     self.tagged.add(trial_id)
 
     def _tag(self, trial, reason: str) -> None:

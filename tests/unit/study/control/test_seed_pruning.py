@@ -142,7 +142,7 @@ def test_grid_refuses_and_a_sampled_study_builds_the_pruning_searcher(tmp_path):
         )
 
 
-def test_the_recorder_tags_each_seed_run_of_a_pruned_configuration_again_after_a_restore(tmp_path):
+def test_the_recorder_tags_each_seed_run_of_a_pruned_configuration_again_after_a_restore(tmp_path, capsys):
     """A real MLflow store: the runs of the pruned configuration's two seeds get clsr.pruned, the best
     configuration's do not; a recorder unpickled (as from Tune's saved Tuner) tags them again."""
     import pickle
@@ -167,6 +167,9 @@ def test_the_recorder_tags_each_seed_run_of_a_pruned_configuration_again_after_a
         key = trial_key("lr", f"sample {trial_id}", point["seed"])
         runs[trial_id] = open_child_run(uri, parent, key, key, {}, {})
         s.on_trial_complete(trial_id, {METRIC: value})
+    away = PruneRecorder(s, uri, "no-such-parent")  # a failed write never raises into Tune's loop
+    away.on_trial_complete(5, trials, trials[-1])
+    assert "not tagged yet" in capsys.readouterr().out and away.tagged == set()
     recorder = PruneRecorder(s, uri, parent)
     recorder.on_trial_complete(5, trials, trials[-1])
     tags = {t: client.get_run(r).data.tags.get(PRUNED_TAG) for t, r in runs.items()}
