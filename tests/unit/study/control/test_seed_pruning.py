@@ -119,6 +119,7 @@ def test_bad_prune_seeds_are_refused_in_one_line(tmp_path, seeds, prune, changes
 
 
 def test_grid_refuses_and_a_sampled_study_builds_the_pruning_searcher(tmp_path):
+    from clsr.study.plan.resolve import seed_notes
     from clsr.study.run.search import search_alg, seed_space, tune_samples
     from clsr.study.spec.schema import StudyError
     from tests.unit.study.run.test_search import study_of
@@ -134,12 +135,12 @@ def test_grid_refuses_and_a_sampled_study_builds_the_pruning_searcher(tmp_path):
         study = study_of(tmp_path, search={"algorithm": algorithm, "prune_seeds": {"test": "ttest"}})
         built = search_alg(study, "lr")
         assert isinstance(built, SeedPruningSearcher) and isinstance(built.searcher._sampler, sampler)
-        assert (built.limit, built.seeds, tune_samples(study, "lr"), seed_space(study, "lr")) == (
-            4,
-            [1, 2, 3],
-            12,
-            1,
-        )
+        assert (built.limit, built.seeds) == (4, [1, 2, 3])
+        assert (tune_samples(study, "lr"), seed_space(study, "lr")) == (12, 1)  # seeds: the searcher's
+    assert seed_notes(study)[-1] == (
+        "ablations.lr: seed pruning: at most 12 trials; a configuration worse than the best (ttest, p < 0.1) "
+        "stops after 2 or more of its 3 seeds"
+    )
 
 
 def test_the_recorder_tags_each_seed_run_of_a_pruned_configuration_again_after_a_restore(tmp_path, capsys):
