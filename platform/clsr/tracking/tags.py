@@ -13,6 +13,7 @@ CHECKPOINT_TAG = "clsr.checkpoint"  # a finished trial's last checkpoint (local 
 ALSO_TAG = "clsr.also"  # the other [ablation, point] pairs a run of identical trials stands for (JSON)
 OPENED_TAG = "clsr.opened_ms"  # when a trial's run was last (re)opened, ms since the epoch
 EARLIER_S_TAG = "clsr.earlier_attempts_s"  # seconds its run was open before it was reopened
+PRUNED_TAG = "clsr.pruned"  # a seed of a configuration seed pruning stopped: why, with the test's p
 
 
 def last_error_line(tags: dict[str, str]) -> str:

@@ -40,6 +40,7 @@ from clsr.study.stats.seeds import Paired, Stats, holm, paired_test, seed_stats
 from clsr.study.stats.verdict import Verdict, verdict
 from clsr.tracking.record_reader import prefixed_floats
 from clsr.tracking.secrets import mask_uri
+from clsr.tracking.tags import PRUNED_TAG
 
 COST_METRICS = ("trial_wall_s", "trial_cpu_s", "trial_gpu_s")
 FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -84,7 +85,13 @@ class Row:
 
     @property
     def display_label(self) -> str:
-        return self.label + (" (evaluation only)" if self.eval_only else "")
+        pruned = f" (pruned after {len(self.trials)} seeds)" if self.pruned else ""
+        return self.label + (" (evaluation only)" if self.eval_only else "") + pruned
+
+    @property
+    def pruned(self) -> str | None:
+        """Why seed pruning stopped this sampled configuration (its seeds' ``clsr.pruned`` tag), or None."""
+        return next((t.tags[PRUNED_TAG] for t in self.trials.values() if PRUNED_TAG in t.tags), None)
 
     def values(self, metric: str) -> dict[int | None, float]:
         """Seed -> value of the finished trials that logged ``metric``."""

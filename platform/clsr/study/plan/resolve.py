@@ -337,12 +337,31 @@ def most_trials(study: Study, ablation: str) -> int:
 
 def seed_notes(study: Study) -> list[str]:
     """``study validate``'s note per ablation with published numbers but one seed: its report rows
-    get no confidence interval and no reproduction verdict; and each adaptive-seeds ablation's bounds."""
+    get no confidence interval and no reproduction verdict; each adaptive-seeds ablation's bounds; and
+    seed pruning's: its counts are the most a sampled ablation runs."""
+    return (
+        [
+            f"ablations.{name}: 1 seed: no CI or verdict; give seeds: [42, 43, 44] (or more)"
+            for name, spec in study.ablations.items()
+            if len(study.seeds_of(name)) == 1
+            and (spec.paper or any(p.paper is not None for p in spec.points))
+        ]
+        + adaptive_notes(study)
+        + pruning_notes(study)
+    )
+
+
+def pruning_notes(study: Study) -> list[str]:
+    rule = study.search.prune_seeds
+    if rule is None:
+        return []
     return [
-        f"ablations.{name}: 1 seed: no CI or verdict; give seeds: [42, 43, 44] (or more)"
+        f"ablations.{name}: seed pruning: at most {ablation_trials(study, name)} trials; a configuration "
+        f"worse than the best ({rule.test}, p < {rule.p:g}) stops after {rule.fewest_seeds()} or more of its "
+        f"{len(study.seeds_of(name))} seeds"
         for name, spec in study.ablations.items()
-        if len(study.seeds_of(name)) == 1 and (spec.paper or any(p.paper is not None for p in spec.points))
-    ] + adaptive_notes(study)
+        if spec.space
+    ]
 
 
 def adaptive_notes(study: Study) -> list[str]:

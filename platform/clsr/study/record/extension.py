@@ -22,6 +22,7 @@ from clsr.study.record.attempts import attempt_artifacts, mlflow_artifacts_json
 from clsr.study.spec.schema import Study
 from clsr.study.spec.space import contains, typed_value
 from clsr.tracking.study_runs import SUPERSEDED_TAG
+from clsr.tracking.tags import PRUNED_TAG
 
 STEM = "extend"
 
@@ -101,7 +102,7 @@ def current_rounds(
 
 
 def warm_start(study: Study, ablation: str, runs: list) -> WarmStart:
-    """The finished, not superseded runs of ``ablation`` (``runs``: the study's child runs), typed from
+    """The finished, not superseded, not pruned runs of ``ablation`` (``runs``: the study's child runs), typed from
     their logged params by the space's distributions; a configuration's seeds averaged (as ``SeedRepeater``
     tells Optuna). Runs whose values lie outside the space (an edited one) are counted, not given."""
     space = study.ablations[ablation].space
@@ -115,6 +116,8 @@ def warm_start(study: Study, ablation: str, runs: list) -> WarmStart:
             continue
         if SUPERSEDED_TAG in tags or not all(np.isfinite(metrics.get(m, np.nan)) for m in objectives):
             continue  # Optuna takes a completed trial only with its values
+        if PRUNED_TAG in tags:  # seed pruning told Optuna it was pruned, not the mean of its first seeds
+            continue
         overrides = typed_inside(space, run.data.params)
         if overrides is None:
             outside += 1

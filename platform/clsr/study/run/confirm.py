@@ -21,6 +21,7 @@ from clsr.study.plan.resolve import point_label
 from clsr.study.spec.schema import Study
 from clsr.study.spec.space import typed_value
 from clsr.tracking.study_runs import SUPERSEDED_TAG, children
+from clsr.tracking.tags import PRUNED_TAG
 
 
 def configuration(study: Study, of: str, params: dict[str, str]) -> dict[str, Any]:
@@ -36,7 +37,8 @@ def configuration(study: Study, of: str, params: dict[str, str]) -> dict[str, An
 def rank_configurations(study: Study, of: str, runs: list) -> tuple[list[dict[str, Any]], list[str]]:
     """The sampled ablation ``of``'s finished configurations, best first: ``{"label", "overrides",
     "mean", "seeds"}`` each (the mean over its seeds' runs of ``study.metric``), and one note per run
-    left out. ``runs``: the study's child runs (any ablation).
+    left out. ``runs``: the study's child runs (any ablation). A configuration that seed pruning
+    stopped (``clsr.pruned``) is never ranked: its seeds so far were worse than the best's.
 
     One objective: by its mean, by ``study.mode``. Several: by Pareto front over the objectives' means
     (the front first, then the front of the rest, and so on), within a front by the first objective;
@@ -50,7 +52,9 @@ def rank_configurations(study: Study, of: str, runs: list) -> tuple[list[dict[st
         tags, metrics = run.data.tags, run.data.metrics
         if tags.get("clsr.ablation") != of or tags.get("clsr.status") != "finished":
             continue
-        if SUPERSEDED_TAG in tags or any(metric not in metrics for metric, _ in objectives):
+        if SUPERSEDED_TAG in tags or PRUNED_TAG in tags:  # pruned: worse than the best on its seeds so far
+            continue
+        if any(metric not in metrics for metric, _ in objectives):
             continue
         try:
             overrides = configuration(study, of, run.data.params)

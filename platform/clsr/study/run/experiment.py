@@ -168,7 +168,10 @@ def _build_tuner(
             print(f"experiment {name}: {line}")
         # interrupted trials continue from their checkpoints; errored ones (crashes past their retries,
         # trials that ran out of time) are tried again from theirs
-        return tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        _point_recorders(tuner, ctx)
+        return tuner
+    search = _search_alg(study, ablation, extension, warm)
     return tune.Tuner(
         trainable,
         param_space=param_space(study, ablation, ctx.trials),
@@ -176,7 +179,7 @@ def _build_tuner(
             # several objectives: the searcher holds them (Tune's TuneConfig takes one)
             metric=study.metric if len(study.objectives) == 1 else None,
             mode=study.mode if len(study.objectives) == 1 else None,
-            search_alg=_search_alg(study, ablation, extension, warm),
+            search_alg=search,
             scheduler=_scheduler(study, ablation, ctx.trials),
             # optuna: configurations × seeds (Repeater); an extension's configurations, not the search's
             num_samples=tune_samples(study, ablation, extension.samples if extension else None),
@@ -190,6 +193,7 @@ def _build_tuner(
             name=name,
             storage_path=ctx.storage,
             verbose=1,
+            callbacks=_recorders(search, ctx),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),  # in-process trials checkpoint here
             # Train retries its workers; an in-process trial has none, so Tune retries the trial itself
             failure_config=tune.FailureConfig(
@@ -197,6 +201,26 @@ def _build_tuner(
             ),
         ),
     )
+
+
+def _recorders(search, ctx: StudyContext) -> list:
+    """Seed pruning's MLflow tags (a restored Tuner keeps its callbacks, searcher and all, in Tune's state)."""
+    from clsr.study.control.seed_pruning import PruneRecorder, SeedPruningSearcher
+
+    if not isinstance(search, SeedPruningSearcher):
+        return []
+    return [PruneRecorder(search, ctx.tracking_uri, ctx.parent_run_id)]
+
+
+def _point_recorders(tuner, ctx: StudyContext) -> None:
+    """A restored Tuner's pruning recorders write to this driver's record (its saved one may be older)."""
+    from clsr.study.control.seed_pruning import PruneRecorder
+    from clsr.study.run.tune_compat import tuner_run_config
+
+    run_config = tuner_run_config(tuner)
+    for callback in (run_config.callbacks or []) if run_config is not None else []:
+        if isinstance(callback, PruneRecorder):
+            callback.tracking_uri, callback.parent_run_id = ctx.tracking_uri, ctx.parent_run_id
 
 
 def trial_resources(study: Study) -> dict[str, float]:

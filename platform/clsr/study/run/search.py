@@ -8,6 +8,10 @@ Tune's ``Repeater``: Optuna suggests a configuration once, Tune runs it once per
 the mean over the seeds of the study's metric (``numpy.nanmean``, as Repeater does). Random search
 learns nothing: each sampled configuration is simply run with every seed (Tune's own random variants,
 the seed a grid over the sampled values, ``constant_grid_search``).
+
+``search.prune_seeds``: the seeds of a configuration run in turn and a paired test may stop it between
+them (``clsr.study.control.seed_pruning``); random search then samples with Optuna's ``RandomSampler``,
+so that both algorithms go through one searcher that is told each configuration's outcome.
 """
 
 from __future__ import annotations
@@ -135,6 +139,8 @@ def search_alg(
     seeds = study.seeds_of(ablation)
     seed = seeds[0] if extension is None else extension.sampler_seed(seeds[0])
     given = sampled_points(study, ablation) if extension is None else []
+    if study.search.prune_seeds is not None:
+        return pruning_search(study, ablation, seed, given, warm, extension)
     if study.search.algorithm == "random":
         from ray.tune.search.basic_variant import BasicVariantGenerator
 
@@ -144,20 +150,48 @@ def search_alg(
             max_concurrent=study.concurrency or 0,  # Tune ignores max_concurrent_trials for a generator
             random_state=seed,
         )
+    searcher = signed_optuna(study, optuna_sampler(study, seed), given, warm)
+    return SeedRepeater(searcher, seeds) if len(seeds) > 1 else searcher
+
+
+def signed_optuna(study: Study, sampler, given: list[dict[str, Any]], warm: WarmStart | None):
+    """Tune's OptunaSearch (signed) with ``sampler``: ``given`` run first; ``warm``'s configurations told
+    to Optuna as completed trials, not run again. Several objectives: Optuna's multi-objective study,
+    each told to it (Tune's TuneConfig has none)."""
     points = [flat(p) for p in given]
     rewards = None
-    if warm is not None and warm.configurations:  # evaluated already: added to Optuna, not run again
+    if warm is not None and warm.configurations:
         points = [flat({"point": {"overrides": c}}) for c in warm.configurations]
         rewards = list(warm.rewards)
     several = study.objectives if len(study.objectives) > 1 else None
     objectives = {"metric": [m for m, _ in several], "mode": [d for _, d in several]} if several else {}
-    searcher = SignedOptunaSearch(
-        sampler=optuna_sampler(study, seed),
-        points_to_evaluate=points or None,
-        evaluated_rewards=rewards,
-        **objectives,
-    )  # several objectives: Optuna's multi-objective study, each told to it (Tune's TuneConfig has none)
-    return SeedRepeater(searcher, seeds) if len(seeds) > 1 else searcher
+    return SignedOptunaSearch(
+        sampler=sampler, points_to_evaluate=points or None, evaluated_rewards=rewards, **objectives
+    )
+
+
+def pruning_search(
+    study: Study,
+    ablation: str,
+    seed: int,
+    given: list[dict[str, Any]],
+    warm: WarmStart | None,
+    extension: ExtensionRound | None,
+):
+    """Seed-aware pruning around Optuna's searcher (random: its RandomSampler, seeded as Tune's would be;
+    an extension's round: its own seed and configurations)."""
+    import optuna
+
+    from clsr.study.control.seed_pruning import SeedPruningSearcher
+
+    sampler = (
+        optuna.samplers.RandomSampler(seed=seed)
+        if study.search.algorithm == "random"
+        else optuna_sampler(study, seed)
+    )
+    configurations = extension.samples if extension is not None else study.search.num_samples
+    searcher = signed_optuna(study, sampler, given, warm)
+    return SeedPruningSearcher(searcher, study.seeds_of(ablation), study.search.prune_seeds, configurations)
 
 
 def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -173,12 +207,14 @@ def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def tune_samples(study: Study, ablation: str | None, configurations: int | None = None) -> int:
     """Tune's num_samples: 1 for a grid; configurations for random (each expanded over the seed grid);
-    configurations × seeds for optuna (Repeater counts every repeat). ``configurations``: an
-    extension's (else the search's ``num_samples``)."""
+    configurations × seeds for optuna (Repeater counts every repeat) and for pruned seeds (at most: a
+    pruned configuration's searcher says FINISHED sooner). ``configurations``: an extension's (else the
+    search's ``num_samples``)."""
     if ablation is None:
         return 1
     n = configurations or study.search.num_samples
-    return n * len(study.seeds_of(ablation)) if study.search.algorithm == "optuna" else n
+    per_seed = study.search.algorithm == "optuna" or study.search.prune_seeds is not None
+    return n * len(study.seeds_of(ablation)) if per_seed else n
 
 
 def seed_space(study: Study, ablation: str) -> Any:
@@ -187,7 +223,7 @@ def seed_space(study: Study, ablation: str) -> Any:
     from ray import tune
 
     seeds = study.seeds_of(ablation)
-    if study.search.algorithm == "random" and len(seeds) > 1:
+    if study.search.algorithm == "random" and len(seeds) > 1 and study.search.prune_seeds is None:
         return tune.grid_search(seeds)
     return seeds[0]
 

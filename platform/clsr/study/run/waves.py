@@ -314,11 +314,23 @@ def _fit(
             results = tuner.fit()
         if interrupts.reason == "lease_lost":  # the record is another driver's now
             return
+        if line := pruning_summary(tuner, experiment):
+            print(line)
         plain = MlflowClient(ctx.tracking_uri)
         # a plain client: an outage here is only a warning (the study's end closes them)
         close_lost_trials(plain, ctx.tracking_uri, ctx.parent_run_id, errors_of(results))
         if console is not None and console.notifier is not None:
             console.notifier.tell_failed(plain)
+
+
+def pruning_summary(tuner, experiment: str) -> str | None:
+    """Seed pruning's count for the driver's output (None: the experiment did not prune seeds)."""
+    from clsr.study.control.seed_pruning import SeedPruningSearcher
+    from clsr.study.run.tune_compat import tuner_tune_config
+
+    config = tuner_tune_config(tuner)
+    search = getattr(config, "search_alg", None)
+    return search.summary(experiment) if isinstance(search, SeedPruningSearcher) else None
 
 
 def _fit_new_versions(study, ctx, name, trials, interrupts, client, parent_run_id, console=None) -> None:

@@ -20,7 +20,7 @@ from clsr.study.spec.budget import Budget
 from clsr.study.spec.notify import Notify
 from clsr.study.spec.schema import Study
 from clsr.study.spec.space import Point
-from clsr.study.spec.tuning import ReportOptions, Resources, Scheduler, Search
+from clsr.study.spec.tuning import PruneSeeds, ReportOptions, Resources, Scheduler, Search
 
 HEADER = """# Study file reference
 
@@ -38,6 +38,7 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("ablations.&lt;name&gt;.confirm", Confirm, ""),
     ("ablations.&lt;name&gt;.seeds (adaptive)", AdaptiveSeeds, ""),
     ("search", Search, ""),
+    ("search.prune_seeds", PruneSeeds, ""),
     ("report", ReportOptions, ""),
     ("scheduler", Scheduler, ""),
     ("resources", Resources, ""),

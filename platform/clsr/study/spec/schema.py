@@ -288,7 +288,28 @@ class Study(Strict):
             )
         if sampling:
             self._check_space_fits_search()
+        if self.search.prune_seeds is not None:
+            self._check_prune_seeds()
         return self
+
+    def _check_prune_seeds(self) -> None:
+        """Pruning compares one metric over seeds run to the end: each sampled ablation needs more seeds
+        than the test needs before it can prune (else pruning never saves one)."""
+        rule = self.search.prune_seeds
+        if len(self.objectives) > 1 or self.scheduler.type != "fifo":
+            raise ValueError(
+                "search.prune_seeds: needs one metric and scheduler fifo (given: "
+                f"{len(self.objectives)} metric(s), scheduler {self.scheduler.type})"
+            )
+        fewest = rule.fewest_seeds()
+        for name, ablation in self.ablations.items():
+            if ablation.space and len(self.seeds_of(name)) <= fewest:
+                raise ValueError(
+                    f"search.prune_seeds: test {rule.test} with p {rule.p:g} and min_seeds {rule.min_seeds} "
+                    f"prunes after {fewest} seeds, so ablation {name!r} needs at least {fewest + 1} seeds "
+                    f"(given: {len(self.seeds_of(name))}); add seeds"
+                    + (", raise p, or use test ttest" if rule.test == "wilcoxon" else " or lower min_seeds")
+                )
 
     def _check_confirm(self, name: str, confirm: Confirm) -> None:
         """A confirm ablation reruns a sampled ablation's best: only in a sampled study, of one of its

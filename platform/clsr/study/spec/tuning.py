@@ -50,6 +50,39 @@ SCHEDULERS = ("fifo", "asha", "hyperband", "median", "pbt")
 GP_OPTUNA = (3, 6)  # optuna.samplers.GPSampler came with Optuna 3.6
 
 
+PRUNE_TESTS = ("wilcoxon", "ttest")
+
+
+def wilcoxon_min_seeds(p: float) -> int:
+    """The fewest paired seeds at which a one-sided exact Wilcoxon signed-rank test can reach p below
+    ``p``: its smallest p with n pairs is 2^-n (every pair on one side)."""
+    n = 1
+    while 0.5**n >= p:
+        n += 1
+    return n
+
+
+class PruneSeeds(Strict):
+    """Seed-aware early stopping of a sampled search: a configuration's seeds run one after another,
+    and after each a one-sided paired test against the best configuration run on every seed so far
+    stops it when it is worse (its later seeds never run)."""
+
+    test: Literal["wilcoxon", "ttest"] = Field(
+        description="wilcoxon: Optuna's WilcoxonPruner (signed-rank, no normality assumed; its smallest p "
+        "with n seeds is 2^-n, so p 0.1 needs 4 seeds done and a 5th to save); ttest: a paired one-sided "
+        "t-test (scipy.stats.ttest_rel), which can prune after 2 seeds but assumes roughly normal "
+        "differences"
+    )
+    p: float = Field(0.1, gt=0, lt=1, description="a configuration is pruned when the test's p is below it")
+    min_seeds: int = Field(
+        2, ge=2, le=1_000, description="seeds a configuration runs before it may be pruned (at least 2)"
+    )
+
+    def fewest_seeds(self) -> int:
+        """The seeds done before the test can prune at all."""
+        return max(self.min_seeds, wilcoxon_min_seeds(self.p) if self.test == "wilcoxon" else 2)
+
+
 class Search(Strict):
     """How points are chosen: every grid point, or ``num_samples`` configurations of each sampled
     ablation's space, each run once per seed (the searcher sees the mean over seeds)."""
@@ -85,6 +118,13 @@ class Search(Strict):
         description="configurations ({space key: value}) run first, before any sampled one; they count "
         "towards num_samples",
     )
+    prune_seeds: PruneSeeds | None = Field(
+        None,
+        description="random/optuna with several seeds, one metric, scheduler fifo: run a configuration's "
+        "seeds in turn and stop it once a paired test says it is worse than the best fully-run one "
+        "(random then samples with Optuna's RandomSampler); pruned configurations are tagged "
+        "clsr.pruned and left out of confirm",
+    )
 
     @model_validator(mode="after")
     def _fits_algorithm(self) -> Search:
@@ -98,6 +138,8 @@ class Search(Strict):
                 "search.n_startup_trials is for optuna samplers tpe, cmaes, gp (given: "
                 f"algorithm {self.algorithm}, sampler {self.sampler})"
             )
+        if self.algorithm == "grid" and self.prune_seeds is not None:
+            raise ValueError("search.prune_seeds is for algorithm random or optuna (given: grid)")
         if self.algorithm == "grid" and self.points_to_evaluate:
             raise ValueError("search.points_to_evaluate is for algorithm random or optuna (given: grid)")
         if self.sampler == "gp":

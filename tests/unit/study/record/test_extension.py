@@ -115,6 +115,7 @@ def test_the_warm_start_averages_seeds_and_leaves_out_what_the_sampler_must_not_
     add(2, 5e-4, 16, 0.5, status="failed")  # not finished
     add(1, 3e-5, 8, 0.9, **{"clsr.superseded": "v2"})  # an earlier search's
     add(1, 3e-5, 8, 0.9, ablation="other")  # another ablation
+    add(1, 4e-5, 8, 0.1, **{"clsr.pruned": "ttest p=0.05"})  # seed pruning told Optuna it was pruned
     warm = warm_start(study_of(tmp_path), "lr", runs(client, parent))
     given = sorted(zip([c["trainer.lr"] for c in warm.configurations], warm.rewards, strict=True))
     assert given == [(2e-5, pytest.approx(0.7)), (5e-4, pytest.approx(0.7))]

@@ -476,3 +476,18 @@ def test_an_edited_resume_searches_a_changed_search_again_and_keeps_grid_edits(t
         superseded(paper) == ["v5"]
         and attempts.superseded_at(client, parent_run_id)["confirm[paper] seed=7"] == 5
     )
+
+
+def test_a_configuration_seed_pruning_stopped_is_never_confirmed(tmp_path, store):
+    """Its finished seeds are runs like any other; their clsr.pruned tag keeps it out of the ranking,
+    even where its seeds so far average best."""
+    from clsr.tracking.tags import PRUNED_TAG
+
+    client, parent, add = store
+    a, b, c = fill(add)
+    add("lr", 1, 0.99, 7e-5, 8, False)
+    pruned = client.search_runs([client.get_run(parent).info.experiment_id], "params.`trainer.lr` = '7e-05'")
+    client.set_tag(pruned[0].info.run_id, PRUNED_TAG, "ttest p=0.01 < 0.1 after 2 of 3 seeds")
+    ranked, _ = rank_configurations(study_of(tmp_path, STUDY), "lr", runs(client, parent))
+    assert label(7e-5, 8, False) not in [r["label"] for r in ranked]
+    assert len(ranked) == 3
