@@ -118,19 +118,7 @@ def run_waves(
             interrupts.check()
             if ablation in searches:  # searched again: a new experiment, not the old search restored
                 name = f"{name}-v{searches[ablation]}"
-            # upstream trials' checkpoint tags, or a searched ablation's last results that a confirmation
-            # ranks, may still wait in their journals
-            if any(study.ablations[a].needs or study.ablations[a].confirm for a in wave):
-                replay(uri, storage)
-            staged = any(study.ablations[a].needs for a in wave)
-            outputs = finished_outputs(client, parent_run_id, storage_root=storage) if staged else {}
-            planned = plan.wave_trials(wave)
-            planned, unconfirmed = confirm_trials(study, client, parent_run_id, wave, planned)
-            trials, blocked = ready_trials(study, planned, outputs)
-            skip_blocked(uri, parent_run_id, unconfirmed + blocked)
-            if ablation is None:
-                trials = merge_identical(study, trials, outputs)
-                say_merged(trials)
+            trials, outputs = _wave_trials(plan, study, wave, ablation, client, uri, parent_run_id, storage)
             if ablation is None and not trials:
                 continue  # every trial of this wave lost an upstream trial
             builds = trials if ablation is None else sampled_bases(study, ablation)
@@ -167,6 +155,24 @@ def run_waves(
     if outcome.stopped_by is None and not outcome.pending_records:  # finished: resumable state not needed
         print(_shrink_checkpoints(study, client, parent_run_id, storage))
     return outcome
+
+
+def _wave_trials(plan: StudyPlan, study: Study, wave, ablation, client, uri, parent_run_id, storage):
+    """The wave's trials ready to run, and the upstream trials' outputs they read: the unconfirmed and
+    blocked ones recorded as skipped, a grid wave's identical trials merged."""
+    # upstream trials' checkpoint tags, or a searched ablation's last results that a confirmation ranks,
+    # may still wait in their journals
+    if any(study.ablations[a].needs or study.ablations[a].confirm for a in wave):
+        replay(uri, storage)
+    staged = any(study.ablations[a].needs for a in wave)
+    outputs = finished_outputs(client, parent_run_id, storage_root=storage) if staged else {}
+    planned, unconfirmed = confirm_trials(study, client, parent_run_id, wave, plan.wave_trials(wave))
+    trials, blocked = ready_trials(study, planned, outputs)
+    skip_blocked(uri, parent_run_id, unconfirmed + blocked)
+    if ablation is None:
+        trials = merge_identical(study, trials, outputs)
+        say_merged(trials)
+    return trials, outputs
 
 
 def without_notify(study: Study) -> Study:
