@@ -18,10 +18,11 @@ from mlflow.tracking import MlflowClient
 from scipy.stats import t as t_dist
 
 from clsr.study.analyse.rows import AblationReport, Row
-from clsr.study.analyse.runs import Trial
+from clsr.study.analyse.runs import OK, Trial
 from clsr.study.spec.schema import Study
 from clsr.study.stats.seeds import CONFIDENCE
 from clsr.tracking.escape import plot_label
+from clsr.tracking.tags import OPENED_TAG
 
 
 def _figure(width: float, height: float, panels: int = 1):
@@ -119,27 +120,30 @@ def dev_metric(ab: AblationReport, study: Study) -> str | None:
 
 
 Histories = dict[str, dict[str, np.ndarray]]  # run id -> metric -> (steps, values), sorted by step
+KeptHistories = dict[tuple[str, str], dict[str, np.ndarray]]  # (run id, opening) -> metric -> history
 
 
 def histories(
-    client: MlflowClient, trials: list[Trial], keys: list[str], kept: Histories | None = None
+    client: MlflowClient, trials: list[Trial], keys: list[str], kept: KeptHistories | None = None
 ) -> Histories:
     """run id -> metric -> (steps, values), sorted by step, for the metrics each run logged. ``kept``: the
-    histories of trials that had ended when read, kept across a live report's refreshes (an ended trial
-    logs nothing more), read once and stored there."""
+    histories of finished trials, kept across a live report's refreshes, read once and stored there under
+    the run and its last opening (``OPENED_TAG``). Only finished ones: an interrupted or failed run is
+    reopened when Tune resumes or retries its trial (a new opening, so a kept history is read again)."""
     out: Histories = {}
     for trial in trials:
-        ended = trial.status not in ("running", "unknown")
+        stamp = (trial.run_id, trial.tags.get(OPENED_TAG, ""))
+        keep = kept is not None and trial.status == OK
         for key in keys:
             if key not in trial.metrics:
                 continue
-            if kept is not None and key in kept.get(trial.run_id, {}):
-                out.setdefault(trial.run_id, {})[key] = kept[trial.run_id][key]
+            if keep and key in kept.get(stamp, {}):
+                out.setdefault(trial.run_id, {})[key] = kept[stamp][key]
                 continue
             points = sorted((m.step, m.value) for m in client.get_metric_history(trial.run_id, key))
             out.setdefault(trial.run_id, {})[key] = np.array(points, dtype=float).reshape(-1, 2)
-            if kept is not None and ended:
-                kept.setdefault(trial.run_id, {})[key] = out[trial.run_id][key]
+            if keep:
+                kept.setdefault(stamp, {})[key] = out[trial.run_id][key]
     return out
 
 
@@ -200,13 +204,13 @@ def _series(curves: Histories, trial: Trial, key: str, windows: set[int]) -> np.
 
 
 def plot_curves(
-    ab: AblationReport, study: Study, client: MlflowClient, path: Path, kept: Histories | None = None
+    ab: AblationReport, study: Study, client: MlflowClient, path: Path, kept: KeptHistories | None = None
 ) -> Path | None:
     """Training loss and the dev score against the step: a colour per point, its finished seeds' mean
     with a band of its 95% CI per step (a point with one finished seed: its line; an ``average_over``
     row: over its folds' runs), dashed lines for trials that did not finish; steps on whole numbers,
-    the loss on a log axis where it spans two decades or more. ``kept``: ended trials' histories across
-    refreshes (``histories``)."""
+    the loss on a log axis where it spans two decades or more. ``kept``: finished trials' histories
+    across refreshes (``histories``)."""
     from matplotlib import colormaps
     from matplotlib.ticker import MaxNLocator
 

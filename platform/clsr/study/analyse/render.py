@@ -368,6 +368,7 @@ def json_report(report: StudyReport) -> dict[str, Any]:
                 "finished": report.partial.finished,
                 "planned": report.partial.planned,
                 "every": report.partial.every,
+                "stopped_by": report.partial.stopped_by,
                 "text": report.partial.mark,
             },
             "notes": report.notes,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from clsr.study.analyse.plots import Histories, plot_curves, plot_main_metric, plot_pareto
+from clsr.study.analyse.plots import KeptHistories, plot_curves, plot_main_metric, plot_pareto
 from clsr.study.analyse.render import CSV_FIELDS, csv_rows, render_html, render_json, render_markdown
 from clsr.study.analyse.rows import StudyReport, build_report
 from clsr.study.analyse.runs import open_study_runs, study_from_run
@@ -29,10 +29,10 @@ from clsr.tracking.study_runs import resolve_tracking_uri
 
 
 def write_report(
-    report: StudyReport, client: MlflowClient, out: Path, kept: Histories | None = None
+    report: StudyReport, client: MlflowClient, out: Path, kept: KeptHistories | None = None
 ) -> list[Path]:
     """report.md, report.csv, report.html, report.json and the PNGs under ``out``; returns the files
-    written. ``kept``: the ended trials' metric histories, kept across a live report's refreshes."""
+    written. ``kept``: the finished trials' metric histories, kept across a live report's refreshes."""
     out.mkdir(parents=True, exist_ok=True)
     images: dict[str, list[Path]] = {}
     for ab in report.ablations:

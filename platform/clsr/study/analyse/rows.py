@@ -419,25 +419,47 @@ def mark_rows(report: AblationReport) -> None:
         rows[points.index(reference)].reference = True
 
 
+STOPPED_BY = {  # a stopped study's reason (``StudyOutcome.stopped_by``), as its report says it
+    "SIGINT": "an interrupt (SIGINT)",
+    "SIGTERM": "SIGTERM",
+    "study_timeout": "its time limit",
+    "budget": "its budget",
+    "stop_request": "`platform study stop`",
+    "error": "an error",
+}
+
+
 @dataclass(frozen=True)
 class Partial:
-    """A report built while its study runs (``clsr.study.analyse.live``): ``finished`` of the ``planned``
-    trials ended finished so far, ``every``: how often it is refreshed (the study file's)."""
+    """A report of a study that has not run all it planned: ``finished`` of the ``planned`` trials ended
+    finished so far. Built while its study runs (``clsr.study.analyse.live``; ``every``: how often it is
+    refreshed, the study file's), or as it ended without running them all (``stopped_by``: why)."""
 
     finished: int
     planned: int
     every: str
+    stopped_by: str | None = None
 
     @property
     def mark(self) -> str:
-        return f"partial: {self.finished} of {self.planned} trials"
+        state = "partial" if self.stopped_by is None else "stopped"
+        return f"{state}: {self.finished} of {self.planned} trials"
 
     @property
     def detail(self) -> str:
+        settled = (
+            "Verdicts of rows whose planned seeds have not all ended are provisional, as are the tests "
+            "against the reference row and the effects."
+        )
+        if self.stopped_by is not None:
+            why = STOPPED_BY.get(self.stopped_by, self.stopped_by)
+            return (
+                f"finished; the study was stopped by {why} before it ran all it planned, and "
+                f"`platform study resume` runs the rest. {settled}"
+            )
         return (
             f"finished; the study is running and this report is rebuilt every {self.every} and at each "
-            f"wave's end. Verdicts of rows whose planned seeds have not all ended are provisional, as are "
-            f"the tests against the reference row and the effects."
+            f"wave's end. {settled}"
         )
 
     @property

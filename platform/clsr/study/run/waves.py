@@ -109,7 +109,8 @@ def run_waves(
     init_ray(console, py_modules)
     interrupts.install()  # after ray.init, which replaces the SIGTERM handler
     watch = StudyWatch(study, uri, parent_run_id, interrupts).start()  # budget: and `study stop`
-    live = LiveReport.of(study, uri, parent_run_id, planned_trials(plan), lambda: lease.lost is None)
+    planned = planned_trials(plan, extensions, searches)
+    live = LiveReport.of(study, uri, parent_run_id, planned, lambda: lease.lost is None)
     status = "FINISHED"
     try:
         for index, (name, ablation, wave) in enumerate(plan.waves):
@@ -139,9 +140,28 @@ def run_waves(
         status = "FAILED"
         raise
     finally:
-        watch.close()
-        interrupts.recording = True
-        status = "KILLED" if interrupts.stopped and status != "FAILED" else status
+        outcome = _end_study(
+            study, client, uri, parent_run_id, storage, lease, interrupts, watch, console, live, status
+        )
+        if notifier is not None and outcome.stopped_by != "lease_lost":  # a failed study's too
+            tell_end(notifier, plan.study, client, uri, outcome)
+    if outcome.stopped_by is None and not outcome.pending_records:  # finished: resumable state not needed
+        print(_shrink_checkpoints(study, client, parent_run_id, storage))
+    return outcome
+
+
+def _end_study(
+    study: Study, client, uri: str, parent_run_id: str, storage: str, lease: Lease, interrupts: Interrupts,
+    watch: StudyWatch, console: Console, live: LiveReport, status: str,
+) -> StudyOutcome:  # fmt: skip
+    """The record closed truthfully (``close_study``), then the live report's final one on our record only:
+    marked stopped when the study did not run all it planned, and the refresh thread ended even when
+    closing the record raised."""
+    watch.close()
+    interrupts.recording = True
+    status = "KILLED" if interrupts.stopped and status != "FAILED" else status
+    outcome: StudyOutcome | None = None
+    try:
         with interrupts.closed:
             stop = (interrupts.reason, interrupts.exit_code)
             if stop[0] is None and status == "FINISHED" and (held := watch.settle(client)) is not None:
@@ -149,11 +169,10 @@ def run_waves(
             outcome = close_study(client, uri, parent_run_id, storage, study, stop, status, lease)
             interrupts.record_written = True
             console.link.tell(settled=True)
-        live.finish(final=outcome.stopped_by != "lease_lost")  # replaces the partial one, on our record only
-        if notifier is not None and outcome.stopped_by != "lease_lost":  # a failed study's too
-            tell_end(notifier, plan.study, client, uri, outcome)
-    if outcome.stopped_by is None and not outcome.pending_records:  # finished: resumable state not needed
-        print(_shrink_checkpoints(study, client, parent_run_id, storage))
+    finally:
+        stopped_by = outcome.stopped_by if outcome is not None else None
+        failed = status == "FAILED" or outcome is None  # an error ended it (or closing the record)
+        live.finish(final=stopped_by != "lease_lost", stopped_by=stopped_by or ("error" if failed else None))
     return outcome
 
 

@@ -193,6 +193,9 @@ class Scheduler(Strict):
         return self
 
 
+LIVE_EVERY_MIN_S = 10.0  # a live report refreshed more often would spend the driver on rebuilding it
+
+
 class ReportOptions(Strict):
     """How ``platform study report`` judges the rows against the papers' numbers, and how often the
     running study's driver refreshes its partial report on the parent run."""
@@ -208,15 +211,18 @@ class ReportOptions(Strict):
         "5m",
         description="while the study runs, the driver rebuilds the report from the trials finished so far "
         "and logs it on the parent run (report/, marked 'partial: n of m trials') at most this often and at "
-        "each wave's end, e.g. '5m', '30s' (units s, m, h, d); the final report replaces it at the end; "
-        "null: no live report",
+        "each wave's end, e.g. '5m', '30s' (units s, m, h, d; at least 10s); the final report replaces it "
+        "at the end; null: no live report",
     )
 
     @field_validator("live_every", mode="before")
     @classmethod
     def _interval(cls, every: object) -> object:
-        if every is not None:
-            wall_seconds(every if isinstance(every, str) else str(every))
+        if every is not None and wall_seconds(str(every)) < LIVE_EVERY_MIN_S:
+            raise ValueError(
+                f"should be at least {LIVE_EVERY_MIN_S:.0f}s (each refresh rebuilds and uploads the whole "
+                f"report), e.g. '30s', '5m'; null: no live report"
+            )
         return every
 
     @property
