@@ -93,13 +93,19 @@ def test_the_parent_run_carries_the_partial_report_mid_study_and_the_final_one_a
     study_file, uri = tiny_study(
         tmp_path, "live", {"max_steps": 8, "eval_steps": 4, "log_every": 2}, {"lr": {"grid": {"trainer.lr": [3e-5]}}},
         method="./held.py:HeldLoss", seeds=[1, 2], concurrency=1, system_metrics_interval_s=None,
-        resources={"workers_per_trial": 0, "cpus_per_worker": 1}, report={"live_every": "5s"},
+        resources={"workers_per_trial": 0, "cpus_per_worker": 1}, report={"live_every": "10s"},
     )  # fmt: skip
     proc = platform_cmd("study", "run", str(study_file), cwd=tmp_path, uri=uri)
     try:
         client = MlflowClient(uri)
         experiment_id, parent_id, partial = wait_for_partial(proc, client, tmp_path)
-        assert partial["partial"] == {"finished": 1, "planned": 2, "every": "5s", "text": MARK}
+        assert partial["partial"] == {
+            "finished": 1,
+            "planned": 2,
+            "every": "10s",
+            "stopped_by": None,
+            "text": MARK,
+        }
         (row,) = partial["ablations"][0]["rows"]
         assert row["trials"].startswith("1/2 ok")  # the held trial: running, or not yet opened
         md = client.download_artifacts(parent_id, "report/report.md", str(tmp_path / "md"))
