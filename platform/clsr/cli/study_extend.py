@@ -34,8 +34,10 @@ def refusal(args: argparse.Namespace, study=None) -> str | None:
     the driver child starts)."""
     if args.action != "extend":
         return None
-    if args.samples < 1:
-        return f"{args.study}: --samples: {args.samples}; give 1 or more"
+    from clsr.study.spec.strict import MAX_TRIALS
+
+    if not 1 <= args.samples <= MAX_TRIALS:  # the cap the study file puts on search.num_samples
+        return f"{args.study}: --samples: {args.samples}; give 1 to {MAX_TRIALS:,}"
     return None if study is None else extend_problem(args.study, study, args.ablation)
 
 
@@ -50,6 +52,7 @@ def extend_problem(path: str, study, ablation: str) -> str | None:
     """Why the record cannot be extended so, in one line naming the file and the field; None: it can."""
     from mlflow.tracking import MlflowClient
 
+    from clsr.study.record.extend_edits import edited_outside_space
     from clsr.study.record.reader import study_parent
     from clsr.tracking.study_runs import check_reachable, resolve_tracking_uri
 
@@ -81,5 +84,12 @@ def extend_problem(path: str, study, ablation: str) -> str | None:
         return (
             f"{path}: study {study.name!r}'s record (MLflow run {parent.info.run_id}) is {parent.info.status}, "
             f"not finished: `platform study resume` it first (an unfinished extension continues there)"
+        )
+    field = edited_outside_space(MlflowClient(uri), parent.info.run_id, study, ablation)
+    if field is not None:
+        return (
+            f"{path}: {field}: changed since the record; an extension takes an edit of "
+            f"ablations.{ablation}.space only (revert it, or `platform study resume --allow-changes` to run "
+            f"the edit: an edited search is searched again)"
         )
     return None

@@ -108,26 +108,44 @@ def search_versions(client, parent_run_id: str) -> dict[str, int]:
     names = attempt_artifacts(client, parent_run_id, "fingerprint", ".json")
     if len(names) < 2:  # never resumed edited
         return {}
-    extended = extended_at(client, parent_run_id)  # an extension narrows its ablation's search
+    extensions = recorded_extensions(client, parent_run_id)  # an extension narrows its ablation's search
     searched: dict[str, int] = {}
     before: dict[str, str] = {}
+    previous = 0
     for version, name in names.items():
         now = mlflow_artifacts_json(client, parent_run_id, name)
         if before:
+            # this attempt's extension, or one whose driver was killed before it recorded its edit (the
+            # resume after it recorded that edit)
+            narrowed = {
+                a for a, at, edited in extensions
+                if at == version or (edited and at not in names and previous < at < version)
+            }  # fmt: skip
             again = changed_searches(before, compare(before, now))
-            searched |= dict.fromkeys([a for a in again if (a, version) not in extended], version)
-        before = now
+            searched |= dict.fromkeys([a for a in again if a not in narrowed], version)
+        before, previous = now, version
     return searched
 
 
-def extended_at(client, parent_run_id: str) -> set[tuple[str, int]]:
-    """(ablation, attempt) of each ``study extend`` the record holds (``extend-vN.json``)."""
-    found = set()
+def recorded_extensions(client, parent_run_id: str) -> list[tuple[str, int, bool]]:
+    """(ablation, attempt, whether its file was edited) of each ``study extend`` the record holds
+    (``extend-vN.json``)."""
+    found = []
     for version, name in attempt_artifacts(client, parent_run_id, "extend", ".json").items():
         entry = mlflow_artifacts_json(client, parent_run_id, name)
         if isinstance(entry, dict) and isinstance(ablation := entry.get("ablation"), str):
-            found.add((ablation, version))
+            found.append((ablation, version, entry.get("edited") is True))
     return found
+
+
+def pending_extensions(client, parent_run_id: str) -> frozenset[str]:
+    """The ablations of edited extensions recorded after the latest fingerprint: their driver was killed
+    before it recorded the edit, which the next resume records as theirs (the search narrowed, not started
+    again beside the old one)."""
+    latest = max(attempt_artifacts(client, parent_run_id, "fingerprint", ".json"), default=0)
+    return frozenset(
+        a for a, at, edited in recorded_extensions(client, parent_run_id) if edited and at > latest
+    )
 
 
 def record_edit(

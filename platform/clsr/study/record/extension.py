@@ -67,14 +67,19 @@ class WarmStart:
     runs_outside: int = 0
 
 
-def record_extension(client, parent_run_id: str, ablation: str, samples: int, attempt: int) -> ExtensionRound:
-    """The extension this attempt starts, recorded before any of its trials (a resume finds it)."""
+def record_extension(
+    client, parent_run_id: str, ablation: str, samples: int, attempt: int, edited: bool = False
+) -> ExtensionRound:
+    """The extension this attempt starts, recorded before any of its trials and before its edit (``edited``:
+    the file changed since the record), so a resume finds it even when its driver stopped in between."""
     rounds = [r for r in extension_rounds(client, parent_run_id) if r.ablation == ablation]
     done = next((r for r in rounds if r.attempt == attempt), None)
     if done is not None:  # recorded already by this attempt
         return done
     client.log_text(
-        parent_run_id, json.dumps({"ablation": ablation, "samples": samples}), f"{STEM}-v{attempt}.json"
+        parent_run_id,
+        json.dumps({"ablation": ablation, "samples": samples, "edited": edited}),
+        f"{STEM}-v{attempt}.json",
     )
     return ExtensionRound(ablation, samples, len(rounds) + 1, attempt)
 

@@ -28,7 +28,13 @@ from clsr.study.plan.fingerprint import compare, fingerprint, overall
 from clsr.study.plan.resolve import point_label
 from clsr.study.plan.study_plan import TrialSpec
 from clsr.study.record import reader
-from clsr.study.record.attempts import record_edit, recorded_fingerprint, recorded_study_file, search_versions
+from clsr.study.record.attempts import (
+    pending_extensions,
+    record_edit,
+    recorded_fingerprint,
+    recorded_study_file,
+    search_versions,
+)
 from clsr.study.record.extension import ExtendRequest, record_extension
 from clsr.study.record.lease import HEARTBEAT_S, STALE_S, Lease, LeaseHeld, LeaseLost, leased, watch
 from clsr.study.record.parent_summary import log_parent_summary
@@ -260,6 +266,7 @@ def take_over(
         recorded = current
     changes = compare(recorded, current)
     if changes and not allow_changes:
+        narrowing = [extend.ablation] if extend else sorted(pending_extensions(client, parent_run_id))
         raise StudyChanged(
             f"study {study.name!r} changed since it was started; its trials would mix two versions:\n  "
             + "\n  ".join(changes.describe())
@@ -268,8 +275,8 @@ def take_over(
             f"did not change are kept, changed and added ones run as a new wave, changed and removed "
             f"ones are marked superseded (an edited sampled ablation is searched again"
             + (
-                f"; {extend.ablation}, being extended, keeps its finished trials inside its space)"
-                if extend
+                f"; {', '.join(narrowing)}, being extended, keeps its finished trials inside its space)"
+                if narrowing
                 else ")"
             )
         )
@@ -295,12 +302,16 @@ def take_over(
         close_run(uri, run_id, "interrupted", "the study's driver stopped without closing this run")
     if closed:
         print(f"closed {len(closed)} run(s) a stopped driver had left RUNNING; their trials resume")
-    extending = frozenset([extend.ablation] if extend else [])
+    # the extension first: a driver killed before it records the edit leaves a pending extension, which
+    # the next resume records the edit for (its search narrowed, never started again beside the old one)
+    if extend is not None:
+        record_extension(
+            client, parent_run_id, extend.ablation, extend.samples, attempt, edited=bool(changes)
+        )
+    extending = frozenset([extend.ablation] if extend else []) | pending_extensions(client, parent_run_id)
     skip = record_edit(
         client, study, study_text, parent_run_id, recorded, current, changes, attempt, extending
     )
-    if extend is not None:
-        record_extension(client, parent_run_id, extend.ablation, extend.samples, attempt)
     sampled = any(a.space for a in study.ablations.values())
     return (parent_run_id, storage, lease, skip, search_versions(client, parent_run_id) if sampled else {})
 

@@ -192,7 +192,7 @@ def test_the_command_refuses_in_one_line_before_anything_starts(tmp_path, monkey
     path = str(tmp_path / "study.yaml")
     capsys.readouterr()  # MLflow's own lines as it made the store
     assert main(["study", "extend", path, "--ablation", "lr", "--samples", "0"]) == 2
-    assert capsys.readouterr().err.strip() == f"{path}: --samples: 0; give 1 or more"
+    assert capsys.readouterr().err.strip() == f"{path}: --samples: 0; give 1 to 100,000"
     problems = {
         "unknown": refusal(args_of(path, "nope"), study),
         "grid": refusal(args_of(path, "best"), study),
@@ -226,3 +226,118 @@ def test_an_extension_narrows_its_search_instead_of_starting_it_again(store):
     assert search_versions(client, parent) == {"lr": 2}
     record_extension(client, parent, "lr", 2, attempt=2)
     assert search_versions(client, parent) == {}
+
+
+def test_an_extension_that_needed_no_edit_does_not_narrow_a_later_edit(store):
+    """Only an extension that edited its file narrows the edit a later resume records for it (its driver
+    killed before it recorded that edit); one that ran the file as recorded leaves a later edit a new search."""
+    from clsr.study.plan.fingerprint import STUDY_ENTRY
+    from clsr.study.record.attempts import pending_extensions, search_versions
+
+    client, parent, _ = store
+    client.log_dict(parent, {"lr[space] seed=1": "a", STUDY_ENTRY: "s"}, "fingerprint.json")
+    record_extension(client, parent, "lr", 2, attempt=2)  # the file as recorded: no fingerprint-v2
+    assert pending_extensions(client, parent) == frozenset()
+    client.log_dict(parent, {"lr[space] seed=1": "b", STUDY_ENTRY: "s"}, "fingerprint-v3.json")
+    assert search_versions(client, parent) == {"lr": 3}
+
+
+def test_a_driver_killed_between_its_extension_and_its_edit_is_resumed_as_the_extension(
+    tmp_path, monkeypatch
+):
+    """``study extend --allow-changes`` of a narrowed space records two things: the extension and the
+    edit. A driver killed after the first (simulated: the second write raises) leaves a record whose
+    ``study resume --allow-changes`` continues that extension, the search narrowed: no new ``lr-v<N>``
+    search beside the old one, the old search's runs kept."""
+    import subprocess
+
+    from clsr.study.plan.fingerprint import fingerprint
+    from clsr.study.record import parent as record
+    from clsr.study.record.extension import ExtendRequest
+
+    monkeypatch.chdir(tmp_path)
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    top = {"tracking_uri": uri, "storage_path": str(tmp_path / "runs")}
+    study = study_of(tmp_path, **top)
+    parent_run_id, _, lease = record.start_record(client, uri, study, "name: ext", fingerprint(study))
+    lease.release()
+    client.set_terminated(parent_run_id)  # the search finished
+    tags = {"mlflow.parentRunId": parent_run_id, "clsr.ablation": "lr", "clsr.trial_id": "lr[s1] seed=1"}
+    sampled = client.create_run(client.get_run(parent_run_id).info.experiment_id, tags=tags).info.run_id
+    client.set_terminated(sampled)
+    narrowed = study_of(tmp_path, space={**SPACE, "trainer.lr": {"loguniform": [1e-5, 1e-4]}}, **top)
+    current = fingerprint(narrowed)
+
+    writes = []
+
+    def killed_at_second(real):
+        def write(*args, **kwargs):
+            writes.append(real.__name__)
+            if len(writes) == 2:
+                raise KeyboardInterrupt("the driver is killed")
+            return real(*args, **kwargs)
+
+        return write
+
+    for name in ("record_edit", "record_extension"):
+        monkeypatch.setattr(record, name, killed_at_second(getattr(record, name)))
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # the killed driver's pid: its lease is free at once
+    with pytest.raises(KeyboardInterrupt):
+        record.take_over(client, uri, narrowed, "", current, True, lambda: gone.pid, ExtendRequest("lr", 2))
+    assert writes[0] == "record_extension"  # the extension first: the edit alone reads as a new search
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(record.StudyChanged, match="lr, being extended, keeps its finished trials"):
+        record.take_over(client, uri, narrowed, "", current, allow_changes=False)  # `study resume`
+
+    _, _, resumed, _, searches = record.take_over(client, uri, narrowed, "", current, allow_changes=True)
+    resumed.release()
+    assert searches == {}  # the search continues narrowed, no lr-v3 beside it
+    assert "clsr.superseded" not in client.get_run(sampled).data.tags
+    rounds = extension_rounds(client, parent_run_id)
+    assert rounds == [ExtensionRound("lr", 2, 1, 2)] and current_rounds(rounds, "lr", searches) == rounds
+
+
+def test_an_extension_refuses_any_edit_outside_its_space_in_one_line(tmp_path, monkeypatch, capsys):
+    """``study extend --allow-changes`` takes a narrowed space; search settings, seeds, a base or another
+    ablation edited since the record would search other ablations again or run the extended one under new
+    settings: refused before anything starts, naming the file and the field."""
+    from clsr.cli import main
+    from clsr.study.plan.fingerprint import fingerprint
+    from clsr.study.record import parent as record
+
+    monkeypatch.chdir(tmp_path)
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    top = {"tracking_uri": uri, "storage_path": str(tmp_path / "runs")}
+    study = study_of(tmp_path, **top)
+    path = str(tmp_path / "study.yaml")
+    parent_run_id, _, lease = record.start_record(
+        client, uri, study, Path(path).read_text(), fingerprint(study)
+    )
+    lease.release()
+    client.set_terminated(parent_run_id)
+    narrowed = {**SPACE, "trainer.lr": {"loguniform": [1e-5, 1e-4]}}
+    edits = {
+        "metric, mode, scheduler or search": {"search": {"algorithm": "optuna", "num_samples": 3}},
+        "seeds (of ablations.lr)": {"seeds": [1, 2, 3]},
+        "base (the study's or ablations.lr.base)": {"base": {**STUDY["base"], "trainer": {"max_steps": 30}}},
+    }
+    for field, edit in edits.items():
+        problem = refusal(args_of(path), study_of(tmp_path, space=narrowed, **top, **edit))
+        assert problem == (
+            f"{path}: {field}: changed since the record; an extension takes an edit of ablations.lr.space only "
+            f"(revert it, or `platform study resume --allow-changes` to run the edit: an edited search is "
+            f"searched again)"
+        )
+    other = copy.deepcopy(STUDY["ablations"]) | {"other": {"space": narrowed}}
+    assert refusal(args_of(path), study_of(tmp_path, ablations=other, **top)).startswith(
+        f"{path}: ablations.other:"
+    )
+    assert refusal(args_of(path), study_of(tmp_path, space=narrowed, **top)) is None  # the space alone
+    assert refusal(args_of(path), study_of(tmp_path, **top)) is None  # nothing edited
+    capsys.readouterr()
+    assert main(["study", "extend", path, "--ablation", "lr", "--samples", "100001"]) == 2
+    assert capsys.readouterr().err.strip() == f"{path}: --samples: 100001; give 1 to 100,000"
