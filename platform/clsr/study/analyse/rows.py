@@ -469,8 +469,14 @@ class StudyReport:
 
 def skipped_by_pruning(report: StudyReport) -> int:
     """Planned trials seed pruning decided never to run, found so far: what a count of the study's
-    planned trials (``clsr.study.analyse.live.planned_trials``) holds but no run will ever fill."""
-    return sum(len(row.skipped()) for ab in report.ablations for row in ab.rows)
+    planned trials (``clsr.study.analyse.live.planned_trials``) holds but no run will ever fill. A
+    sampled row lists only the seeds it ran, so the ablation's seeds are the plan here."""
+    return sum(
+        len(set(report.study.seeds_of(ab.name)) - set(row.trials))
+        for ab in report.ablations
+        for row in ab.rows
+        if row.pruned
+    )
 
 
 def mark_partial(report: StudyReport, planned: int, every: str) -> None:

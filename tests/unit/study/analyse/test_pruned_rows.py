@@ -39,7 +39,7 @@ def test_a_pruned_configurations_unrun_seed_is_no_problem_and_leaves_no_row_inco
     verdict = Verdict(REPRODUCED, None, 0.01, 2, 5.0, 0.5)
     for row in (pruned, short):
         row.verdicts = {"loss_avg": verdict}
-    study = SimpleNamespace(adaptive_of=lambda name: None)
+    study = SimpleNamespace(adaptive_of=lambda name: None, seeds_of=lambda name: [1, 2, 3])
     report = SimpleNamespace(study=study, ablations=[SimpleNamespace(name="lr", rows=[pruned, short])])
     assert skipped_by_pruning(report) == 1
     mark_partial(report, 6, "5m")
