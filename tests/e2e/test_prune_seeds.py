@@ -1,7 +1,8 @@
 """Seed pruning through the real ``platform`` command, Ray Tune, Optuna and MLflow: a random search whose
 second configuration sits in a planted bad region (a learning rate that cannot move the weights) stops
 it after two of its three seeds; its runs are tagged pruned, the good configuration ran every seed and
-is not."""
+is not; the report counts the pruned one's third seed as not run, not missing. An extension round
+prunes on its own and says so."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from collections import defaultdict
 
 import pytest
 
+from clsr.study.analyse.rows import build_report, skipped_by_pruning
+from clsr.study.analyse.tables import problems
+from clsr.study.plan.load import load_study
 from clsr.tracking.tags import PRUNED_TAG
 from tests.e2e.test_e2e import platform_cmd, runs_of
 from tests.e2e.test_resilience import tiny_study
@@ -52,3 +56,12 @@ def test_a_planted_bad_region_is_pruned_after_two_seeds(tmp_path):
     assert seeds[BAD] == {"1", "2"}
     (reason,) = pruned[BAD]  # the same on both of its runs
     assert reason.startswith("ttest p=") and "after 2 of 3 seeds" in reason
+    client, (parent,), _ = runs_of(uri, "prune")
+    report = build_report(load_study(study_file), client, parent.info.run_id, uri)
+    assert problems(report.ablations[0]) == []  # the pruned configuration's third seed is not missing
+    assert skipped_by_pruning(report) == 1  # what the live report's planned count holds but never runs
+    extend = ("study", "extend", str(study_file), "--ablation", "lr", "--samples", "1")
+    proc = platform_cmd(*extend, cwd=tmp_path, uri=uri)
+    output, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, output[-3000:]
+    assert "lr-x1: seed pruning stopped 0 of 1 configurations" in output, output[-3000:]

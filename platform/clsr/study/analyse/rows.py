@@ -105,7 +105,12 @@ class Row:
         return self.paper.get(metric.removeprefix("best_")) if metric.startswith("best_") else None
 
     def missing(self) -> list[int]:
-        return [s for s in self.seeds if s not in self.trials]
+        """Planned seeds with no run yet, or lost: not those seed pruning decided never to run."""
+        return [] if self.pruned else [s for s in self.seeds if s not in self.trials]
+
+    def skipped(self) -> list[int]:
+        """Planned seeds seed pruning never ran: a pruned configuration's seeds without a run."""
+        return [s for s in self.seeds if s not in self.trials] if self.pruned else []
 
     def runs(self) -> list[Trial]:
         """The MLflow runs behind the row: its trials, or its folds' (an averaged row's are not runs)."""
@@ -121,6 +126,8 @@ class Row:
         parts = [f"{ok}/{planned} ok", *(f"{n} {status}" for status, n in sorted(others.items()))]
         if self.missing():
             parts.append(f"{len(self.missing())} missing")
+        if self.skipped():
+            parts.append(f"{len(self.skipped())} not run (pruned)")
         return ", ".join(parts)
 
     def marks(self) -> str:
@@ -480,6 +487,18 @@ class StudyReport:
     wall_s: float | None = None  # the parent run's start to end: the study's own wall time
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     partial: Partial | None = None  # built mid-study (mark_partial); None: the study's report as it ended
+
+
+def skipped_by_pruning(report: StudyReport) -> int:
+    """Planned trials seed pruning decided never to run, found so far: what a count of the study's
+    planned trials (``clsr.study.analyse.live.planned_trials``) holds but no run will ever fill. A
+    sampled row lists only the seeds it ran, so the ablation's seeds are the plan here."""
+    return sum(
+        len(set(report.study.seeds_of(ab.name)) - set(row.trials))
+        for ab in report.ablations
+        for row in ab.rows
+        if row.pruned
+    )
 
 
 def mark_partial(report: StudyReport, planned: int, every: str) -> None:

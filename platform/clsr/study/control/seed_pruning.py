@@ -16,6 +16,7 @@ the base searcher's own signed state, as it does for ``Repeater``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ from ray.tune.search import Searcher
 
 from clsr.study.spec.tuning import PruneSeeds
 from clsr.study.stats.seed_pruning import paired_prune
+from clsr.tracking.escape import terminal
 from clsr.tracking.secrets import mask_uri
 from clsr.tracking.tags import PRUNED_TAG
 
@@ -36,7 +38,8 @@ class Configuration:
     config: dict[str, Any]
     base_id: str  # the trial id the base searcher knows it by (its first seed's)
     trial_ids: list[str] = field(default_factory=list)  # each started seed's Tune trial, in seed order
-    scores: list[float] = field(default_factory=list)  # each finished seed's metric (nan: none)
+    # each finished seed's metric, in seed order (nan: none; a rerun of that seed's trial replaces it)
+    scores: list[float] = field(default_factory=list)
     pruned: str | None = None  # why, once pruned
 
     def waiting(self, seeds: int) -> bool:
@@ -81,10 +84,17 @@ class SeedPruningSearcher(Searcher):
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         owner = self._owner(trial_id)
-        if owner is None or len(owner.scores) == len(owner.trial_ids):  # not ours, or told already
+        if owner is None:  # not ours
             return
         value = (result or {}).get(self.searcher.metric) if not error else None
-        owner.scores.append(float(value) if isinstance(value, int | float) else float("nan"))
+        score = float(value) if isinstance(value, int | float) else float("nan")
+        seed = owner.trial_ids.index(trial_id)  # seeds run in turn: scores[i] is trial_ids[i]'s
+        if seed < len(owner.scores):  # told already: a seed errored, then run again (a resume's retry)
+            if math.isnan(owner.scores[seed]):
+                owner.scores[seed] = score  # its score now counts as the reference's, or in the test
+                self._test(owner)
+            return
+        owner.scores.append(score)
         if len(owner.scores) == len(self.seeds):
             mean = float(np.nanmean(owner.scores)) if not np.all(np.isnan(owner.scores)) else None
             if mean is None:
@@ -92,8 +102,12 @@ class SeedPruningSearcher(Searcher):
             else:
                 self.searcher.on_trial_complete(owner.base_id, result={self.searcher.metric: mean})
             return
+        self._test(owner)
+
+    def _test(self, owner: Configuration) -> None:
+        """Prune ``owner`` part-way through its seeds if the paired test says it is worse than the best."""
         best = self.best()
-        if best is None:
+        if owner.done(len(self.seeds)) or best is None:
             return
         call = paired_prune(self.rule, owner.scores, best.scores, self.searcher.mode)
         if call.prune:
@@ -104,11 +118,13 @@ class SeedPruningSearcher(Searcher):
             self.searcher.on_trial_complete(owner.base_id)  # OptunaSearch: no result, no error: PRUNED
 
     def best(self) -> Configuration | None:
-        """The best configuration run on every seed (its mean by the study's mode), or None."""
+        """The best configuration run on every seed with a score on each (its mean by the study's mode), or
+        None: one whose seed errored could be no reference (the test needs every seed's score), and would
+        turn pruning off for the rest of the search if it stayed the best."""
         full = [
             c
             for c in self.configurations
-            if c.pruned is None and len(c.scores) == len(self.seeds) and not np.all(np.isnan(c.scores))
+            if c.pruned is None and len(c.scores) == len(self.seeds) and np.all(np.isfinite(c.scores))
         ]
         if not full:
             return None
@@ -144,8 +160,10 @@ class PruneRecorder(Callback):
     """Tags each finished seed's MLflow run of a pruned configuration with ``clsr.pruned`` (why), once a
     seed's completion made the searcher prune it (Tune tells the searcher before its callbacks). A
     resumed driver tags them all again (the same value): a driver killed between the two loses none.
-    A failed write is a warning, tried again at the next completion: an exception in a Tune callback
-    would mark the finished trial errored."""
+    A failed write at a completion is a warning, tried again at the next one (an exception in a Tune
+    callback would mark the finished trial errored); at the experiment's end, which Tune reaches on a
+    restored finished experiment too, every untagged run is tried again with a client that waits out a
+    store briefly away, so the last completion's tags are not left to chance."""
 
     def __init__(self, searcher: SeedPruningSearcher, tracking_uri: str, parent_run_id: str):
         self.searcher = searcher
@@ -157,26 +175,34 @@ class PruneRecorder(Callback):
         return {**self.__dict__, "tagged": set()}  # a restored driver tags again
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
+        from mlflow import MlflowClient
+
+        self._tag_pruned(trials, MlflowClient(self.tracking_uri))
+
+    def on_experiment_end(self, trials: list, **info) -> None:
+        from clsr.tracking.patient import PatientClient
+
+        self._tag_pruned(trials, PatientClient(self.tracking_uri))
+
+    def _tag_pruned(self, trials: list, client) -> None:
         by_id = {t.trial_id: t for t in trials}
         for configuration in self.searcher.pruned():
             for trial_id in configuration.trial_ids:
                 if trial_id not in self.tagged and trial_id in by_id:
                     try:
-                        self._tag(by_id[trial_id], configuration.pruned or "")
-                    except Exception as err:  # the tracking server away: the next completion tries again
-                        print(f"warning: seed pruning: {trial_id} not tagged yet: {mask_uri(str(err))[:200]}")
+                        self._tag(client, by_id[trial_id], configuration.pruned or "")
+                    except Exception as err:  # the tracking server away: tried again later
+                        why = terminal(mask_uri(str(err))[:200])
+                        print(f"warning: seed pruning: {trial_id} not tagged yet: {why}")
                         return
                     self.tagged.add(trial_id)
 
-    def _tag(self, trial, reason: str) -> None:
-        from mlflow import MlflowClient
-
+    def _tag(self, client, trial, reason: str) -> None:
         from clsr.study.plan.fingerprint import trial_key
         from clsr.tracking.study_runs import trial_run
 
         point = trial.config.get("point", {})
         key = trial_key(point.get("ablation", ""), f"sample {trial.trial_id}", point.get("seed", ""))
-        client = MlflowClient(self.tracking_uri)
         run = trial_run(client, self.parent_run_id, key)
         if run is not None:
             client.set_tag(run.info.run_id, PRUNED_TAG, reason)

@@ -416,6 +416,8 @@ def _fit_extension(
         results = tuner.fit()
     if interrupts.reason == "lease_lost":
         return
+    if line := pruning_summary(tuner, name):
+        print(line)
     plain = MlflowClient(ctx.tracking_uri)
     close_lost_trials(plain, ctx.tracking_uri, ctx.parent_run_id, errors_of(results))
     if console is not None and console.notifier is not None:

@@ -18,3 +18,29 @@ def test_a_pruned_configuration_is_labelled_with_its_seeds_and_a_full_one_is_not
     full = Row("trainer.lr=0.005", {}, {}, [], {s: trial(s, {}) for s in (1, 2, 3)})
     assert pruned.pruned == WHY and pruned.display_label == "trainer.lr=1e-12 (pruned after 2 seeds)"
     assert full.pruned is None and full.display_label == "trainer.lr=0.005"
+
+
+def test_a_pruned_configurations_unrun_seed_is_no_problem_and_leaves_no_row_incomplete():
+    """The seed pruning never ran: not "missing (no run)" in problems(), not styled incomplete, not a
+    seed the partial report waits for, and counted as skipped; a configuration short of a seed without
+    pruning is still all three."""
+    from types import SimpleNamespace
+
+    from clsr.study.analyse.rows import mark_partial, skipped_by_pruning
+    from clsr.study.analyse.tables import problems, row_class
+    from clsr.study.stats.verdict import REPRODUCED, Verdict
+
+    pruned = Row("trainer.lr=1e-12", {}, {}, [1, 2, 3], {s: trial(s, {PRUNED_TAG: WHY}) for s in (1, 2)})
+    short = Row("trainer.lr=0.005", {}, {}, [1, 2, 3], {s: trial(s, {}) for s in (1, 2)})
+    assert (pruned.missing(), pruned.skipped(), short.missing(), short.skipped()) == ([], [3], [3], [])
+    assert problems(SimpleNamespace(rows=[pruned, short])) == ["trainer.lr=0.005 seed 3: missing (no run)"]
+    assert "incomplete" not in row_class(pruned) and "incomplete" in row_class(short)
+    assert pruned.trials_text() == "2/3 ok, 1 not run (pruned)" and short.trials_text() == "2/3 ok, 1 missing"
+    verdict = Verdict(REPRODUCED, None, 0.01, 2, 5.0, 0.5)
+    for row in (pruned, short):
+        row.verdicts = {"loss_avg": verdict}
+    study = SimpleNamespace(adaptive_of=lambda name: None, seeds_of=lambda name: [1, 2, 3])
+    report = SimpleNamespace(study=study, ablations=[SimpleNamespace(name="lr", rows=[pruned, short])])
+    assert skipped_by_pruning(report) == 1
+    mark_partial(report, 6, "5m")
+    assert not pruned.verdicts["loss_avg"].provisional and short.verdicts["loss_avg"].provisional

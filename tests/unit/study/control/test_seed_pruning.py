@@ -87,6 +87,38 @@ def test_a_seed_that_reported_nothing_is_left_out_of_the_mean_and_prunes_nothing
     assert s.pruned() == []  # the best has a seed with no score: no test (as WilcoxonPruner)
 
 
+def run_seeds(s: SeedPruningSearcher, *seeds: tuple[str, float | None]) -> None:
+    """Suggest and complete each (trial id, score) in turn; None: the seed errored."""
+    for trial, value in seeds:
+        s.suggest(trial)
+        s.on_trial_complete(trial, {METRIC: value} if value is not None else None, error=value is None)
+
+
+def test_a_best_configuration_with_an_errored_seed_does_not_turn_pruning_off():
+    """The best mean so far has a seed with no score: the best configuration with every seed's score is
+    the reference, and a clearly worse configuration is pruned against it."""
+    s = searcher(configurations=3)
+    run_seeds(s, ("a1", 90.0), ("a2", None), ("a3", 92.0), ("c1", 65.0), ("c2", 66.0), ("c3", 67.0))
+    run_seeds(s, ("b1", 10.0), ("b2", 11.0))
+    assert s.best().base_id == "c1"
+    (pruned,) = s.pruned()
+    assert pruned.trial_ids == ["b1", "b2"] and pruned.pruned.endswith("against sample c1")
+
+
+def test_an_errored_seed_run_again_replaces_its_missing_score():
+    """A seed recorded errored and run again (a resume retries it under the same trial id): its score
+    replaces the nan, so its configuration becomes the reference and the next one can be pruned."""
+    s = searcher(configurations=2)
+    run_seeds(s, ("a1", 70.0), ("a2", None), ("a3", 72.0))
+    assert s.best() is None
+    s.on_trial_complete("a2", {METRIC: 71.0})
+    assert s.configurations[0].scores == [70.0, 71.0, 72.0] and s.best().base_id == "a1"
+    s.on_trial_complete("a2", {METRIC: 10.0})  # a score already there is never replaced
+    assert s.configurations[0].scores == [70.0, 71.0, 72.0]
+    run_seeds(s, ("b1", 60.0), ("b2", 61.0))
+    assert [c.trial_ids for c in s.pruned()] == [["b1", "b2"]]
+
+
 @pytest.mark.parametrize(
     ("seeds", "prune", "changes", "fragment"),
     [
@@ -192,8 +224,45 @@ def test_an_extension_round_of_a_pruned_search_prunes_its_own_samples_with_optun
     study = study_of(tmp_path, search={"algorithm": "optuna", "prune_seeds": {"test": "ttest"}})
     warm = WarmStart([{"trainer.lr": 2e-5, "trainer.batch_size": 16}], [0.7], 3, 0)
     built = search_alg(study, "lr", ExtensionRound("lr", 2, 1, 2), warm)
-    assert isinstance(built, SeedPruningSearcher) and built.limit == 2  # the round's samples, not the search's
+    assert (
+        isinstance(built, SeedPruningSearcher) and built.limit == 2
+    )  # the round's samples, not the search's
     assert tune_samples(study, "lr", 2) == 6
     built.set_search_properties("best_dev_stsb", "max", param_space(study, "lr"))
     (given,) = optuna_trials(built.searcher)
     assert given.state.name == "COMPLETE" and given.value == 0.7
+
+
+def test_runs_left_untagged_at_the_last_completion_are_tagged_at_the_experiments_end(tmp_path, capsys):
+    """The tag write failed at the experiment's last completion: Tune's experiment end (reached by a
+    restored finished experiment too) tags them, read back from a real MLflow store; the failure's text
+    reaches the terminal escaped."""
+    from types import SimpleNamespace
+
+    from mlflow import MlflowClient
+
+    from clsr.study.control.seed_pruning import PruneRecorder
+    from clsr.study.plan.fingerprint import trial_key
+    from clsr.tracking.study_runs import open_child_run
+    from clsr.tracking.tags import PRUNED_TAG
+    from tests.support.stores import sqlite_uri
+
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    parent = client.create_run(client.create_experiment("p")).info.run_id
+    s, trials, runs = searcher(configurations=2), [], {}
+    for trial_id, value in (("a1", 70.0), ("a2", 72.0), ("a3", 71.0), ("b1", 60.0), ("b2", 61.0)):
+        point = {**s.suggest(trial_id)["point"], "ablation": "lr"}
+        trials.append(SimpleNamespace(trial_id=trial_id, config={"point": point}))
+        key = trial_key("lr", f"sample {trial_id}", point["seed"])
+        runs[trial_id] = open_child_run(uri, parent, key, key, {}, {})
+        s.on_trial_complete(trial_id, {METRIC: value})
+    recorder = PruneRecorder(s, uri, parent)
+    tag = recorder._tag
+    recorder._tag = lambda *a: (_ for _ in ()).throw(RuntimeError("store away \x1b[2J"))
+    recorder.on_trial_complete(5, trials, trials[-1])  # the last completion: the store is away
+    out = capsys.readouterr().out
+    assert "not tagged yet: store away \\x1b[2J" in out and "\x1b" not in out
+    recorder._tag = tag
+    recorder.on_experiment_end(trials)
+    assert [t for t, r in runs.items() if PRUNED_TAG in client.get_run(r).data.tags] == ["b1", "b2"]
