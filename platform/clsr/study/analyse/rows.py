@@ -502,8 +502,8 @@ def skipped_by_pruning(report: StudyReport) -> int:
 
 
 def mark_partial(report: StudyReport, planned: int, every: str) -> None:
-    """The report as a partial one: the trials finished of those planned (at least as many as found,
-    an adaptive round's or a confirmation's seeds counting), and the verdicts of every row still waiting
+    """The report as a partial one: the trials finished of those planned (less the seeds seed pruning
+    skipped; at least as many as found, an adaptive round's or a confirmation's seeds counting), and the verdicts of every row still waiting
     for a seed (an adaptive ablation's rows always: a round may add one) marked provisional."""
     finished = 0
     for ab in report.ablations:
@@ -515,7 +515,7 @@ def mark_partial(report: StudyReport, planned: int, every: str) -> None:
             if waiting:
                 row.verdicts = {m: replace(v, provisional=True) for m, v in row.verdicts.items()}
     seen = sum(len(row.runs()) for ab in report.ablations for row in ab.rows)
-    report.partial = Partial(finished, max(planned, seen), every)
+    report.partial = Partial(finished, max(planned - skipped_by_pruning(report), seen), every)
 
 
 def build_report(study: Study, client: MlflowClient, parent_run_id: str, uri: str) -> StudyReport:

@@ -44,3 +44,4 @@ def test_a_pruned_configurations_unrun_seed_is_no_problem_and_leaves_no_row_inco
     assert skipped_by_pruning(report) == 1
     mark_partial(report, 6, "5m")
     assert not pruned.verdicts["loss_avg"].provisional and short.verdicts["loss_avg"].provisional
+    assert (report.partial.finished, report.partial.planned) == (4, 5)  # 6 planned, 1 never to run
