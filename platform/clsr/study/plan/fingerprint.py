@@ -55,7 +55,7 @@ def fingerprint(
                 "metric": study.metric,
                 "mode": study.mode,
                 "scheduler": study.scheduler.model_dump(),
-                "search": study.search.model_dump(),
+                "search": search_entry(study),
             }
         )
     }
@@ -80,6 +80,13 @@ def fingerprint(
                 value = {"doc": doc, "adaptive": adaptive.model_dump()} if adaptive else doc
                 entries[trial_key(name, point.label, seed)] = digest(with_method(doc, value))
     return entries | method_entries(grids, study, document)
+
+
+def search_entry(study: Study) -> dict[str, Any]:
+    """The ``search`` section as fingerprinted: a key added since (``prune_seeds``) only when it is set,
+    so the records of studies that do not use it resume unchanged."""
+    unset = {"prune_seeds"} if study.search.prune_seeds is None else set()
+    return study.search.model_dump(exclude=unset)
 
 
 def method_entries(

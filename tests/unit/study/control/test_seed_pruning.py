@@ -266,3 +266,15 @@ def test_runs_left_untagged_at_the_last_completion_are_tagged_at_the_experiments
     recorder._tag = tag
     recorder.on_experiment_end(trials)
     assert [t for t, r in runs.items() if PRUNED_TAG in client.get_run(r).data.tags] == ["b1", "b2"]
+
+
+def test_the_records_of_studies_without_pruning_keep_their_fingerprint_and_turning_it_on_changes_it(tmp_path):
+    """``prune_seeds`` enters the search's fingerprint only when set: the golden fingerprints of the shipped
+    studies (tests/unit/study/plan/test_study_plan.py) hold, and an edit turning it on is a change."""
+    from clsr.study.plan.fingerprint import STUDY_ENTRY
+    from clsr.study.plan.study_plan import plan_study
+    from tests.unit.study.run.test_search import study_of
+
+    without = plan_study(study_of(tmp_path)).fingerprint[STUDY_ENTRY]
+    pruned = plan_study(study_of(tmp_path, search={"prune_seeds": {"test": "ttest"}})).fingerprint[STUDY_ENTRY]
+    assert without != pruned
