@@ -176,6 +176,17 @@ def _end_study(
     return outcome
 
 
+def _after_fit(tuner, results, experiment: str, ctx: StudyContext, console: Console | None) -> None:
+    """An experiment's fit ended: its pruning line, its trials lost to errors closed, failures told."""
+    if line := pruning_summary(tuner, experiment):
+        print(line)
+    plain = MlflowClient(ctx.tracking_uri)
+    # a plain client: an outage here is only a warning (the study's end closes them)
+    close_lost_trials(plain, ctx.tracking_uri, ctx.parent_run_id, errors_of(results))
+    if console is not None and console.notifier is not None:
+        console.notifier.tell_failed(plain)
+
+
 def _wave_trials(plan: StudyPlan, study: Study, wave, ablation, client, uri, parent_run_id, storage):
     """The wave's trials ready to run, and the upstream trials' outputs they read: the unconfirmed and
     blocked ones recorded as skipped, a grid wave's identical trials merged."""
@@ -339,13 +350,7 @@ def _fit(
             results = tuner.fit()
         if interrupts.reason == "lease_lost":  # the record is another driver's now
             return
-        if line := pruning_summary(tuner, experiment):
-            print(line)
-        plain = MlflowClient(ctx.tracking_uri)
-        # a plain client: an outage here is only a warning (the study's end closes them)
-        close_lost_trials(plain, ctx.tracking_uri, ctx.parent_run_id, errors_of(results))
-        if console is not None and console.notifier is not None:
-            console.notifier.tell_failed(plain)
+        _after_fit(tuner, results, experiment, ctx, console)
 
 
 def pruning_summary(tuner, experiment: str) -> str | None:
@@ -416,9 +421,4 @@ def _fit_extension(
         results = tuner.fit()
     if interrupts.reason == "lease_lost":
         return
-    if line := pruning_summary(tuner, name):
-        print(line)
-    plain = MlflowClient(ctx.tracking_uri)
-    close_lost_trials(plain, ctx.tracking_uri, ctx.parent_run_id, errors_of(results))
-    if console is not None and console.notifier is not None:
-        console.notifier.tell_failed(plain)
+    _after_fit(tuner, results, name, ctx, console)
